@@ -1,0 +1,88 @@
+"""Typed errors of the sandbox engine.
+
+Every error carries the id of the sandbox it concerns (``None`` when there is no
+sandbox yet), so a trainer juggling hundreds of sandboxes knows which one failed.
+The hierarchy mirrors httpx's: catch ``SandboxError`` for everything, or a subclass
+for one kind of failure.
+"""
+
+from __future__ import annotations
+
+
+class SandboxError(Exception):
+    """Base class of every sandbox failure."""
+
+    def __init__(self, message: str, *, sandbox_id: str | None = None):
+        super().__init__(message)
+        self.sandbox_id = sandbox_id
+
+    def __str__(self) -> str:
+        msg = super().__str__()
+        return f"[{self.sandbox_id}] {msg}" if self.sandbox_id else msg
+
+
+class SpecError(SandboxError, ValueError):
+    """A ``SandboxSpec`` field (or another argument) has a bad value; ``field`` names it."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class IsolationUnavailable(SandboxError):
+    """The host cannot give the isolation a backend needs (namespaces, overlayfs, a daemon).
+
+    Raised instead of ever running a command without isolation.
+    """
+
+
+class SandboxStartError(SandboxError):
+    """The sandbox could not be created or (re)started."""
+
+
+class SandboxClosed(SandboxError):
+    """An operation was attempted on a closed sandbox."""
+
+
+class SandboxNotFound(SandboxError):
+    """No sandbox with that id exists (or it was reaped)."""
+
+
+class AgentDied(SandboxError):
+    """The in-sandbox agent crashed or was killed; ``reset()`` brings the sandbox back."""
+
+
+class SandboxLost(AgentDied):
+    """The sandbox's host (a node, a container, a server) is gone."""
+
+
+class SessionError(SandboxError):
+    """A session cannot be created or used."""
+
+
+class SandboxFileError(SandboxError, OSError):
+    """A file operation inside the sandbox failed (missing file, not a directory, ...)."""
+
+
+class SnapshotError(SandboxError):
+    """A snapshot cannot be taken, found or restored."""
+
+
+class UnsafeArchiveError(SnapshotError):
+    """An archive member would escape its root or create something forbidden.
+
+    ``member`` is the offending member name and ``reason`` says what is wrong with it.
+    """
+
+    def __init__(self, member: str, reason: str, *, sandbox_id: str | None = None):
+        super().__init__(f"unsafe archive member {member!r}: {reason}", sandbox_id=sandbox_id)
+        self.member = member
+        self.reason = reason
+
+
+class CapacityError(SandboxError):
+    """No capacity left (pool or service full); retry after ``retry_after`` seconds."""
+
+    def __init__(self, message: str, *, retry_after: float = 1.0, sandbox_id: str | None = None):
+        super().__init__(message, sandbox_id=sandbox_id)
+        self.retry_after = retry_after
