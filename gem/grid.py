@@ -1,0 +1,425 @@
+"""Text grid games in the style of ROLL's agentic baselines: Sokoban and FrozenLake.
+
+Both are procedurally generated from the env's RNG (or ``task_id``) and solvable by
+construction. The model moves with the words ``Up``, ``Down``, ``Left``, ``Right``
+(any case), optionally inside ``<answer>...</answer>``, up to ``max_actions_per_turn`` moves
+per turn separated by ``||`` or commas (``<answer>Left || Up</answer>``). In each separated
+piece the first direction word counts ("I go left" -> Left); pieces without one are ignored;
+moves beyond ``max_actions_per_turn`` are dropped (``info["dropped_moves"]``). A reply with
+no direction word at all is a format error. ``info["success"]`` tells whether the puzzle was
+solved.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections import deque
+from typing import Any, ClassVar
+
+import numpy as np
+
+from .actions import parse_action
+from .core import GemEnv
+
+__all__ = [
+    "DIRECTIONS",
+    "FrozenLakeEnv",
+    "SokobanEnv",
+    "generate_frozenlake",
+    "generate_sokoban",
+    "parse_moves",
+]
+
+DIRECTIONS: dict[str, tuple[int, int]] = {"Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1)}
+_DIRECTION_WORD = re.compile(r"\b(up|down|left|right)\b", re.IGNORECASE)
+_SEPARATOR = re.compile(r"\|\||,")
+Cell = tuple[int, int]
+
+
+def parse_moves(text: str, max_moves: int) -> tuple[list[str], int]:
+    """Moves named in ``text`` (see module docstring) and how many were dropped over the limit."""
+    parsed = parse_action(text)
+    body = parsed.answer if parsed.kind == "answer" and parsed.answer else text
+    moves = []
+    for piece in _SEPARATOR.split(body):
+        match = _DIRECTION_WORD.search(piece)
+        if match:
+            moves.append(match.group(1).capitalize())
+    return moves[:max_moves], max(0, len(moves) - max_moves)
+
+
+def _add(cell: Cell, d: tuple[int, int], k: int = 1) -> Cell:
+    return cell[0] + k * d[0], cell[1] + k * d[1]
+
+
+# ---- Sokoban -------------------------------------------------------------------------------
+def _carve_room(rng: np.random.Generator, h: int, w: int) -> set[Cell]:
+    """Floor cells from a random walk carving small shapes (gym-sokoban's topology idea)."""
+    shapes = [
+        [(0, 0)],
+        [(0, -1), (0, 0), (0, 1)],
+        [(-1, 0), (0, 0), (1, 0)],
+        [(0, 0), (0, 1), (1, 0), (1, 1)],
+    ]
+    floor: set[Cell] = set()
+    pos = (int(rng.integers(1, h - 1)), int(rng.integers(1, w - 1)))
+    d = list(DIRECTIONS.values())[int(rng.integers(4))]
+    for _ in range(int(1.5 * (h + w))):
+        if rng.random() < 0.35:
+            d = list(DIRECTIONS.values())[int(rng.integers(4))]
+        for dy, dx in shapes[int(rng.integers(len(shapes)))]:
+            y, x = pos[0] + dy, pos[1] + dx
+            if 1 <= y <= h - 2 and 1 <= x <= w - 2:
+                floor.add((y, x))
+        pos = (min(max(pos[0] + d[0], 1), h - 2), min(max(pos[1] + d[1], 1), w - 2))
+    return floor
+
+
+def _reverse_search(
+    floor: set[Cell], targets: list[Cell], max_depth: int, max_states: int = 100_000
+) -> tuple[bool, int, list[tuple[Cell, frozenset[Cell]]]]:
+    """Breadth-first search *backwards* from the solved room (boxes on targets, player anywhere).
+
+    A reverse move walks the player and may pull the box behind it; each undoes a forward
+    move, so every state found is solvable, and its BFS depth is exactly its optimal forward
+    solution length. Returns ``(all_off, depth, states)``: the deepest layer (<= ``max_depth``)
+    of states with every box off target -- or, if there are none, with at least one off.
+    """
+    solved = frozenset(targets)
+    frontier = [(p, solved) for p in sorted(floor) if p not in solved]
+    seen = set(frontier)
+    best: tuple[bool, int, list[tuple[Cell, frozenset[Cell]]]] = (False, 0, [])
+    dirs = list(DIRECTIONS.values())
+    for depth in range(1, max_depth + 1):
+        layer = []
+        for player, boxes in frontier:
+            for d in dirs:
+                nxt = _add(player, d)
+                if nxt not in floor or nxt in boxes:
+                    continue
+                behind = _add(player, d, -1)
+                successors = [(nxt, boxes)]
+                if behind in boxes:
+                    successors.append((nxt, (boxes - {behind}) | {player}))
+                for state in successors:
+                    if state not in seen:
+                        seen.add(state)
+                        layer.append(state)
+        if not layer:
+            break
+        all_off = [st for st in layer if not st[1] & solved]
+        some_off = [st for st in layer if st[1] != solved]
+        if all_off:
+            best = (True, depth, all_off)
+        elif some_off and not best[0]:
+            best = (False, depth, some_off)
+        frontier = layer
+        if len(seen) > max_states:
+            break
+    return best
+
+
+def generate_sokoban(
+    rng: np.random.Generator, size: tuple[int, int] = (6, 6), num_boxes: int = 1, search_depth: int = 20
+) -> dict[str, Any]:
+    """A solvable room: ``{"size", "floor", "targets", "boxes", "player", "optimal_moves"}``.
+
+    Cells are ``[row, col]``. The puzzle is drawn uniformly from the hardest states that a
+    reverse search of ``search_depth`` moves reaches, so its optimal solution is at most
+    ``search_depth`` moves (``optimal_moves``, exact).
+    """
+    h, w = size
+    if h < 4 or w < 4 or num_boxes < 1 or search_depth < 1:
+        raise ValueError(
+            f"need size >= (4, 4), num_boxes >= 1, search_depth >= 1; got {size}, {num_boxes}, {search_depth}"
+        )
+    for attempt in range(300):
+        floor = _carve_room(rng, h, w)
+        cells = sorted(floor)
+        if len(cells) < num_boxes + 2:
+            continue
+        targets = sorted(cells[int(i)] for i in rng.permutation(len(cells))[:num_boxes])
+        all_off, depth, layer = _reverse_search(floor, targets, search_depth)
+        if not layer or (not all_off and attempt < 100):  # prefer rooms where every box moved
+            continue
+        player, boxes = sorted(layer, key=lambda st: (st[0], sorted(st[1])))[int(rng.integers(len(layer)))]
+        return {
+            "size": [h, w],
+            "floor": [list(c) for c in cells],
+            "targets": [list(c) for c in targets],
+            "boxes": [list(c) for c in sorted(boxes)],
+            "player": list(player),
+            "optimal_moves": depth,
+        }
+    raise RuntimeError(f"could not generate a Sokoban room of size {size} with {num_boxes} boxes")
+
+
+class _GridEnv(GemEnv):
+    """Shared turn logic of the grid games: parse moves, apply them, render the board."""
+
+    title: ClassVar[str] = ""
+    rules: ClassVar[str] = ""
+    legend: ClassVar[str] = ""
+
+    def __init__(
+        self, *, max_turns: int, max_actions_per_turn: int, format_penalty: float, render_mode: str | None
+    ):
+        super().__init__(
+            max_turns=max_turns, format_penalty=format_penalty, max_obs_chars=4096, render_mode=render_mode
+        )
+        if max_actions_per_turn < 1:
+            raise ValueError(f"max_actions_per_turn must be >= 1, got {max_actions_per_turn}")
+        self.max_actions_per_turn = int(max_actions_per_turn)
+        self.success = False
+
+    def _board(self) -> str:
+        raise NotImplementedError
+
+    def _move(self, name: str) -> tuple[float, bool, str]:
+        """Apply one move: (reward, terminated, note for the model)."""
+        raise NotImplementedError
+
+    def _accepted(self) -> list[str]:
+        n = self.max_actions_per_turn
+        return [
+            "one of the words Up, Down, Left, Right, e.g. <answer>Left</answer>",
+            f"up to {n} moves separated by '||' or ',', e.g. <answer>Left || Up</answer>",
+        ]
+
+    def _view(self) -> str:
+        return f"{self._board()}\n{self.legend}"
+
+    def _intro(self) -> str:
+        return (
+            f"{self.title}\n{self.rules}\n\n{self._view()}\n\nReply with your moves: "
+            f"Up, Down, Left or Right, up to {self.max_actions_per_turn} per turn, "
+            "e.g. <answer>Left || Up</answer>."
+        )
+
+    def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
+        moves, dropped = parse_moves(action, self.max_actions_per_turn)
+        if not moves:
+            obs, reward, terminated, info = self._format_error(
+                "no move (Up, Down, Left, Right) found in the reply", self._accepted()
+            )
+            return f"{obs}\n\n{self._view()}", reward, terminated, {**info, "success": False}
+        total, terminated, notes, done_moves = 0.0, False, [], []
+        for name in moves:
+            reward, terminated, note = self._move(name)
+            total += reward
+            done_moves.append(name)
+            if note:
+                notes.append(note)
+            if terminated:
+                break
+        text = f"Moves: {', '.join(done_moves)}." + (f" {' '.join(notes)}" if notes else "")
+        if dropped:
+            text += f" ({dropped} extra moves ignored: at most {self.max_actions_per_turn} per turn.)"
+        info = {"success": self.success, "moves": done_moves, "dropped_moves": dropped}
+        return f"{text}\n\n{self._view()}", round(total, 6), terminated, info
+
+    def _render_text(self) -> str:
+        return self._view()
+
+
+class SokobanEnv(_GridEnv):
+    """Push every box (X) onto a target (O). Rewards follow gym-sokoban, as ROLL does.
+
+    Per move: -0.1; pushing a box onto a target +1, off a target -1; all boxes on targets
+    +10 and the episode terminates (``info["success"] = True``). A turn's reward is the sum
+    over its moves; a reply with no move gets ``format_penalty``. Rooms are ``size`` (rows,
+    cols, walls included) with ``num_boxes`` boxes, generated by searching backwards from the
+    solved state (pulling boxes), so a solution always exists; its optimal length is at most
+    ``search_depth`` moves and is reported as ``info["optimal_moves"]`` at reset.
+    """
+
+    title = "Sokoban."
+    rules = "You are P. Push boxes (X) onto targets (O); you can push a box but not pull it, and not push two at once."
+    legend = "Legend: # wall, _ floor, O target, X box, \u221a box on target, P player, S player on target."
+
+    def __init__(
+        self,
+        size: int | tuple[int, int] = (6, 6),
+        num_boxes: int = 1,
+        search_depth: int = 20,
+        *,
+        max_turns: int = 20,
+        max_actions_per_turn: int = 3,
+        format_penalty: float = -0.1,
+        render_mode: str | None = None,
+    ):
+        super().__init__(
+            max_turns=max_turns,
+            max_actions_per_turn=max_actions_per_turn,
+            format_penalty=format_penalty,
+            render_mode=render_mode,
+        )
+        self.size = (size, size) if isinstance(size, int) else tuple(size)
+        self.num_boxes, self.search_depth = num_boxes, search_depth
+        self.room: dict[str, Any] = {}
+
+    def _reset(self, task_id: Any | None, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        self.room = generate_sokoban(self._task_rng(task_id), self.size, self.num_boxes, self.search_depth)
+        self.success = False
+        return self._intro(), {"success": False, "optimal_moves": self.room["optimal_moves"]}
+
+    def _move(self, name: str) -> tuple[float, bool, str]:
+        d = DIRECTIONS[name]
+        floor = {tuple(c) for c in self.room["floor"]}
+        targets = {tuple(c) for c in self.room["targets"]}
+        boxes = [tuple(c) for c in self.room["boxes"]]
+        player = tuple(self.room["player"])
+        nxt, reward, note = _add(player, d), -0.1, ""
+        if nxt not in floor:
+            return reward, False, f"{name} is blocked by a wall."
+        if nxt in boxes:
+            beyond = _add(nxt, d)
+            if beyond not in floor or beyond in boxes:
+                return reward, False, f"The box cannot be pushed {name.lower()}."
+            boxes[boxes.index(nxt)] = beyond
+            reward += (beyond in targets) - (nxt in targets)
+        self.room["boxes"], self.room["player"] = [list(b) for b in boxes], list(nxt)
+        if all(b in targets for b in boxes):
+            self.success = True
+            return reward + 10.0, True, "All boxes are on targets: solved!"
+        return reward, False, note
+
+    def _board(self) -> str:
+        h, w = self.room["size"]
+        floor = {tuple(c) for c in self.room["floor"]}
+        targets = {tuple(c) for c in self.room["targets"]}
+        boxes = {tuple(c) for c in self.room["boxes"]}
+        player = tuple(self.room["player"])
+        rows = []
+        for y in range(h):
+            row = ""
+            for x in range(w):
+                c = (y, x)
+                if c == player:
+                    row += "S" if c in targets else "P"
+                elif c in boxes:
+                    row += "\u221a" if c in targets else "X"
+                else:
+                    row += "O" if c in targets else ("_" if c in floor else "#")
+            rows.append(row)
+        return "\n".join(rows)
+
+    def _get_state(self) -> dict[str, Any]:
+        return {"room": copy.deepcopy(self.room), "success": self.success}
+
+    def _set_state(self, state: dict[str, Any]) -> None:
+        self.room = copy.deepcopy(state["room"])
+        self.success = bool(state["success"])
+
+
+# ---- FrozenLake ----------------------------------------------------------------------------
+def _reachable(grid: list[str], start: Cell, goal: Cell) -> bool:
+    n = len(grid)
+    seen, queue = {start}, deque([start])
+    while queue:
+        cell = queue.popleft()
+        if cell == goal:
+            return True
+        for d in DIRECTIONS.values():
+            y, x = _add(cell, d)
+            if 0 <= y < n and 0 <= x < n and grid[y][x] != "H" and (y, x) not in seen:
+                seen.add((y, x))
+                queue.append((y, x))
+    return False
+
+
+def generate_frozenlake(rng: np.random.Generator, size: int = 4, p: float = 0.8) -> list[str]:
+    """A ``size`` x ``size`` map of S(tart), F(rozen), H(ole), G(oal) with a path from S to G."""
+    if size < 2 or not 0 < p <= 1:
+        raise ValueError(f"need size >= 2 and 0 < p <= 1, got size={size}, p={p}")
+    while True:  # terminates with probability 1: p > 0 makes an all-frozen map possible
+        frozen = rng.random((size, size)) < p
+        grid = ["".join("F" if f else "H" for f in row) for row in frozen]
+        grid[0] = "S" + grid[0][1:]
+        grid[-1] = grid[-1][:-1] + "G"
+        if _reachable(grid, (0, 0), (size - 1, size - 1)):
+            return grid
+
+
+class FrozenLakeEnv(_GridEnv):
+    """Walk from the start to the goal (G) without falling into a hole (O).
+
+    Reward 1.0 on reaching the goal, 0.0 otherwise; reaching the goal or a hole terminates.
+    With ``is_slippery`` a move goes in the intended direction or one of the two
+    perpendicular ones, 1/3 each (gymnasium's FrozenLake), drawn from ``self.np_random``.
+    Maps are ``size`` x ``size`` with frozen probability ``p``, regenerated until the goal
+    is reachable.
+    """
+
+    title = "FrozenLake."
+    rules = "You are P. Walk to the goal G across the frozen lake (_) without stepping into a hole (O)."
+    legend = "Legend: _ frozen, O hole, G goal, P player, X player in a hole, \u221a player on the goal."
+    _PERPENDICULAR: ClassVar[dict[str, tuple[str, str]]] = {
+        "Up": ("Left", "Right"),
+        "Down": ("Right", "Left"),
+        "Left": ("Down", "Up"),
+        "Right": ("Up", "Down"),
+    }
+
+    def __init__(
+        self,
+        size: int = 4,
+        p: float = 0.8,
+        is_slippery: bool = False,
+        *,
+        max_turns: int = 20,
+        max_actions_per_turn: int = 3,
+        format_penalty: float = -0.1,
+        render_mode: str | None = None,
+    ):
+        super().__init__(
+            max_turns=max_turns,
+            max_actions_per_turn=max_actions_per_turn,
+            format_penalty=format_penalty,
+            render_mode=render_mode,
+        )
+        self.size, self.p, self.is_slippery = int(size), float(p), bool(is_slippery)
+        self.grid: list[str] = []
+        self.player: list[int] = [0, 0]
+
+    def _reset(self, task_id: Any | None, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        self.grid = generate_frozenlake(self._task_rng(task_id), self.size, self.p)
+        self.player, self.success = [0, 0], False
+        return self._intro(), {"success": False}
+
+    def _move(self, name: str) -> tuple[float, bool, str]:
+        actual = name
+        if self.is_slippery:
+            left, right = self._PERPENDICULAR[name]
+            actual = (left, name, right)[int(self.np_random.integers(3))]
+        d = DIRECTIONS[actual]
+        y = min(max(self.player[0] + d[0], 0), self.size - 1)
+        x = min(max(self.player[1] + d[1], 0), self.size - 1)
+        self.player = [y, x]
+        slip = f"You slipped and moved {actual.lower()}. " if actual != name else ""
+        if self.grid[y][x] == "H":
+            return 0.0, True, slip + "You fell into a hole."
+        if self.grid[y][x] == "G":
+            self.success = True
+            return 1.0, True, slip + "You reached the goal!"
+        return 0.0, False, slip.strip()
+
+    def _board(self) -> str:
+        rows = []
+        for y, line in enumerate(self.grid):
+            row = ""
+            for x, cell in enumerate(line):
+                if [y, x] == self.player:
+                    row += {"H": "X", "G": "\u221a"}.get(cell, "P")
+                else:
+                    row += {"H": "O", "G": "G"}.get(cell, "_")
+            rows.append(row)
+        return "\n".join(rows)
+
+    def _get_state(self) -> dict[str, Any]:
+        return {"grid": list(self.grid), "player": list(self.player), "success": self.success}
+
+    def _set_state(self, state: dict[str, Any]) -> None:
+        self.grid, self.player = list(state["grid"]), list(state["player"])
+        self.success = bool(state["success"])

@@ -1,0 +1,733 @@
+"""The in-sandbox agent: pid 1 of a sandbox's namespaces, keeper of its bash sessions.
+
+Started by the host as ``python -S -E _agent.py`` with its stdin/stdout as the
+request/response channel; the first frame on stdin is the sandbox's configuration (not
+argv, which any process in the sandbox could read). Standard library only, because after ``pivot_root`` the
+host's Python files are out of reach: everything the agent needs is imported *before*
+the root changes, and nothing is imported lazily afterwards.
+
+Lifecycle
+1. (outer process, host namespaces) join the sandbox's cgroups, apply rlimits, unshare
+   mount/pid/uts/ipc/net (and user, when not root), fork, report the child's host pid,
+   exit. The child is pid 1 of the new pid namespace: when it dies, the kernel kills
+   every process of the sandbox, so nothing can outlive it.
+2. (init) build the root: overlayfs of the image layers and a private upper dir,
+   read-only binds, a private /dev and /proc; ``pivot_root`` into it; bring up
+   loopback; drop capabilities to Docker's default set and set no_new_privs.
+3. (init) serve framed requests until stdin closes (the host died or closed us).
+
+Protocol: each frame is ``>II`` (header length, payload length) + JSON header + payload.
+Requests carry an ``id``; every response echoes it, so many requests (commands in
+different sessions) can be in flight at once.
+
+Sessions: each session is a persistent ``bash`` reading one-word operations from a
+pipe. A command runs in a forked subshell with job control on (``set -m``), so it is
+its own process group: a timeout kills that group and the session survives. On exit the
+subshell writes its exported variables and cwd to a state file that the session shell
+sources, which is how ``cd`` and ``export`` persist between calls.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import io
+import json
+import os
+import posixpath
+import selectors
+import shlex
+import signal
+import socket
+import stat
+import struct
+import sys
+import tarfile
+import time
+
+FRAME = struct.Struct(">II")
+MAX_FRAME = 1 << 30
+PROTOCOL_VERSION = 1
+
+# --------------------------------------------------------------------------- framing
+
+
+def encode_frame(header: dict, payload: bytes = b"") -> bytes:
+    """One protocol frame: sizes, JSON header, raw payload."""
+    head = json.dumps(header, separators=(",", ":")).encode()
+    return FRAME.pack(len(head), len(payload)) + head + payload
+
+
+class FrameReader:
+    """Incremental frame decoder: ``feed(bytes)`` then iterate ``frames()``."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> None:
+        self._buf += data
+
+    def frames(self):
+        while len(self._buf) >= FRAME.size:
+            hlen, plen = FRAME.unpack_from(self._buf)
+            if hlen > MAX_FRAME or plen > MAX_FRAME:
+                raise ValueError("oversized frame")
+            end = FRAME.size + hlen + plen
+            if len(self._buf) < end:
+                return
+            header = json.loads(bytes(self._buf[FRAME.size:FRAME.size + hlen]))
+            payload = bytes(self._buf[FRAME.size + hlen:end])
+            del self._buf[:end]
+            yield header, payload
+
+
+# --------------------------------------------------------------------------- syscalls
+
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
+CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+MNT_DETACH = 2
+PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 24, 38
+SYS_PIVOT_ROOT = 155  # x86_64
+# Docker's default capability set: what a root user in a container normally needs,
+# without SYS_ADMIN (mounts), MKNOD (devices), SYS_PTRACE, NET_RAW, SYS_MODULE, ...
+KEEP_CAPS = (0, 1, 3, 4, 5, 6, 7, 8, 10, 18, 29, 31)
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(ret: int, what: str) -> int:
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+    return ret
+
+
+def _b(s):
+    return None if s is None else os.fsencode(s)
+
+
+def mount(src, target, fstype=None, flags=0, data=None) -> None:
+    _check(_libc.mount(_b(src), _b(target), _b(fstype), ctypes.c_ulong(flags), _b(data)),
+           f"mount {fstype or ''} {src} on {target}")
+
+
+def bind(src: str, target: str, readonly: bool = False, extra: int = 0) -> None:
+    mount(src, target, None, MS_BIND | MS_REC)
+    if readonly or extra:
+        flags = MS_REMOUNT | MS_BIND | (MS_RDONLY if readonly else 0) | extra
+        mount(None, target, None, flags)
+
+
+def unshare(flags: int) -> None:
+    _check(_libc.unshare(ctypes.c_int(flags)), "unshare")
+
+
+def drop_capabilities() -> None:
+    """Shrink the bounding, permitted and effective sets to KEEP_CAPS, for good."""
+    last = int(open("/proc/sys/kernel/cap_last_cap").read()) if os.path.exists(
+        "/proc/sys/kernel/cap_last_cap") else 40
+    for cap in range(last + 1):
+        if cap not in KEEP_CAPS:
+            _check(_libc.prctl(PR_CAPBSET_DROP, ctypes.c_ulong(cap), 0, 0, 0), "capbset_drop")
+    mask = sum(1 << c for c in KEEP_CAPS)
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this pid
+    data = (ctypes.c_uint32 * 6)(mask & 0xFFFFFFFF, mask & 0xFFFFFFFF, 0, mask >> 32, mask >> 32, 0)
+    _check(_libc.capset(header, data), "capset")
+    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+
+
+def loopback_up() -> None:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        ifr = struct.pack("16sH14s", b"lo", 0, b"")
+        flags = struct.unpack("16sH14s", fcntl.ioctl(s, 0x8913, ifr))[1]  # SIOCGIFFLAGS
+        fcntl.ioctl(s, 0x8914, struct.pack("16sH14s", b"lo", flags | 1, b""))  # SIOCSIFFLAGS
+    finally:
+        s.close()
+
+
+# --------------------------------------------------------------------------- root filesystem
+
+DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+PROC_MASKED = ("kcore", "keys", "timer_list", "sysrq-trigger", "latency_stats", "sched_debug")
+PROC_READONLY = ("sys", "bus", "fs", "irq")
+STATE_DIR = "/dev/.rr"  # session state files: on /dev's tmpfs, so never in snapshots
+
+
+def build_root(cfg: dict) -> None:
+    """Mount the sandbox root at cfg['rootfs'] and pivot into it. Runs as init."""
+    root = cfg["rootfs"]
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    opts = "lowerdir=%s,upperdir=%s,workdir=%s" % (":".join(cfg["lowers"]), cfg["upper"], cfg["work"])
+    if cfg.get("userns"):
+        opts += ",userxattr"
+    mount("overlay", root, "overlay", 0, opts)
+    for src, dst, readonly in cfg.get("binds", []):
+        target = root + dst
+        os.makedirs(target, exist_ok=True)
+        bind(src, target, readonly, MS_NOSUID | MS_NODEV)
+
+    dev = root + "/dev"
+    os.makedirs(dev, exist_ok=True)
+    mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755,size=16m")
+    for name in DEVICES:
+        if os.path.exists("/dev/" + name):
+            open(f"{dev}/{name}", "w").close()
+            bind("/dev/" + name, f"{dev}/{name}")
+    for sub in ("pts", "shm", ".rr"):
+        os.makedirs(f"{dev}/{sub}", exist_ok=True)
+    os.chmod(f"{dev}/.rr", 0o700)
+    try:
+        mount("devpts", f"{dev}/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620")
+        os.symlink("pts/ptmx", f"{dev}/ptmx")
+    except OSError:
+        pass  # no pty support: sessions do not need one
+    mount("tmpfs", f"{dev}/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=64m")
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                         ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, f"{dev}/{name}")
+
+    proc = root + "/proc"
+    os.makedirs(proc, exist_ok=True)
+    mount("proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    for name in PROC_MASKED:
+        if os.path.exists(f"{proc}/{name}"):
+            bind(f"{dev}/null", f"{proc}/{name}")
+    for name in PROC_READONLY:
+        if os.path.isdir(f"{proc}/{name}"):
+            bind(f"{proc}/{name}", f"{proc}/{name}", readonly=True)
+
+    # pivot_root(".", ".") stacks the old root under the new one; detaching it leaves
+    # no path back to the host's filesystem (runc uses the same trick).
+    os.chdir(root)
+    _check(_libc.syscall(SYS_PIVOT_ROOT, b".", b"."), "pivot_root")
+    _check(_libc.umount2(b".", MNT_DETACH), "umount old root")
+    os.chdir("/")
+
+
+# --------------------------------------------------------------------------- sessions
+
+SESSION_SCRIPT = r"""# rockroll session: reads one-word operations from stdin; see _agent.py
+__rr_d=$1
+set -m
+echo 0 >/proc/self/oom_score_adj
+[ -f "$__rr_d/init" ] && . "$__rr_d/init"
+while IFS= read -r __rr_op; do
+  case $__rr_op in
+  run|runx)
+    : >"$__rr_d/state"
+    ( trap '{ export -p; printf "cd -- %q\n" "$PWD"; } >"$__rr_d/state"' EXIT
+      printf 'pid %s\n' "$BASHPID" >&3
+      exec 3>&-
+      if [ "$__rr_op" = runx ]; then ( . "$__rr_d/pre" && . "$__rr_d/cmd" ); else . "$__rr_d/cmd"; fi
+    ) </dev/null >&5 2>&6
+    __rr_rc=$?
+    if [ "$__rr_op" = run ] && [ -s "$__rr_d/state" ]; then
+      compgen -e >"$__rr_d/names"
+      mapfile -t __rr_names <"$__rr_d/names"
+      unset "${__rr_names[@]}"
+      . "$__rr_d/state"
+    fi
+    printf 'done %s\n' "$__rr_rc" >&3 ;;
+  dump)
+    { export -p; printf "cd -- %q\n" "$PWD"; } >"$__rr_d/dump"
+    printf 'dumped\n' >&3 ;;
+  esac
+done
+"""
+
+
+class Command:
+    """A command in flight in a session."""
+
+    def __init__(self, req_id, max_output: int, timeout: float | None):
+        self.req_id = req_id
+        self.max_output = max_output
+        self.start = time.monotonic()
+        self.deadline = self.start + timeout if timeout else None
+        self.out, self.err = bytearray(), bytearray()
+        self.truncated = False
+        self.pgid = None
+        self.timed_out = False
+
+    def append(self, buf: bytearray, data: bytes) -> None:
+        room = self.max_output - len(buf)
+        if len(data) > room:
+            self.truncated = True
+            data = data[:max(room, 0)]
+        buf += data
+
+
+class Session:
+    def __init__(self, agent: "Agent", name: str, index: int, init_state: str | None):
+        self.agent, self.name = agent, name
+        self.dir = f"{STATE_DIR}/s{index}"
+        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        if init_state:
+            with open(f"{self.dir}/init", "w") as f:
+                f.write(init_state)
+        ctl_r, ctl_w = os.pipe()
+        st_r, st_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child: wire the fds bash expects and exec
+            try:
+                # Python ignores SIGPIPE and SIGXFSZ; an ignored signal survives exec, so
+                # `yes | head` would print "Broken pipe" instead of dying quietly.
+                for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+                    signal.signal(sig, signal.SIG_DFL)
+                os.setsid()
+                null = os.open("/dev/null", os.O_RDWR)
+                # Park the sources above the targets first, so no dup2 clobbers one.
+                wanted = [(os.dup2(src, 100 + i), dst) for i, (src, dst) in
+                          enumerate(((ctl_r, 0), (null, 1), (null, 2), (st_w, 3), (out_w, 5), (err_w, 6)))]
+                for src, dst in wanted:
+                    os.dup2(src, dst)
+                os.close(4)  # may be open or not: closerange below does the rest
+            except OSError:
+                pass
+            try:
+                os.closerange(7, 65536)
+                os.chdir(agent.workdir)
+                os.execve(agent.shell, [agent.shell, "--noprofile", "--norc", f"{STATE_DIR}/session.sh",
+                                        self.dir], agent.env)
+            finally:
+                os._exit(127)
+        for fd in (ctl_r, st_w, out_w, err_w):
+            os.close(fd)
+        self.pid = pid
+        self.ctl, self.status, self.outfd, self.errfd = ctl_w, st_r, out_r, err_r
+        for fd in (st_r, out_r, err_r):
+            os.set_blocking(fd, False)
+        self.status_buf = b""
+        self.queue: list[tuple[dict, bytes]] = []
+        self.current: Command | None = None
+        self.waiting_dump = []
+        self.dead = False
+        sel = agent.sel
+        sel.register(st_r, selectors.EVENT_READ, (self.on_status, None))
+        sel.register(out_r, selectors.EVENT_READ, (self.on_output, "out"))
+        sel.register(err_r, selectors.EVENT_READ, (self.on_output, "err"))
+
+    # --- requests
+    def submit(self, req: dict) -> None:
+        self.queue.append(req)
+        self.pump()
+
+    def pump(self) -> None:
+        if self.current is not None or self.dead:
+            return
+        while self.queue:
+            req = self.queue.pop(0)
+            if req["op"] == "dump":
+                self.waiting_dump.append(req["id"])
+                self._send(b"dump\n")
+                self.current = Command(req["id"], 0, None)
+                self.current.is_dump = True
+                return
+            with open(f"{self.dir}/cmd", "w") as f:
+                f.write(req["cmd"])
+                f.write("\n")
+            pre = []
+            if req.get("cwd"):
+                pre.append("cd -- " + shlex.quote(req["cwd"]))
+            for k, v in (req.get("env") or {}).items():
+                pre.append(f"export {k}={shlex.quote(str(v))}")
+            if pre:
+                with open(f"{self.dir}/pre", "w") as f:
+                    f.write(" &&\n".join(pre) + "\n")
+            self.current = Command(req["id"], int(req.get("max_output", 1 << 20)), req.get("timeout"))
+            self.current.is_dump = False
+            self._send(b"runx\n" if pre else b"run\n")
+            return
+
+    def _send(self, data: bytes) -> None:
+        try:
+            os.write(self.ctl, data)
+        except OSError:
+            self.on_dead()
+
+    # --- events
+    def on_output(self, kind: str) -> None:
+        fd = self.outfd if kind == "out" else self.errfd
+        try:
+            data = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return
+        if not data:
+            self.agent.sel.unregister(fd)
+            return
+        cmd = self.current
+        if cmd is not None and not cmd.is_dump:
+            cmd.append(cmd.out if kind == "out" else cmd.err, data)
+
+    def drain(self) -> None:
+        for kind, fd in (("out", self.outfd), ("err", self.errfd)):
+            while True:
+                try:
+                    data = os.read(fd, 1 << 16)
+                except (BlockingIOError, OSError):
+                    break
+                if not data:
+                    break
+                self.current.append(self.current.out if kind == "out" else self.current.err, data)
+
+    def on_status(self, _arg) -> None:
+        try:
+            data = os.read(self.status, 4096)
+        except BlockingIOError:
+            return
+        if not data:
+            self.on_dead()
+            return
+        self.status_buf += data
+        while b"\n" in self.status_buf:
+            line, self.status_buf = self.status_buf.split(b"\n", 1)
+            self.on_line(line.decode(errors="replace"))
+
+    def on_line(self, line: str) -> None:
+        cmd = self.current
+        if cmd is None:
+            return
+        word, _, arg = line.partition(" ")
+        if word == "pid":
+            cmd.pgid = int(arg)
+            if cmd.timed_out:
+                self.kill_current()
+        elif word == "done" and not cmd.is_dump:
+            self.drain()
+            self.current = None
+            self.agent.reply({"id": cmd.req_id, "ok": True, "exit_code": int(arg),
+                              "timed_out": cmd.timed_out, "truncated": cmd.truncated,
+                              "duration_s": time.monotonic() - cmd.start,
+                              "nout": len(cmd.out)}, bytes(cmd.out) + bytes(cmd.err))
+            self.pump()
+        elif word == "dumped" and cmd.is_dump:
+            self.current = None
+            try:
+                state = open(f"{self.dir}/dump").read()
+            except OSError:
+                state = ""
+            self.agent.reply({"id": cmd.req_id, "ok": True, "state": state})
+            self.pump()
+
+    def check_deadline(self, now: float) -> float | None:
+        cmd = self.current
+        if cmd is None or cmd.deadline is None or cmd.timed_out:
+            return None
+        if now >= cmd.deadline:
+            cmd.timed_out = True
+            self.kill_current()
+            return None
+        return cmd.deadline
+
+    def kill_current(self) -> None:
+        cmd = self.current
+        if cmd is not None and cmd.pgid:
+            try:
+                os.killpg(cmd.pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def on_dead(self) -> None:
+        if self.dead:
+            return
+        self.dead = True
+        for fd in (self.status, self.outfd, self.errfd):
+            try:
+                self.agent.sel.unregister(fd)
+            except (KeyError, ValueError):
+                pass
+            os.close(fd)
+        os.close(self.ctl)
+        pending = ([self.current.req_id] if self.current else []) + [r["id"] for r in self.queue]
+        for req_id in pending:
+            self.agent.reply({"id": req_id, "ok": False, "error": "SessionError",
+                              "message": f"session {self.name!r} died"})
+        self.current, self.queue = None, []
+        self.agent.sessions.pop(self.name, None)
+
+    def close(self) -> None:
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.on_dead()
+
+
+# --------------------------------------------------------------------------- agent
+
+
+class Agent:
+    def __init__(self, cfg: dict):
+        self.cfg = cfg
+        self.workdir = cfg.get("workdir", "/workspace")
+        self.shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
+        self.env = {
+            "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": "/root", "USER": "root", "LANG": "C.UTF-8", "TERM": "dumb",
+            "HOSTNAME": cfg.get("hostname", "sandbox"),
+        }
+        self.env.update(cfg.get("env") or {})
+        with open(f"{STATE_DIR}/session.sh", "w") as f:
+            f.write(SESSION_SCRIPT)
+        self.sel = selectors.DefaultSelector()
+        self.sessions: dict[str, Session] = {}
+        self.session_states: dict[str, str] = dict(cfg.get("sessions") or {})
+        self.counter = 0
+        self.reader = FrameReader()
+        self.out_buf = bytearray()
+        self.writing = False
+        self.running = True
+
+    def reply(self, header: dict, payload: bytes = b"") -> None:
+        self.out_buf += encode_frame(header, payload)
+        self.flush()
+
+    def flush(self) -> None:
+        while self.out_buf:
+            try:
+                n = os.write(1, self.out_buf)
+            except BlockingIOError:
+                break
+            del self.out_buf[:n]
+        # Watch stdout for room only while a reply is waiting to go out.
+        if self.out_buf and not self.writing:
+            self.sel.register(1, selectors.EVENT_WRITE, (self.on_stdout, None))
+            self.writing = True
+        elif not self.out_buf and self.writing:
+            self.sel.unregister(1)
+            self.writing = False
+
+    def on_stdout(self, _arg) -> None:
+        self.flush()
+
+    def session(self, name: str) -> Session:
+        s = self.sessions.get(name)
+        if s is None or s.dead:
+            self.counter += 1
+            s = Session(self, name, self.counter, self.session_states.pop(name, None))
+            self.sessions[name] = s
+        return s
+
+    def on_stdin(self, _arg) -> None:
+        try:
+            data = os.read(0, 1 << 20)
+        except BlockingIOError:
+            return
+        if not data:  # the host is gone: take the whole sandbox down with us
+            self.running = False
+            return
+        self.reader.feed(data)
+        for header, payload in self.reader.frames():
+            self.handle(header, payload)
+
+    def handle(self, req: dict, payload: bytes) -> None:
+        op = req.get("op")
+        try:
+            if op in ("run", "dump"):
+                self.session(req.get("session") or "default").submit(req)
+                return
+            handler = getattr(self, "op_" + str(op), None)
+            if handler is None:
+                raise ValueError(f"unknown op {op!r}")
+            result = handler(req, payload)
+            header, body = result if isinstance(result, tuple) else (result, b"")
+            self.reply({"id": req.get("id"), "ok": True, **header}, body)
+        except OSError as e:
+            self.reply({"id": req.get("id"), "ok": False, "error": "SandboxFileError",
+                        "errno": e.errno, "message": f"{e.strerror or e}: {req.get('path', '')}"})
+        except Exception as e:  # noqa: BLE001 - report, never die on a bad request
+            self.reply({"id": req.get("id"), "ok": False, "error": type(e).__name__, "message": str(e)})
+
+    # --- simple operations
+    def op_ping(self, req, payload):
+        return {"pid": os.getpid(), "version": PROTOCOL_VERSION, "sessions": sorted(self.sessions)}
+
+    def op_close_session(self, req, payload):
+        s = self.sessions.get(req["session"])
+        if s:
+            s.close()
+        return {}
+
+    def op_write(self, req, payload):
+        path = req["path"]
+        os.makedirs(posixpath.dirname(path) or "/", exist_ok=True)
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if req.get("truncate", True) else 0)
+        fd = os.open(path, flags, req.get("mode", 0o644))
+        try:
+            os.lseek(fd, req.get("offset", 0), os.SEEK_SET)
+            view = memoryview(payload)
+            while view:
+                view = view[os.write(fd, view):]
+            if "mode" in req:
+                os.fchmod(fd, req["mode"])
+        finally:
+            os.close(fd)
+        return {"size": len(payload)}
+
+    def op_read(self, req, payload):
+        fd = os.open(req["path"], os.O_RDONLY)
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                raise IsADirectoryError(errno.EISDIR, "is a directory")
+            os.lseek(fd, req.get("offset", 0), os.SEEK_SET)
+            want, chunks = req.get("length", 1 << 24), []
+            while want > 0:
+                chunk = os.read(fd, min(want, 1 << 20))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                want -= len(chunk)
+        finally:
+            os.close(fd)
+        return {"size": st.st_size}, b"".join(chunks)
+
+    def op_stat(self, req, payload):
+        try:
+            st = os.stat(req["path"])
+        except FileNotFoundError:
+            return {"exists": False}
+        kind = "dir" if stat.S_ISDIR(st.st_mode) else "file" if stat.S_ISREG(st.st_mode) else "other"
+        return {"exists": True, "type": kind, "size": st.st_size, "mode": stat.S_IMODE(st.st_mode)}
+
+    def op_tar_in(self, req, payload):
+        """Unpack an uploaded tar into a directory. Paths stay inside the sandbox root
+        whatever they say, because this process's root *is* the sandbox root."""
+        dest = req["path"]
+        os.makedirs(dest, exist_ok=True)
+        with tarfile.open(fileobj=io.BytesIO(payload), mode="r:") as tar:
+            for member in tar:
+                if member.isdev():
+                    continue
+                if hasattr(tarfile, "tar_filter"):
+                    tar.extract(member, dest, numeric_owner=True, filter="tar")
+                else:
+                    tar.extract(member, dest, numeric_owner=True)
+        return {}
+
+    def op_tar_out(self, req, payload):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:", format=tarfile.PAX_FORMAT) as tar:
+            tar.add(req["path"], arcname=".", recursive=True)
+        return {}, buf.getvalue()
+
+    def op_shutdown(self, req, payload):
+        self.running = False
+        return {}
+
+    # --- main loop
+    def serve(self) -> None:
+        os.set_blocking(0, False)
+        os.set_blocking(1, False)
+        self.sel.register(0, selectors.EVENT_READ, (self.on_stdin, None))
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        while self.running:
+            now = time.monotonic()
+            deadlines = [d for s in list(self.sessions.values()) if (d := s.check_deadline(now))]
+            timeout = max(0.0, min(deadlines) - now) if deadlines else 1.0
+            for key, _ in self.sel.select(min(timeout, 1.0)):
+                callback, arg = key.data
+                callback(arg)
+            self.reap()
+
+    def reap(self) -> None:
+        # pid 1 inherits every orphan in the sandbox: reap them so none stay zombies.
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+
+
+def _setup_outer(cfg: dict) -> None:
+    """Runs in the host namespaces: cgroups, rlimits, namespaces."""
+    for path in cfg.get("cgroup_procs", []):
+        with open(path, "w") as f:
+            f.write(str(os.getpid()))
+    import resource  # noqa: PLC0415 - only the outer process needs it, before pivot
+    for res, soft, hard in cfg.get("rlimits", []):
+        resource.setrlimit(res, (soft, hard))
+    flags = CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWPID
+    if not cfg.get("network"):
+        flags |= CLONE_NEWNET
+    if cfg.get("userns"):
+        uid, gid = os.geteuid(), os.getegid()
+        unshare(flags | CLONE_NEWUSER)
+        with open("/proc/self/setgroups", "w") as f:
+            f.write("deny")
+        with open("/proc/self/uid_map", "w") as f:
+            f.write(f"0 {uid} 1")
+        with open("/proc/self/gid_map", "w") as f:
+            f.write(f"0 {gid} 1")
+    else:
+        unshare(flags)
+
+
+def read_config() -> dict:
+    reader = FrameReader()
+    while True:
+        data = os.read(0, 1 << 16)
+        if not data:
+            os._exit(1)
+        reader.feed(data)
+        for header, _ in reader.frames():
+            return header
+
+
+def main() -> None:
+    cfg = read_config()
+    parent = os.getppid()
+    _libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: die with the host process
+    if os.getppid() != parent:
+        os._exit(1)
+    try:
+        _setup_outer(cfg)
+    except OSError as e:
+        os.write(1, encode_frame({"op": "ready", "ok": False, "error": "IsolationUnavailable",
+                                  "message": f"cannot create namespaces: {e}"}))
+        os._exit(1)
+    pid = os.fork()
+    if pid:
+        # Stay as init's parent, so its exit is reaped here and not left to the host's pid 1.
+        os.write(1, encode_frame({"op": "spawned", "init_pid": pid}))
+        os.close(0)
+        os.close(1)
+        try:
+            os.waitpid(pid, 0)
+        finally:
+            os._exit(0)
+    try:  # init: pid 1 of the sandbox
+        build_root(cfg)
+        socket.sethostname(cfg.get("hostname", "sandbox"))
+        if not cfg.get("network"):
+            loopback_up()
+        try:
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write("-1000")  # the OOM killer should pick the hog, not the agent
+        except OSError:
+            pass  # needs CAP_SYS_RESOURCE, which some hosts withhold
+        drop_capabilities()
+        os.makedirs(cfg.get("workdir", "/workspace"), exist_ok=True)
+        os.closerange(3, 65536)
+        agent = Agent(cfg)
+    except Exception as e:  # noqa: BLE001
+        os.write(1, encode_frame({"op": "ready", "ok": False, "error": "IsolationUnavailable",
+                                  "message": f"cannot build the sandbox root: {e}"}))
+        os._exit(1)
+    os.write(1, encode_frame({"op": "ready", "ok": True, "pid": os.getpid()}))
+    try:
+        agent.serve()
+    finally:
+        os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,440 @@
+"""What you can do in a sandbox: the async API, the same for every backend.
+
+``AsyncSandbox`` speaks the agent protocol (``_agent.py``) over a pipe pair, with many
+requests in flight at once (one per session), and leaves starting and stopping to a
+deployment (``local.py``). The sync ``Sandbox`` in ``sync.py`` wraps this class.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import posixpath
+import tarfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from ._agent import FrameReader, encode_frame
+from .errors import (AgentDied, SandboxClosed, SandboxError, SandboxFileError, SandboxStartError,
+                     SessionError, SnapshotError, IsolationUnavailable)
+from .layers import pack_layer
+from .local import LocalDeployment
+from .registry import current_run
+from .snapshots import SnapshotStore
+from .spec import CommandResult, SandboxSpec, Snapshot
+
+CHUNK = 4 << 20  # file transfers move in chunks of this size: bounded memory either way
+_ERRORS = {"SandboxFileError": SandboxFileError, "SessionError": SessionError,
+           "IsolationUnavailable": IsolationUnavailable}
+
+
+class AgentConnection:
+    """Framed, multiplexed requests over the agent's stdin/stdout (asyncio, no threads)."""
+
+    def __init__(self, proc, sandbox_id: str):
+        self.loop = asyncio.get_running_loop()
+        self.sandbox_id = sandbox_id
+        self.rfd, self.wfd = proc.stdout.fileno(), proc.stdin.fileno()
+        os.set_blocking(self.rfd, False)
+        os.set_blocking(self.wfd, False)
+        self.reader = FrameReader()
+        self.pending: dict[int, asyncio.Future] = {}
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.out = bytearray()
+        self.next_id = 0
+        self.dead: str | None = None
+        self.loop.add_reader(self.rfd, self._on_readable)
+
+    def _on_readable(self) -> None:
+        try:
+            data = os.read(self.rfd, 1 << 20)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._fail("the sandbox agent exited")
+            return
+        self.reader.feed(data)
+        for header, payload in self.reader.frames():
+            fut = self.pending.pop(header.get("id"), None) if "id" in header else None
+            if fut is None:
+                self.events.put_nowait((header, payload))
+            elif not fut.done():
+                fut.set_result((header, payload))
+
+    def _fail(self, reason: str) -> None:
+        if self.dead:
+            return
+        self.dead = reason
+        self.detach()
+        for fut in self.pending.values():
+            if not fut.done():
+                fut.set_exception(AgentDied(reason, sandbox_id=self.sandbox_id))
+        self.pending.clear()
+        self.events.put_nowait(({"op": "eof"}, b""))
+
+    def detach(self) -> None:
+        for remove, fd in ((self.loop.remove_reader, self.rfd), (self.loop.remove_writer, self.wfd)):
+            try:
+                remove(fd)
+            except (ValueError, OSError):
+                pass
+
+    def _write(self, data: bytes) -> None:
+        if not self.out:
+            try:
+                n = os.write(self.wfd, data)
+            except BlockingIOError:
+                n = 0
+            except OSError:
+                self._fail("the sandbox agent's pipe is closed")
+                return
+            data = data[n:]
+            if not data:
+                return
+            self.loop.add_writer(self.wfd, self._on_writable)
+        self.out += data
+
+    def _on_writable(self) -> None:
+        try:
+            n = os.write(self.wfd, self.out)
+        except BlockingIOError:
+            return
+        except OSError:
+            self._fail("the sandbox agent's pipe is closed")
+            return
+        del self.out[:n]
+        if not self.out:
+            self.loop.remove_writer(self.wfd)
+
+    async def request(self, header: dict, payload: bytes = b"") -> tuple[dict, bytes]:
+        if self.dead:
+            raise AgentDied(self.dead, sandbox_id=self.sandbox_id)
+        self.next_id += 1
+        req_id = self.next_id
+        fut = self.loop.create_future()
+        self.pending[req_id] = fut
+        self._write(encode_frame({**header, "id": req_id}, payload))
+        reply, body = await fut
+        if not reply.get("ok"):
+            cls = _ERRORS.get(reply.get("error"), SandboxError)
+            raise cls(reply.get("message", "agent error"), sandbox_id=self.sandbox_id)
+        return reply, body
+
+    async def handshake(self, timeout: float = 30.0) -> int:
+        """Wait for the agent to report its init pid and readiness; return the init pid."""
+        init_pid = None
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                header, _ = await asyncio.wait_for(self.events.get(), max(0.01, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                raise SandboxStartError("the sandbox agent did not start in time",
+                                        sandbox_id=self.sandbox_id) from None
+            op = header.get("op")
+            if op == "spawned":
+                init_pid = header["init_pid"]
+            elif op == "ready":
+                if not header.get("ok"):
+                    cls = _ERRORS.get(header.get("error"), SandboxStartError)
+                    raise cls(header.get("message", "start failed"), sandbox_id=self.sandbox_id)
+                return init_pid
+            elif op == "eof":
+                raise SandboxStartError(f"the sandbox agent exited during start-up ({self.dead})",
+                                        sandbox_id=self.sandbox_id)
+
+
+class AsyncSandbox:
+    """An isolated Linux sandbox driven with bash (async API; ``Sandbox`` is the sync twin).
+
+    Create with ``await AsyncSandbox.create(spec)`` or ``async with open_async_sandbox(spec)``.
+    Commands run in named, persistent bash sessions (``session=None``: "default"), where
+    cwd and exported variables survive between calls. Relative paths in file operations
+    are relative to ``spec.workdir``. ``close()`` is idempotent; after it every call
+    raises ``SandboxClosed``. An agent crash raises ``AgentDied``; ``reset()`` recovers.
+    """
+
+    def __init__(self, spec: SandboxSpec, sandbox_id: str):
+        self.spec, self.id = spec, sandbox_id
+        self.run_id = current_run().run_id
+        self._deploy: LocalDeployment | None = None
+        self._conn: AgentConnection | None = None
+        self._layers: tuple[str, ...] = ()  # snapshot chain mounted above the image
+        self._oom_seen = 0
+        self._closed = False
+        self._lock = asyncio.Lock()  # serializes restarts against each other
+        self.created = time.time()
+        self.store = SnapshotStore(current_run().home)
+
+    # ----------------------------------------------------------------- lifecycle
+    @classmethod
+    async def create(cls, spec: SandboxSpec | None = None, *, snapshot: Any = None) -> "AsyncSandbox":
+        spec = spec or SandboxSpec()
+        if spec.backend != "local":
+            raise IsolationUnavailable(f"backend {spec.backend!r} is not available in this build")
+        self = cls(spec, "sb-" + uuid.uuid4().hex[:10])
+        try:
+            self._deploy = LocalDeployment(spec, self.id, current_run())
+            sessions: dict[str, str] = {}
+            if snapshot is not None:
+                snap = await asyncio.to_thread(self.store.load, snapshot)
+                self._check_image(snap)
+                self._layers = snap.layers
+                sessions = await asyncio.to_thread(self._sessions_of, snap)
+            await self._start(sessions)
+        except BaseException:
+            await self._teardown()
+            raise
+        return self
+
+    async def _start(self, sessions: dict[str, str]) -> None:
+        layer_dirs = [self.store.layer_dir(d) for d in reversed(self._layers)]
+        proc = self._deploy.spawn(layer_dirs, sessions)
+        self._conn = AgentConnection(proc, self.id)
+        init_pid = await self._conn.handshake()
+        self._deploy.record(init_pid)
+        self._oom_seen = self._deploy.oom_kills()
+
+    async def _restart(self, layers: tuple[str, ...], sessions: dict[str, str]) -> None:
+        self._ensure_open()
+        async with self._lock:
+            if self._conn:
+                self._conn.detach()
+            self._deploy.stop_agent()
+            self._layers = layers
+            await self._start(sessions)
+
+    async def reset(self) -> None:
+        """Back to the image: files, sessions and processes all fresh."""
+        await self._restart((), {})
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await self._teardown()
+
+    async def _teardown(self) -> None:
+        if self._conn:
+            self._conn.detach()
+        if self._deploy:
+            await asyncio.to_thread(self._deploy.close)
+
+    async def __aenter__(self) -> "AsyncSandbox":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    def _ensure_open(self) -> None:
+        if self._closed:
+            raise SandboxClosed("sandbox is closed", sandbox_id=self.id)
+
+    async def _request(self, header: dict, payload: bytes = b"") -> tuple[dict, bytes]:
+        self._ensure_open()
+        return await self._conn.request(header, payload)
+
+    @property
+    def alive(self) -> bool:
+        return not self._closed and self._conn is not None and not self._conn.dead
+
+    async def ping(self) -> bool:
+        """Health check: True if the agent answers."""
+        try:
+            await asyncio.wait_for(self._request({"op": "ping"}), 5.0)
+            return True
+        except (SandboxError, asyncio.TimeoutError):
+            return False
+
+    # ----------------------------------------------------------------- commands
+    async def run(self, cmd: str, *, timeout: float | None = None, session: str | None = None,
+                  env: dict[str, str] | None = None, cwd: str | None = None) -> CommandResult:
+        """Run ``cmd`` with bash in a session; stdout and stderr come back separately.
+
+        A timeout kills the command's process group (``timed_out=True``), not the session.
+        With ``env`` or ``cwd`` the command runs in a throwaway subshell, so its own
+        ``cd``/``export`` do not persist.
+        """
+        timeout = self.spec.timeout_s if timeout is None else timeout
+        if env and not all(isinstance(k, str) and k.isidentifier() for k in env):
+            from .errors import SpecError
+            raise SpecError("env", "variable names must be identifiers")
+        header, body = await self._request({
+            "op": "run", "cmd": cmd, "session": session or "default", "timeout": timeout,
+            "env": env or {}, "cwd": self._path(cwd) if cwd else None,
+            "max_output": self.spec.max_output_bytes})
+        code = header["exit_code"]
+        oom = False
+        if code == 137 and not header["timed_out"]:
+            kills = await asyncio.to_thread(self._deploy.oom_kills)
+            oom, self._oom_seen = kills > self._oom_seen, kills
+        nout = header["nout"]
+        return CommandResult(
+            exit_code=code, stdout=body[:nout].decode(errors="replace"),
+            stderr=body[nout:].decode(errors="replace"), duration_s=header["duration_s"],
+            timed_out=header["timed_out"], truncated=header["truncated"], oom_killed=oom)
+
+    async def sessions(self) -> list[str]:
+        header, _ = await self._request({"op": "ping"})
+        return header["sessions"]
+
+    async def close_session(self, name: str) -> None:
+        await self._request({"op": "close_session", "session": name})
+
+    # ----------------------------------------------------------------- files
+    def _path(self, path: str) -> str:
+        if not isinstance(path, str) or not path or "\0" in path:
+            raise SandboxFileError(f"bad path {path!r}", sandbox_id=self.id)
+        return posixpath.normpath(posixpath.join(self.spec.workdir, path))
+
+    async def write_file(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
+        data = data.encode() if isinstance(data, str) else bytes(data)
+        target = self._path(path)
+        for offset in range(0, max(len(data), 1), CHUNK):
+            await self._request({"op": "write", "path": target, "mode": mode, "offset": offset,
+                                 "truncate": offset == 0}, data[offset:offset + CHUNK])
+
+    async def read_file(self, path: str) -> bytes:
+        target, chunks, offset = self._path(path), [], 0
+        while True:
+            header, body = await self._request({"op": "read", "path": target, "offset": offset,
+                                                "length": CHUNK})
+            chunks.append(body)
+            offset += len(body)
+            if not body or offset >= header["size"]:
+                return b"".join(chunks)
+
+    async def exists(self, path: str) -> bool:
+        header, _ = await self._request({"op": "stat", "path": self._path(path)})
+        return header["exists"]
+
+    async def upload(self, local: str | os.PathLike, remote: str) -> None:
+        """Copy a local file or directory into the sandbox (a directory goes as a tar)."""
+        local = Path(local)
+        if local.is_dir():
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w:", format=tarfile.PAX_FORMAT) as tar:
+                tar.add(local, arcname=".")
+            await self._request({"op": "tar_in", "path": self._path(remote)}, buf.getvalue())
+            return
+        target = self._path(remote)
+        mode = local.stat().st_mode & 0o777
+        with open(local, "rb") as f:
+            offset = 0
+            while True:
+                chunk = f.read(CHUNK)
+                if not chunk and offset:
+                    return
+                await self._request({"op": "write", "path": target, "mode": mode, "offset": offset,
+                                     "truncate": offset == 0}, chunk)
+                offset += len(chunk)
+                if len(chunk) < CHUNK:
+                    return
+
+    async def download(self, remote: str, local: str | os.PathLike) -> None:
+        """Copy a sandbox file or directory to the host. A directory arrives as a tar
+        unpacked with the safe layer rules: links inside it are never followed."""
+        local = Path(local)
+        header, _ = await self._request({"op": "stat", "path": self._path(remote)})
+        if not header["exists"]:
+            raise SandboxFileError(f"no such file: {remote}", sandbox_id=self.id)
+        if header["type"] == "dir":
+            _, body = await self._request({"op": "tar_out", "path": self._path(remote)})
+            from .layers import unpack_plain_tar
+
+            await asyncio.to_thread(unpack_plain_tar, body, local)
+            return
+        tmp = local.with_name(f".{local.name}.{uuid.uuid4().hex[:6]}.part")
+        try:
+            with open(tmp, "wb") as f:
+                offset = 0
+                while True:
+                    h, body = await self._request({"op": "read", "path": self._path(remote),
+                                                   "offset": offset, "length": CHUNK})
+                    f.write(body)
+                    offset += len(body)
+                    if not body or offset >= h["size"]:
+                        break
+            os.replace(tmp, local)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    # ----------------------------------------------------------------- snapshots
+    async def snapshot(self) -> Snapshot:
+        """Save files (the overlay upper layer) and session state as a content-addressed
+        zstd tarball on top of the current chain. Processes are frozen while packing."""
+        names = await self.sessions()
+        states = {}
+        for name in names:
+            header, _ = await self._request({"op": "dump", "session": name})
+            states[name] = header["state"]
+        meta = {"sessions": states, "parents": list(self._layers), "image": self.spec.image,
+                "workdir": self.spec.workdir, "format": 1}
+        await asyncio.to_thread(self._deploy.freeze)
+        try:
+            info = await asyncio.to_thread(pack_layer, self._deploy.upper, self.store.tar_root, meta=meta)
+        finally:
+            await asyncio.to_thread(self._deploy.thaw)
+        await asyncio.to_thread(self.store.layer_dir, info.digest)
+        return Snapshot(id=info.digest.split(":")[1][:12], digest=info.digest, size=info.size,
+                        layers=self._layers + (info.digest,), image=self.spec.image, path=info.path)
+
+    def _check_image(self, snap: Snapshot) -> None:
+        if snap.image != self.spec.image:
+            raise SnapshotError(f"snapshot {snap.id} was taken on image {snap.image!r}, "
+                                f"this sandbox runs {self.spec.image!r}", sandbox_id=self.id)
+
+    def _sessions_of(self, snap: Snapshot) -> dict[str, str]:
+        from .layers import read_meta
+
+        return dict(read_meta(self.store.tarball(snap.digest)).get("sessions", {}))
+
+    async def restore(self, snapshot: "Snapshot | str | Path") -> None:
+        """Return this sandbox, in place, to a snapshot's files and sessions."""
+        self._ensure_open()
+        snap = await asyncio.to_thread(self.store.load, snapshot)
+        self._check_image(snap)
+        sessions = await asyncio.to_thread(self._sessions_of, snap)
+        await self._restart(snap.layers, sessions)
+
+    async def fork(self, n: int = 1) -> list["AsyncSandbox"]:
+        """``n`` new sandboxes sharing this one's current state copy-on-write (the
+        snapshot is their common lower layer)."""
+        if not isinstance(n, int) or n < 1:
+            from .errors import SpecError
+            raise SpecError("n", "must be a positive integer")
+        snap = await self.snapshot()
+        results = await asyncio.gather(*(AsyncSandbox.create(self.spec, snapshot=snap) for _ in range(n)),
+                                       return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            await asyncio.gather(*(r.close() for r in results if isinstance(r, AsyncSandbox)))
+            raise failed[0]
+        return list(results)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "alive" if self.alive else "dead"
+        return f"<AsyncSandbox {self.id} image={self.spec.image!r} {state}>"
+
+
+class open_async_sandbox:
+    """``async with open_async_sandbox(spec) as sb:`` (or ``sb = await open_async_sandbox(spec)``)."""
+
+    def __init__(self, spec: SandboxSpec | None = None, *, snapshot: Any = None):
+        self._args = (spec, snapshot)
+        self._sb: AsyncSandbox | None = None
+
+    def __await__(self):
+        return AsyncSandbox.create(self._args[0], snapshot=self._args[1]).__await__()
+
+    async def __aenter__(self) -> AsyncSandbox:
+        self._sb = await AsyncSandbox.create(self._args[0], snapshot=self._args[1])
+        return self._sb
+
+    async def __aexit__(self, *exc) -> None:
+        if self._sb:
+            await self._sb.close()

@@ -1,0 +1,211 @@
+"""Warm pools: sandboxes created ahead of time, handed out in microseconds.
+
+``release()`` resets a sandbox back to its image (a remount, not a rebuild) and returns
+it to the pool in the background; a background task keeps ``size`` idle sandboxes
+ready, checks their health every ``health_interval_s`` and replaces dead ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+
+from .client import AsyncSandbox
+from .errors import SandboxError, SpecError
+from .spec import SandboxSpec
+from .sync import Sandbox, run_sync, background_loop
+from .registry import install_exit_handlers
+
+
+class AsyncSandboxPool:
+    """A pool of ready sandboxes of one spec.
+
+    ``acquire()`` returns an idle sandbox (creating one if none is ready, so it never
+    fails for lack of warm ones); ``release(sb)`` resets it and puts it back, or closes
+    it if the pool is full or closed. ``close()`` closes every sandbox it owns.
+    """
+
+    def __init__(self, spec: SandboxSpec | None = None, size: int = 4, *, health_interval_s: float = 5.0):
+        if not isinstance(size, int) or size < 0:
+            raise SpecError("size", "must be a non-negative integer")
+        self.spec, self.size, self.health_interval_s = spec or SandboxSpec(), size, health_interval_s
+        self._idle: collections.deque[AsyncSandbox] = collections.deque()
+        self._busy: set[AsyncSandbox] = set()
+        self._creating = 0
+        self._closed = False
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._resets: set[asyncio.Task] = set()
+        self.replaced = 0  # dead sandboxes found and replaced, for metrics and tests
+
+    async def start(self, *, wait: bool = True) -> "AsyncSandboxPool":
+        """Start the refill task; with ``wait``, return once ``size`` sandboxes are ready."""
+        self._wake = asyncio.Event()
+        self._task = asyncio.create_task(self._maintain())
+        if wait:
+            await self._fill()
+        return self
+
+    @property
+    def idle(self) -> int:
+        return len(self._idle)
+
+    @property
+    def busy(self) -> int:
+        return len(self._busy)
+
+    async def acquire(self) -> AsyncSandbox:
+        if self._closed:
+            raise SandboxError("pool is closed")
+        while self._idle:
+            sb = self._idle.popleft()
+            self._kick()
+            if sb.alive:
+                self._busy.add(sb)
+                return sb
+            await self._discard(sb)
+        sb = await AsyncSandbox.create(self.spec)
+        self._busy.add(sb)
+        self._kick()
+        return sb
+
+    async def release(self, sb: AsyncSandbox) -> None:
+        """Give a sandbox back: it is reset in the background and rejoins the pool."""
+        self._busy.discard(sb)
+        if self._closed or len(self._idle) + self._creating >= self.size:
+            await sb.close()
+            return
+        task = asyncio.create_task(self._recycle(sb))
+        self._resets.add(task)
+        task.add_done_callback(self._resets.discard)
+
+    async def _recycle(self, sb: AsyncSandbox) -> None:
+        self._creating += 1
+        try:
+            await sb.reset()
+            if self._closed:
+                await sb.close()
+            else:
+                self._idle.append(sb)
+        except SandboxError:
+            self.replaced += 1
+            await self._discard(sb)
+            self._kick()
+        finally:
+            self._creating -= 1
+
+    def _kick(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _fill(self) -> None:
+        missing = self.size - len(self._idle) - self._creating
+        if missing <= 0 or self._closed:
+            return
+        self._creating += missing
+        try:
+            results = await asyncio.gather(*(AsyncSandbox.create(self.spec) for _ in range(missing)),
+                                           return_exceptions=True)
+        finally:
+            self._creating -= missing
+        for r in results:
+            if isinstance(r, AsyncSandbox):
+                if self._closed:
+                    await r.close()
+                else:
+                    self._idle.append(r)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors and not any(isinstance(r, AsyncSandbox) for r in results):
+            raise errors[0]
+
+    async def _health_check(self) -> None:
+        for sb in list(self._idle):
+            if not await sb.ping():
+                with contextlib.suppress(ValueError):
+                    self._idle.remove(sb)
+                self.replaced += 1
+                await self._discard(sb)
+
+    async def _maintain(self) -> None:
+        while not self._closed:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.health_interval_s)
+            except asyncio.TimeoutError:
+                await self._health_check()
+            self._wake.clear()
+            try:
+                await self._fill()
+            except SandboxError:
+                await asyncio.sleep(1.0)  # cannot create right now: retry, don't spin
+
+    async def _discard(self, sb: AsyncSandbox) -> None:
+        with contextlib.suppress(SandboxError):
+            await sb.close()
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for task in list(self._resets):
+            with contextlib.suppress(Exception):
+                await task
+        sandboxes = list(self._idle) + list(self._busy)
+        self._idle.clear()
+        self._busy.clear()
+        await asyncio.gather(*(sb.close() for sb in sandboxes), return_exceptions=True)
+
+    async def __aenter__(self) -> "AsyncSandboxPool":
+        if self._task is None:
+            await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+class SandboxPool:
+    """Sync twin of ``AsyncSandboxPool``: ``with SandboxPool(spec, size=8) as pool:``."""
+
+    def __init__(self, spec: SandboxSpec | None = None, size: int = 4, *, health_interval_s: float = 5.0,
+                 wait: bool = True):
+        install_exit_handlers()
+        self._inner = AsyncSandboxPool(spec, size, health_interval_s=health_interval_s)
+        self._wrappers: dict[int, Sandbox] = {}
+        background_loop()
+        run_sync(self._inner.start(wait=wait))
+
+    @property
+    def aio(self) -> AsyncSandboxPool:
+        return self._inner
+
+    @property
+    def idle(self) -> int:
+        return self._inner.idle
+
+    @property
+    def busy(self) -> int:
+        return self._inner.busy
+
+    @property
+    def replaced(self) -> int:
+        return self._inner.replaced
+
+    def acquire(self) -> Sandbox:
+        inner = run_sync(self._inner.acquire())
+        return self._wrappers.setdefault(id(inner), Sandbox(inner))
+
+    def release(self, sb: Sandbox) -> None:
+        self._wrappers.pop(id(sb.aio), None)
+        run_sync(self._inner.release(sb.aio))
+
+    def close(self) -> None:
+        run_sync(self._inner.close())
+
+    def __enter__(self) -> "SandboxPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

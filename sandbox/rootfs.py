@@ -1,0 +1,144 @@
+"""Where sandboxes live on the host, and the ``host`` image.
+
+``image="host"`` is a minimal read-only view of the host's system folders: a base
+layer holding an empty skeleton (``/workspace``, ``/tmp``, ``/root``, ...) and a
+*filtered copy* of ``/etc``, plus read-only binds of ``/usr`` and the top-level
+``/bin``, ``/lib*`` and ``/sbin`` (symlinks on merged-/usr hosts, copied as symlinks).
+Nothing else of the host is reachable: no ``/root``, ``/home``, project folders,
+``/var/run/docker.sock`` or ``/proc`` of the host.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import stat
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+SKELETON_DIRS = {
+    "workspace": 0o755, "tmp": 0o1777, "root": 0o700, "home": 0o755, "etc": 0o755,
+    "var": 0o755, "var/tmp": 0o1777, "var/lib": 0o755, "var/log": 0o755, "var/cache": 0o755,
+    "run": 0o755, "mnt": 0o755, "opt": 0o755, "srv": 0o755, "media": 0o755,
+    "usr": 0o755, "dev": 0o755, "proc": 0o755, "sys": 0o555,
+}
+TOP_SYSTEM = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+# /etc entries never copied, even when world-readable: credentials, keys, daemons' config.
+ETC_DENY = {"shadow", "shadow-", "gshadow", "gshadow-", "sudoers", "sudoers.d", "ssh", "docker",
+            "ssl/private", "machine-id", "hosts", "hostname", "resolv.conf", "mtab", "subuid",
+            "subgid", "security/opasswd", "credstore", "credstore.encrypted", "wireguard"}
+
+
+def state_home() -> Path:
+    """Root of rockroll's host state (``$ROCKROLL_HOME``, else a per-user default)."""
+    env = os.environ.get("ROCKROLL_HOME")
+    if env:
+        return Path(env)
+    if os.geteuid() == 0:
+        return Path("/var/lib/rockroll")
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return Path(base) / "rockroll"
+
+
+@dataclass(frozen=True)
+class RootfsPlan:
+    """What the agent mounts: overlay lower dirs (top first) and read-only binds."""
+
+    lowers: tuple[str, ...]
+    binds: tuple[tuple[str, str, bool], ...]
+
+
+def host_binds() -> tuple[tuple[str, str, bool], ...]:
+    binds = [("/usr", "/usr", True)]
+    for name in TOP_SYSTEM:
+        path = f"/{name}"
+        if os.path.isdir(path) and not os.path.islink(path):
+            binds.append((path, path, True))
+    return tuple(binds)
+
+
+def _etc_fingerprint() -> str:
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk("/etc"):
+        dirnames.sort()
+        for name in sorted(filenames + dirnames):
+            try:
+                st = os.lstat(os.path.join(dirpath, name))
+            except OSError:
+                continue
+            h.update(f"{dirpath}/{name}:{st.st_mode}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    for name in TOP_SYSTEM:
+        h.update(f"{name}:{os.path.islink('/' + name) and os.readlink('/' + name)}".encode())
+    return h.hexdigest()[:16]
+
+
+def _copy_etc(dest: Path) -> None:
+    """Copy the world-readable part of /etc, minus ETC_DENY, keeping symlinks as links."""
+    for dirpath, dirnames, filenames in os.walk("/etc"):
+        rel_dir = os.path.relpath(dirpath, "/etc")
+        keep = []
+        for d in dirnames:
+            rel = os.path.normpath(os.path.join(rel_dir, d))
+            st = os.lstat(os.path.join(dirpath, d))
+            if rel in ETC_DENY or stat.S_ISLNK(st.st_mode):
+                if stat.S_ISLNK(st.st_mode) and rel not in ETC_DENY:
+                    os.symlink(os.readlink(os.path.join(dirpath, d)), dest / rel)
+                continue
+            if st.st_mode & 0o005 != 0o005:  # not listable by others: private
+                continue
+            (dest / rel).mkdir(mode=stat.S_IMODE(st.st_mode))
+            keep.append(d)
+        dirnames[:] = keep
+        for f in filenames:
+            rel = os.path.normpath(os.path.join(rel_dir, f))
+            src = os.path.join(dirpath, f)
+            if rel in ETC_DENY:
+                continue
+            st = os.lstat(src)
+            if stat.S_ISLNK(st.st_mode):
+                os.symlink(os.readlink(src), dest / rel)
+            elif stat.S_ISREG(st.st_mode) and st.st_mode & 0o004:
+                shutil.copy2(src, dest / rel, follow_symlinks=False)
+
+
+def host_base_layer(home: Path | None = None) -> Path:
+    """The cached base layer of the ``host`` image; rebuilt when /etc changes."""
+    home = home or state_home()
+    layer = home / "layers" / f"host-{_etc_fingerprint()}"
+    if layer.is_dir():
+        return layer
+    layer.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".host-", dir=layer.parent))
+    try:
+        for rel, mode in SKELETON_DIRS.items():
+            (tmp / rel).mkdir(parents=True, exist_ok=True)
+            os.chmod(tmp / rel, mode)
+        for name in TOP_SYSTEM:
+            if os.path.islink("/" + name):
+                os.symlink(os.readlink("/" + name), tmp / name)
+            elif os.path.isdir("/" + name):
+                (tmp / name).mkdir()
+        _copy_etc(tmp / "etc")
+        (tmp / "etc/hosts").write_text("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost\n")
+        (tmp / "etc/hostname").write_text("sandbox\n")
+        (tmp / "etc/resolv.conf").write_text("# no network in the sandbox\n")
+        os.chmod(tmp, 0o755)
+        try:
+            os.rename(tmp, layer)
+        except OSError:  # another process built it first
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return layer
+
+
+def plan_for_image(image: str, home: Path | None = None) -> RootfsPlan:
+    """Lower layers and binds for an image name (``host`` for now; hub images later)."""
+    if image == "host":
+        return RootfsPlan(lowers=(str(host_base_layer(home)),), binds=host_binds())
+    from .errors import SpecError
+
+    raise SpecError("image", f"unknown image {image!r} for the local backend (supported: 'host')")

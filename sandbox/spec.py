@@ -1,0 +1,116 @@
+"""Specs and results: the data that crosses every boundary of the sandbox engine."""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from .errors import SpecError
+
+BACKENDS = ("local", "docker", "remote", "ray")
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """What a sandbox is made of. Validated on construction; errors name the field.
+
+    ``cpus``, ``memory_mb`` and ``pids`` are hard limits (``None``: unlimited).
+    ``timeout_s`` is the default timeout of ``run()``; ``ttl_s`` the idle lifetime a
+    service or pool enforces. ``network=False`` leaves only loopback.
+    ``max_output_bytes`` caps each of stdout and stderr of one command.
+    """
+
+    image: str = "host"
+    backend: str = "local"
+    cpus: float | None = 1.0
+    memory_mb: int | None = 1024
+    pids: int | None = 256
+    disk_mb: int | None = None
+    network: bool = False
+    env: Mapping[str, str] = field(default_factory=dict)
+    workdir: str = "/workspace"
+    timeout_s: float = 120.0
+    ttl_s: float | None = None
+    max_output_bytes: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.image, str) or not self.image:
+            raise SpecError("image", "must be a non-empty string")
+        if self.backend not in BACKENDS:
+            raise SpecError("backend", f"must be one of {', '.join(BACKENDS)}, not {self.backend!r}")
+        _positive("cpus", self.cpus, minimum=0.01)
+        _positive("memory_mb", self.memory_mb, minimum=16, integer=True)
+        _positive("pids", self.pids, minimum=8, integer=True)
+        _positive("disk_mb", self.disk_mb, minimum=1, integer=True)
+        _positive("timeout_s", self.timeout_s, minimum=0.001)
+        _positive("ttl_s", self.ttl_s, minimum=0.001)
+        _positive("max_output_bytes", self.max_output_bytes, minimum=1, integer=True)
+        if not isinstance(self.network, bool):
+            raise SpecError("network", "must be true or false")
+        if not isinstance(self.workdir, str) or not posixpath.isabs(self.workdir):
+            raise SpecError("workdir", f"must be an absolute path, not {self.workdir!r}")
+        if not isinstance(self.env, Mapping) or not all(
+            isinstance(k, str) and k.isidentifier() and isinstance(v, str) for k, v in self.env.items()
+        ):
+            raise SpecError("env", "must map variable names (identifiers) to strings")
+        object.__setattr__(self, "env", dict(self.env))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "SandboxSpec":
+        unknown = set(data) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise SpecError(sorted(unknown)[0], "unknown field")
+        return cls(**data)
+
+
+def _positive(name: str, value, *, minimum: float, integer: bool = False) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
+        raise SpecError(name, f"must be {'an integer' if integer else 'a number'}, not {value!r}")
+    if value < minimum:
+        raise SpecError(name, f"must be >= {minimum}, not {value!r}")
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """The outcome of one ``run()``. stdout and stderr are kept apart.
+
+    ``timed_out``: the command's process group was killed at its timeout (the session
+    lives on). ``truncated``: stdout or stderr went past the output cap.
+    ``oom_killed``: the memory limit killed the command.
+    """
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration_s: float
+    timed_out: bool = False
+    truncated: bool = False
+    oom_killed: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A saved sandbox state: a chain of content-addressed layer tarballs.
+
+    ``digest`` names the top layer (``sha256:<hex>``); ``layers`` is the whole chain,
+    base first, each layer holding only the changes on top of the previous one.
+    ``path`` is the local tarball of the top layer.
+    """
+
+    id: str
+    digest: str
+    size: int
+    layers: tuple[str, ...] = ()
+    image: str = "host"
+    path: Path | None = None

@@ -1,0 +1,148 @@
+"""The sync twin of ``AsyncSandbox``: the same names, blocking calls.
+
+Each call runs the async method on one private event-loop thread shared by every sync
+sandbox of the process, so there is a single implementation of the protocol and a sync
+user pays only a thread hand-off per call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import Future
+from typing import Any, Coroutine, TypeVar
+
+from .client import AsyncSandbox
+from .registry import install_exit_handlers
+from .spec import CommandResult, SandboxSpec, Snapshot
+
+T = TypeVar("T")
+_loop: asyncio.AbstractEventLoop | None = None
+_loop_lock = threading.Lock()
+
+
+def background_loop() -> asyncio.AbstractEventLoop:
+    """The process's sandbox event loop, started on first use (a daemon thread)."""
+    global _loop
+    with _loop_lock:
+        if _loop is None or _loop.is_closed():
+            loop = asyncio.new_event_loop()
+            ready = threading.Event()
+
+            def main() -> None:
+                asyncio.set_event_loop(loop)
+                loop.call_soon(ready.set)
+                loop.run_forever()
+
+            threading.Thread(target=main, name="rockroll-sandbox-loop", daemon=True).start()
+            ready.wait()
+            _loop = loop
+        return _loop
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine on the background loop and wait for it; Ctrl-C cancels it."""
+    loop = background_loop()
+    try:
+        if asyncio.get_running_loop() is loop:
+            coro.close()
+            raise RuntimeError("sync sandbox API called from its own event loop; use AsyncSandbox")
+    except RuntimeError as e:
+        if "sync sandbox API" in str(e):
+            raise
+    fut: Future = asyncio.run_coroutine_threadsafe(coro, loop)
+    try:
+        return fut.result()
+    except BaseException:
+        fut.cancel()
+        raise
+
+
+class Sandbox:
+    """An isolated Linux sandbox driven with bash. See ``AsyncSandbox`` for the contract
+    of each method; these block until done. Use as a context manager."""
+
+    def __init__(self, inner: AsyncSandbox):
+        self._inner = inner
+
+    @classmethod
+    def create(cls, spec: SandboxSpec | None = None, *, snapshot: Any = None) -> "Sandbox":
+        install_exit_handlers()
+        return cls(run_sync(AsyncSandbox.create(spec, snapshot=snapshot)))
+
+    @property
+    def id(self) -> str:
+        return self._inner.id
+
+    @property
+    def spec(self) -> SandboxSpec:
+        return self._inner.spec
+
+    @property
+    def alive(self) -> bool:
+        return self._inner.alive
+
+    @property
+    def aio(self) -> AsyncSandbox:
+        """The async sandbox behind this one (bound to the background loop)."""
+        return self._inner
+
+    def run(self, cmd: str, *, timeout: float | None = None, session: str | None = None,
+            env: dict[str, str] | None = None, cwd: str | None = None) -> CommandResult:
+        return run_sync(self._inner.run(cmd, timeout=timeout, session=session, env=env, cwd=cwd))
+
+    def sessions(self) -> list[str]:
+        return run_sync(self._inner.sessions())
+
+    def close_session(self, name: str) -> None:
+        run_sync(self._inner.close_session(name))
+
+    def write_file(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
+        run_sync(self._inner.write_file(path, data, mode=mode))
+
+    def read_file(self, path: str) -> bytes:
+        return run_sync(self._inner.read_file(path))
+
+    def exists(self, path: str) -> bool:
+        return run_sync(self._inner.exists(path))
+
+    def upload(self, local, remote: str) -> None:
+        run_sync(self._inner.upload(local, remote))
+
+    def download(self, remote: str, local) -> None:
+        run_sync(self._inner.download(remote, local))
+
+    def snapshot(self) -> Snapshot:
+        return run_sync(self._inner.snapshot())
+
+    def restore(self, snapshot) -> None:
+        run_sync(self._inner.restore(snapshot))
+
+    def fork(self, n: int = 1) -> list["Sandbox"]:
+        return [Sandbox(s) for s in run_sync(self._inner.fork(n))]
+
+    def reset(self) -> None:
+        run_sync(self._inner.reset())
+
+    def ping(self) -> bool:
+        return run_sync(self._inner.ping())
+
+    def close(self) -> None:
+        run_sync(self._inner.close())
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return repr(self._inner).replace("AsyncSandbox", "Sandbox")
+
+
+def open_sandbox(spec: SandboxSpec | None = None, *, snapshot: Any = None) -> Sandbox:
+    """Create a sandbox (a context manager): ``with open_sandbox(SandboxSpec()) as sb: ...``.
+
+    ``snapshot`` (a ``Snapshot``, a digest or a tarball path) starts it from a saved state.
+    """
+    return Sandbox.create(spec, snapshot=snapshot)

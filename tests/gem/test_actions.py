@@ -1,0 +1,265 @@
+"""The shared action parser: every accepted form, the ambiguity rules, malformed input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from rockroll.gem.actions import TOOL_FORMATS, Action, format_error_message, parse_action
+
+FENCE = "```"
+
+
+def bash(cmd: str) -> Action:
+    return Action(kind="bash", command=cmd)
+
+
+# ---- fenced blocks -------------------------------------------------------------------------
+@pytest.mark.parametrize("lang", ["bash", "sh", "shell", "console", "BASH"])
+def test_fenced_bash_languages(lang):
+    assert parse_action(f"Let me look.\n{FENCE}{lang}\nls -la\n{FENCE}\nThen decide.") == bash("ls -la")
+
+
+def test_fenced_multiline_command_keeps_inner_newlines_and_indent():
+    text = f"{FENCE}bash\nfor f in *; do\n    echo $f\ndone\n{FENCE}"
+    assert parse_action(text) == bash("for f in *; do\n    echo $f\ndone")
+
+
+def test_indented_fence_is_dedented():
+    text = f"1. run:\n   {FENCE}bash\n   cd /tmp\n   ls\n   {FENCE}"
+    assert parse_action(text) == bash("cd /tmp\nls")
+
+
+def test_tilde_fence_and_trailing_info():
+    assert parse_action("~~~bash\npwd\n~~~") == bash("pwd")
+    assert parse_action(f"{FENCE}bash title=run\npwd\n{FENCE}") == bash("pwd")
+
+
+def test_plain_and_other_language_fences_are_prose():
+    text = f"Here is the file:\n{FENCE}python\nprint('hi')\n{FENCE}\n{FENCE}\nsome output\n{FENCE}\n<bash>python x.py</bash>"
+    assert parse_action(text) == bash("python x.py")
+    assert parse_action(f"{FENCE}python\nprint(1)\n{FENCE}").kind == "invalid"
+
+
+def test_nested_backticks_need_a_longer_fence():
+    inner = f"cat > README.md <<'EOF'\n{FENCE}python\nx = 1\n{FENCE}\nEOF"
+    assert parse_action(f"````bash\n{inner}\n````") == bash(inner)
+    # with a three-backtick fence the inner bare ``` closes the block (CommonMark), and the
+    # rest ("EOF" and a stray ```) is prose containing an unclosed plain fence: not an action
+    action = parse_action(f"{FENCE}bash\n{inner}\n{FENCE}")
+    assert action == bash(f"cat > README.md <<'EOF'\n{FENCE}python\nx = 1")
+
+
+def test_inline_backticks_inside_command():
+    assert parse_action(f"{FENCE}bash\necho `date` ``x``\n{FENCE}") == bash("echo `date` ``x``")
+
+
+def test_one_line_fence_is_not_a_block():
+    assert parse_action(f"{FENCE}bash ls{FENCE}").kind == "invalid"
+
+
+def test_unclosed_and_empty_bash_blocks_are_invalid():
+    action = parse_action(f"{FENCE}bash\nrm -rf build")
+    assert action.kind == "invalid" and "unclosed" in action.error
+    action = parse_action(f"{FENCE}bash\n\n   \n{FENCE}")
+    assert action.kind == "invalid" and "empty" in action.error
+
+
+# ---- tags ----------------------------------------------------------------------------------
+def test_bash_tag():
+    assert parse_action("I will <bash>\ngrep -r foo .\n</bash> now") == bash("grep -r foo .")
+
+
+def test_bash_tag_malformed():
+    assert "unclosed" in parse_action("<bash>ls").error
+    assert "empty" in parse_action("<bash>  </bash>").error
+
+
+# ---- JSON tool calls -----------------------------------------------------------------------
+def test_json_tool_call_plain():
+    call = {"name": "bash", "arguments": {"command": "ls /"}}
+    assert parse_action(json.dumps(call)) == bash("ls /")
+    assert parse_action(f"Calling the tool: {json.dumps(call)} and waiting.") == bash("ls /")
+
+
+def test_json_tool_call_openai_function_with_string_arguments():
+    call = {
+        "type": "function",
+        "function": {"name": "bash", "arguments": json.dumps({"command": "echo 'hi'"})},
+    }
+    assert parse_action(json.dumps(call)) == bash("echo 'hi'")
+
+
+def test_json_tool_call_list_and_tool_calls_key_and_parameters():
+    call = {"name": "bash", "parameters": {"command": "whoami"}}
+    assert parse_action(json.dumps([call])) == bash("whoami")
+    assert parse_action(json.dumps({"tool_calls": [call]})) == bash("whoami")
+    assert parse_action(f"<tool_call>\n{json.dumps(call)}\n</tool_call>") == bash("whoami")
+    assert parse_action(f"{FENCE}json\n{json.dumps(call)}\n{FENCE}") == bash("whoami")
+
+
+def test_json_tool_call_unicode():
+    call = {"name": "bash", "arguments": {"command": "echo 'héllo wörld ✓ 你好'"}}
+    assert parse_action(json.dumps(call, ensure_ascii=False)) == bash("echo 'héllo wörld ✓ 你好'")
+    assert parse_action(json.dumps(call)) == bash("echo 'héllo wörld ✓ 你好'")
+
+
+def test_json_that_is_not_a_tool_call_is_ignored():
+    text = 'package.json has {"name": "demo", "version": "1.0"}\n<bash>npm test</bash>'
+    assert parse_action(text) == bash("npm test")
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ('<tool_call>{"name": "bash", "arguments": {"command": }</tool_call>', "not valid JSON"),
+        ('<tool_call>{"name": "bash"', "unclosed <tool_call>"),
+        ('{"name": "bash", "arguments": "{not json"}', "arguments are not valid JSON"),
+        ('{"name": "bash", "arguments": {"command": ""}}', "non-empty"),
+        ('{"name": "bash", "arguments": {"cmd": "ls"}}', "non-empty"),
+        ('{"name": "bash", "arguments": ["ls"]}', "must be a JSON object"),
+        ('{"name": "python", "arguments": {"code": "1"}}', "unknown tool 'python'"),
+        ('{"tool_calls": []}', "empty tool call list"),
+        ('<tool_call>"just a string"</tool_call>', "must be a JSON object"),
+    ],
+)
+def test_malformed_tool_calls(text, fragment):
+    action = parse_action(text)
+    assert action.kind == "invalid" and fragment in action.error
+
+
+def test_truncated_json_without_tool_shape_is_no_action():
+    action = parse_action('{"name": "bash", "arguments": {"command": "ls"')
+    assert action.kind == "invalid" and action.error == "no action found in the reply"
+
+
+# ---- submit --------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "text, answer",
+    [
+        ("All done.\n<submit/>", None),
+        ("<submit />", None),
+        ("<submit></submit>", None),
+        ("<submit> 42 </submit>", "42"),
+        ("I fixed it.\nsubmit\n", None),
+        ("  SUBMIT  ", None),
+        ('{"name": "submit", "arguments": {}}', None),
+        ('{"name": "submit", "arguments": {"answer": 7}}', "7"),
+        ('{"name": "submit", "arguments": null}', None),
+    ],
+)
+def test_submit_forms(text, answer):
+    assert parse_action(text) == Action(kind="submit", answer=answer)
+
+
+def test_submit_word_inside_a_sentence_or_command_is_not_submit():
+    assert parse_action("I will submit later").kind == "invalid"
+    assert parse_action(f"{FENCE}bash\nsubmit\n{FENCE}") == bash("submit")
+
+
+# ---- answers -------------------------------------------------------------------------------
+def test_boxed_answers_last_wins_and_nested_braces():
+    assert parse_action(r"First \boxed{1}, no wait: \boxed{\frac{3}{4}}.") == Action(
+        kind="answer", answer=r"\frac{3}{4}"
+    )
+    assert parse_action(r"\boxed{ {a}{b} }").answer == "{a}{b}"
+
+
+def test_answer_tag_and_mixed_order():
+    assert parse_action("<answer> Left </answer>") == Action(kind="answer", answer="Left")
+    assert parse_action(r"<answer>1</answer> then \boxed{2}").answer == "2"
+    assert parse_action(r"\boxed{2} then <answer>1</answer>").answer == "1"
+
+
+def test_unbalanced_or_empty_answers():
+    assert parse_action(r"\boxed{3").kind == "invalid"
+    assert "empty" in parse_action("<answer>  </answer>").error
+
+
+def test_tool_action_wins_over_answer_and_answers_in_code_are_ignored():
+    assert parse_action(r"The answer is \boxed{4}. <bash>echo 4</bash>") == bash("echo 4")
+    assert parse_action(f"{FENCE}latex\n\\boxed{{9}}\n{FENCE}").kind == "invalid"
+
+
+# ---- ambiguity -----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"{FENCE}bash\nls\n{FENCE}\n{FENCE}bash\npwd\n{FENCE}",
+        f"{FENCE}bash\nls\n{FENCE}\n<submit/>",
+        "<bash>ls</bash><bash>pwd</bash>",
+        '<bash>ls</bash> {"name": "bash", "arguments": {"command": "pwd"}}',
+        json.dumps(
+            {
+                "tool_calls": [
+                    {"name": "bash", "arguments": {"command": "a"}},
+                    {"name": "submit", "arguments": {}},
+                ]
+            }
+        ),
+    ],
+)
+def test_more_than_one_action_is_invalid(text):
+    action = parse_action(text)
+    assert action.kind == "invalid" and "exactly one action" in action.error
+
+
+def test_multiple_with_a_broken_one_mentions_the_problem():
+    action = parse_action(f"<bash>ls</bash>\n{FENCE}bash\n")
+    assert action.kind == "invalid" and "unclosed" in action.error
+
+
+# ---- degenerate input ----------------------------------------------------------------------
+@pytest.mark.parametrize("text", ["", "   \n\t", "hello there", "```", "<bash", "{", "[[[", "\\boxed"])
+def test_no_action(text):
+    action = parse_action(text)
+    assert action.kind == "invalid" and action.error and not action.valid
+
+
+def test_non_string_input():
+    assert parse_action(None).kind == "invalid"  # type: ignore[arg-type]
+    assert parse_action(b"ls").kind == "invalid"  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "`" * 1_000_000,
+        "```bash\n" * 150_000,
+        "<bash>" * 150_000,
+        "\\boxed{" * 150_000,
+        '{"name": "bash", ' * 60_000,
+        "{" * 1_000_000,
+        "a" * 1_000_000,
+        "<tool_call>" * 90_000,
+        "submit " * 150_000,
+        "x\n" * 500_000,
+    ],
+    ids=[
+        "backticks",
+        "fences",
+        "bash-tags",
+        "boxed",
+        "json-prefixes",
+        "braces",
+        "letters",
+        "tool-tags",
+        "submits",
+        "lines",
+    ],
+)
+def test_huge_inputs_parse(text):
+    # Only that it finishes (the suite's timeout guards against catastrophic backtracking).
+    assert isinstance(parse_action(text), Action)
+
+
+def test_huge_command_round_trips():
+    cmd = "echo " + "y" * 1_000_000
+    assert parse_action(f"{FENCE}bash\n{cmd}\n{FENCE}") == bash(cmd)
+
+
+def test_format_error_message_lists_formats():
+    message = format_error_message(TOOL_FORMATS, "no action found in the reply")
+    assert message.startswith("Invalid action: no action found in the reply")
+    assert all(f"- {form}" in message for form in TOOL_FORMATS)
+    assert format_error_message(["x"]).startswith("Invalid action format.")

@@ -1,0 +1,440 @@
+"""Math, Sokoban and FrozenLake: gymnasium conformance, determinism, resume, oracles."""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+from collections import deque
+from fractions import Fraction
+
+import gymnasium
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+from rockroll.gem import FrozenLakeEnv, MathEnv, SokobanEnv
+from rockroll.gem.grid import DIRECTIONS, generate_frozenlake, generate_sokoban, parse_moves
+from rockroll.gem.mathenv import PROBLEM_TYPES, check_answer, generate_problem, parse_value
+from rockroll.registry.builtin import BUILTIN_ENVS, register_builtin
+
+IDS = sorted(BUILTIN_ENVS)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _registered():
+    register_builtin()
+
+
+# ---- oracles -------------------------------------------------------------------------------
+def solve_sokoban(room: dict) -> list[str] | None:
+    """Shortest move sequence solving a room (BFS over player position and box set)."""
+    floor = {tuple(c) for c in room["floor"]}
+    targets = frozenset(tuple(c) for c in room["targets"])
+    start = (tuple(room["player"]), frozenset(tuple(c) for c in room["boxes"]))
+    parent = {start: None}
+    queue = deque([start])
+    while queue:
+        state = queue.popleft()
+        player, boxes = state
+        if boxes == targets:
+            path = []
+            while parent[state] is not None:
+                state, move = parent[state]
+                path.append(move)
+            return path[::-1]
+        for name, (dy, dx) in DIRECTIONS.items():
+            nxt = (player[0] + dy, player[1] + dx)
+            if nxt not in floor:
+                continue
+            new_boxes = boxes
+            if nxt in boxes:
+                beyond = (nxt[0] + dy, nxt[1] + dx)
+                if beyond not in floor or beyond in boxes:
+                    continue
+                new_boxes = (boxes - {nxt}) | {beyond}
+            new = (nxt, new_boxes)
+            if new not in parent:
+                parent[new] = (state, name)
+                queue.append(new)
+    return None
+
+
+def solve_frozenlake(grid: list[str]) -> list[str] | None:
+    n = len(grid)
+    parent = {(0, 0): None}
+    queue = deque([(0, 0)])
+    while queue:
+        cell = queue.popleft()
+        if grid[cell[0]][cell[1]] == "G":
+            path = []
+            while parent[cell] is not None:
+                cell, move = parent[cell]
+                path.append(move)
+            return path[::-1]
+        for name, (dy, dx) in DIRECTIONS.items():
+            y, x = cell[0] + dy, cell[1] + dx
+            if 0 <= y < n and 0 <= x < n and grid[y][x] != "H" and (y, x) not in parent:
+                parent[(y, x)] = (cell, name)
+                queue.append((y, x))
+    return None
+
+
+def play(env, moves: list[str], per_turn: int):
+    """Send ``moves`` in turns of ``per_turn``; return the list of step results."""
+    results = []
+    for i in range(0, len(moves), per_turn):
+        results.append(env.step("<answer>" + " || ".join(moves[i : i + per_turn]) + "</answer>"))
+        if results[-1][2] or results[-1][3]:
+            break
+    return results
+
+
+# ---- gymnasium conformance -----------------------------------------------------------------
+@pytest.mark.parametrize("env_id", IDS)
+def test_check_env_via_make(env_id):
+    env = gymnasium.make(env_id)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_env(env.unwrapped)
+    assert [str(w.message) for w in caught] == []
+    env.close()
+
+
+@pytest.mark.parametrize("cls", [MathEnv, SokobanEnv, FrozenLakeEnv])
+def test_check_env_direct(cls):
+    check_env(cls(), skip_render_check=True)
+    check_env(FrozenLakeEnv(is_slippery=True), skip_render_check=True)
+
+
+def test_register_builtin_is_idempotent():
+    assert register_builtin() == []
+    assert all(env_id in gymnasium.registry for env_id in IDS)
+    assert gymnasium.registry["rock/Math-v0"].max_episode_steps is None
+
+
+@pytest.mark.parametrize("env_id", IDS)
+def test_random_sample_is_a_format_error(env_id):
+    env = gymnasium.make(env_id)
+    env.reset(seed=0)
+    env.action_space.seed(0)
+    for _ in range(3):
+        obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
+        assert "Invalid action" in obs and reward == pytest.approx(-0.1) and "format_error" in info
+        if terminated or truncated:
+            break
+
+
+@pytest.mark.parametrize("env_id", IDS)
+def test_render_ansi(env_id):
+    env = gymnasium.make(env_id, render_mode="ansi")
+    obs, _ = env.reset(seed=4)
+    text = env.render()
+    assert isinstance(text, str) and text
+    if env_id != "rock/Math-v0":
+        assert text in obs  # the board and legend are part of the observation
+
+
+# ---- determinism and resume ----------------------------------------------------------------
+MOVES = ["Left", "Up", "Right || Down", "Down, Down", "Right", "Up || Left || Up", "Down", "Right"]
+CASES = {
+    "sokoban": lambda: SokobanEnv(size=(7, 7), num_boxes=2),
+    "frozenlake": lambda: FrozenLakeEnv(size=5),
+    "slippery": lambda: FrozenLakeEnv(size=8, p=1.0, is_slippery=True, max_turns=40),
+}
+
+
+def run(env, actions):
+    out = []
+    for action in actions:
+        out.append(env.step(action))
+        if out[-1][2] or out[-1][3]:
+            break
+    return out
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_deterministic_per_seed(case, seed):
+    a, b = CASES[case](), CASES[case]()
+    assert a.reset(seed=seed) == b.reset(seed=seed)
+    assert run(a, MOVES) == run(b, MOVES)
+
+
+def test_different_seeds_different_puzzles():
+    for case in ("sokoban", "frozenlake"):  # "slippery" uses p=1.0: one all-frozen map
+        env = CASES[case]()
+        assert len({env.reset(seed=s)[0] for s in range(10)}) > 3
+    math = MathEnv()
+    assert len({math.reset(seed=s)[0] for s in range(20)}) > 15
+
+
+def test_task_id_selects_the_puzzle():
+    env = SokobanEnv()
+    assert env.reset(seed=1, options={"task_id": 5})[0] == env.reset(seed=2, options={"task_id": 5})[0]
+    assert env.reset(seed=1, options={"task_id": 5})[0] != env.reset(seed=1, options={"task_id": 6})[0]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("cut", [1, 3])
+def test_resume_in_new_instance_continues_exactly(case, cut):
+    original = CASES[case]()
+    original.reset(seed=7)
+    run(original, MOVES[:cut])
+    state = json.loads(json.dumps(original.save_state()))
+    expected = run(original, MOVES[cut:] * 3)
+    resumed = CASES[case]()
+    resumed.reset(seed=12345, options={"state": state})
+    assert run(resumed, MOVES[cut:] * 3) == expected
+
+
+def test_slippery_moves_actually_slip_and_resume_replays_them():
+    env = FrozenLakeEnv(size=8, p=1.0, is_slippery=True, max_turns=60)
+    env.reset(seed=3)
+    notes = " ".join(env.step("Right")[0] for _ in range(30) if not env._done)
+    assert "slipped" in notes
+
+
+def test_math_resume():
+    env = MathEnv()
+    env.reset(seed=9)
+    state = env.save_state()
+    resumed = MathEnv()
+    obs, info = resumed.reset(options={"state": state})
+    assert obs.startswith(env.question) and info["turn"] == 0
+    assert resumed.step(f"\\boxed{{{env.answer}}}")[1] == 1.0
+
+
+# ---- oracles reach success -----------------------------------------------------------------
+@pytest.mark.parametrize("size, boxes", [((6, 6), 1), ((7, 7), 2), ((5, 8), 1)])
+def test_sokoban_generated_rooms_are_solvable(size, boxes):
+    for seed in range(50):
+        room = generate_sokoban(np.random.default_rng(seed), size, boxes)
+        solution = solve_sokoban(room)
+        assert solution, f"seed {seed} unsolvable"
+        assert len(solution) == room["optimal_moves"] <= 20
+        assert any(b not in room["targets"] for b in room["boxes"])
+        assert len(room["boxes"]) == len(room["targets"]) == boxes
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_sokoban_oracle_reaches_success(seed):
+    env = SokobanEnv(size=(6, 6), num_boxes=1, max_turns=100, max_actions_per_turn=3)
+    env.reset(seed=seed)
+    solution = solve_sokoban(env.room)
+    results = play(env, solution, 3)
+    obs, reward, terminated, truncated, info = results[-1]
+    assert terminated and not truncated and info["success"]
+    assert "solved" in obs
+    total = sum(r[1] for r in results)
+    # -0.1 per move, +10 at the end, and box on/off-target terms (at least +1 net per box)
+    assert total >= 10 + 1 - 0.1 * len(solution) - 1e-9
+
+
+def test_sokoban_rewards_by_hand():
+    env = SokobanEnv()
+    env.reset(seed=0)
+    env.room = {
+        "size": [5, 6],
+        "floor": [[1, 1], [1, 2], [1, 3], [1, 4], [2, 1]],
+        "targets": [[1, 3]],
+        "boxes": [[1, 2]],
+        "player": [1, 1],
+    }
+    obs, reward, terminated, _, info = env.step("Up")  # wall
+    assert reward == pytest.approx(-0.1) and not terminated and "wall" in obs
+    obs, reward, terminated, _, info = env.step("Right")  # box onto the target: solved
+    assert reward == pytest.approx(-0.1 + 1 + 10) and terminated and info["success"]
+    env.reset(seed=0)
+    env.room = {
+        "size": [5, 6],
+        "floor": [[1, 1], [1, 2], [1, 3], [1, 4]],
+        "targets": [[1, 2], [1, 1]],
+        "boxes": [[1, 2], [1, 4]],
+        "player": [1, 1],
+    }
+    assert env.step("Right")[1] == pytest.approx(-0.1 - 1)  # off the target
+    assert env.step("Left")[1] == pytest.approx(-0.1)
+    assert env.step("Right || Right")[1] == pytest.approx(-0.2)  # second push blocked by the box
+
+
+@pytest.mark.parametrize("size, p", [(4, 0.8), (6, 0.7), (8, 0.6)])
+def test_frozenlake_maps_are_solvable(size, p):
+    for seed in range(50):
+        grid = generate_frozenlake(np.random.default_rng(seed), size, p)
+        assert grid[0][0] == "S" and grid[-1][-1] == "G" and len(grid) == size
+        assert solve_frozenlake(grid) is not None
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_frozenlake_oracle_reaches_success(seed):
+    env = FrozenLakeEnv(size=6, p=0.7, max_turns=50)
+    env.reset(seed=seed)
+    results = play(env, solve_frozenlake(env.grid), 2)
+    obs, reward, terminated, truncated, info = results[-1]
+    assert (reward, terminated, truncated, info["success"]) == (1.0, True, False, True)
+    assert sum(r[1] for r in results) == 1.0 and "goal" in obs
+
+
+def test_frozenlake_hole_terminates_without_reward():
+    env = FrozenLakeEnv()
+    env.reset(seed=0)
+    env.grid = ["SH", "FG"]
+    env.size = 2
+    obs, reward, terminated, truncated, info = env.step("Right || Down")
+    assert (reward, terminated, info["success"], info["moves"]) == (0.0, True, False, ["Right"])
+    assert "hole" in obs and "X" in obs
+
+
+@pytest.mark.parametrize("cls", [SokobanEnv, FrozenLakeEnv])
+def test_max_turns_truncates(cls):
+    env = cls(max_turns=3)
+    env.reset(seed=0)
+    results = [env.step("Left || Right") for _ in range(3)]
+    assert [(r[2], r[3]) for r in results][-1] == (False, True)
+    assert all(not r[2] for r in results) and [r[3] for r in results] == [False, False, True]
+
+
+def test_parse_moves():
+    assert parse_moves("left", 3) == (["Left"], 0)
+    assert parse_moves("<answer>LEFT || up</answer>", 3) == (["Left", "Up"], 0)
+    assert parse_moves("Right, Down, Down, Left", 3) == (["Right", "Down", "Down"], 1)
+    assert parse_moves("I think we should go up and then left.", 3) == (["Up"], 0)
+    assert parse_moves("upward leftover", 3) == ([], 0)
+    assert parse_moves("Think: Left is a hole. <answer>Down</answer>", 3) == (["Down"], 0)
+    assert parse_moves("\\boxed{Right}", 3) == (["Right"], 0)
+
+
+def test_extra_moves_are_reported():
+    env = FrozenLakeEnv(size=8, p=1.0, max_actions_per_turn=2)
+    env.reset(seed=0)
+    obs, _, _, _, info = env.step("Right, Right, Right")
+    assert info["dropped_moves"] == 1 and info["moves"] == ["Right", "Right"] and "ignored" in obs
+
+
+# ---- math ----------------------------------------------------------------------------------
+def _python_expr(text: str) -> str:
+    return re.sub(r"(\d)([xy])", r"\1*\2", text).replace("^", "**")
+
+
+@pytest.mark.parametrize("kind", PROBLEM_TYPES)
+@pytest.mark.parametrize("difficulty", [1, 2, 3])
+def test_generated_answers_are_right(kind, difficulty):
+    for seed in range(30):
+        _, question, answer = generate_problem(np.random.default_rng(seed), difficulty, kind)
+        value = Fraction(answer)
+        if kind == "arithmetic":
+            assert eval(question.removeprefix("Compute: ")) == pytest.approx(float(value))
+        elif kind == "fraction":
+            expr = question.removeprefix("Compute and simplify: ")
+            assert eval(re.sub(r"(\d+)/(\d+)", r"Fraction(\1, \2)", expr)) == value
+        elif kind in ("linear", "quadratic"):
+            lhs, rhs = question.split(": ", 1)[1].split(" = ")
+            env = {"x": value}
+            assert eval(_python_expr(lhs), env) == eval(_python_expr(rhs), env)
+            if kind == "quadratic":  # and no larger root: the other root is <= value
+                a = Fraction(3 * 10**6 + 1, 10**6)  # probe above the answer
+                assert eval(_python_expr(lhs), {"x": value + a}) != 0
+        else:
+            eqs = re.findall(r"^\s+(.+) = (-?\d+)$", question, re.MULTILINE)
+            ask = question.strip()[-2]
+            for x in range(-9, 10):
+                for y in range(-9, 10):
+                    if all(eval(_python_expr(lhs), {"x": x, "y": y}) == int(rhs) for lhs, rhs in eqs):
+                        assert (x if ask == "x" else y) == value
+
+
+@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("difficulty", [1, 2, 3])
+def test_math_oracle_gets_one_and_wrong_gets_zero(seed, difficulty):
+    env = MathEnv(difficulty=difficulty)
+    env.reset(seed=seed)
+    obs, reward, terminated, truncated, info = env.step(f"The answer is \\boxed{{{env.answer}}}.")
+    assert (reward, terminated, truncated, info["success"]) == (1.0, True, False, True)
+    env.reset(seed=seed)
+    wrong = Fraction(env.answer) + 1
+    obs, reward, terminated, truncated, info = env.step(f"\\boxed{{{wrong}}}")
+    assert (reward, terminated, info["success"]) == (0.0, True, False) and "Incorrect" in obs
+
+
+def test_math_accepts_a_bare_number_and_problem_types():
+    env = MathEnv(problem_types=["linear"])
+    obs, info = env.reset(seed=1)
+    assert info["problem_type"] == "linear" and obs.startswith("Solve for x")
+    assert env.step(f"x = {env.answer}")[1] == 1.0
+    env.reset(seed=1)
+    obs, reward, terminated, _, info = env.step("```bash\necho 3\n```")
+    assert reward == pytest.approx(-0.1) and terminated and "not an answer" in info["format_error"]
+    with pytest.raises(ValueError):
+        MathEnv(problem_types=["calculus"])
+    with pytest.raises(ValueError):
+        MathEnv(difficulty=7)
+
+
+@pytest.mark.parametrize(
+    "pred, truth",
+    [
+        ("3/4", "3/4"),
+        ("\\boxed{3/4}", "3/4"),
+        ("0.75", "3/4"),
+        ("\\frac{3}{4}", "3/4"),
+        ("\\dfrac{3}{4}", "3/4"),
+        ("\\tfrac{3}{4}", "3/4"),
+        ("$\\frac{3}{4}$", "3/4"),
+        ("6/8", "3/4"),
+        ("x = 3", "3"),
+        ("x=3", "3"),
+        ("3.", "3"),
+        ("3.0", "3"),
+        ("1,234,567", "1234567"),
+        ("-5", "-5"),
+        (" - 5 ", "-5"),
+        ("\u22125", "-5"),
+        ("-\\frac{3}{4}", "-3/4"),
+        ("\\frac{-3}{4}", "-3/4"),
+        ("(-3)/4", "-3/4"),
+        ("-3 / 4", "-3/4"),
+        ("0.333333", "1/3"),
+        ("0.3333333", "1/3"),
+        ("1e3", "1000"),
+        ("\\boxed{\\frac{1}{2}}.", "1/2"),
+        ("<answer>7</answer>", "7"),
+        ("1\\,000", "1000"),
+        ("+4", "4"),
+        ("(4)", "4"),
+        (".5", "1/2"),
+        ("165364416.0000001", "165364416"),
+    ],
+)
+def test_check_answer_accepts(pred, truth):
+    assert check_answer(pred, truth)
+
+
+@pytest.mark.parametrize(
+    "pred, truth",
+    [
+        ("4", "3"),
+        ("0.33", "1/3"),
+        ("0.3334", "1/3"),
+        ("-3/4", "3/4"),
+        ("3/4", "4/3"),
+        ("", "3"),
+        ("three", "3"),
+        ("nan", "3"),
+        ("inf", "3"),
+        ("3/0", "3"),
+        ("\\frac{3}{0}", "3"),
+        ("1 000", "1000"),
+        ("1,23", "123"),
+        ("3 4", "34"),
+        ("x = 3, y = 4", "3"),
+        ("\\boxed{3", "3"),
+        ("12,345.6", "12345"),
+    ],
+)
+def test_check_answer_rejects(pred, truth):
+    assert not check_answer(pred, truth)
+
+
+def test_parse_value():
+    assert parse_value("\\frac{\\frac{1}{2}}{3}") == Fraction(1, 6)
+    assert parse_value("-2") == -2 and parse_value("abc") is None and parse_value("1/2/3") is None

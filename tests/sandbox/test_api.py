@@ -1,0 +1,157 @@
+"""The sandbox API contract (DESIGN.md), on the local backend."""
+
+import asyncio
+import os
+
+import pytest
+
+from rockroll.sandbox import (AsyncSandbox, SandboxClosed, SandboxFileError, SandboxSpec, SpecError,
+                              open_async_sandbox, open_sandbox)
+
+
+def test_stdout_stderr_exit_code_are_separate(sb):
+    r = sb.run("echo out; echo err >&2; exit 7")
+    assert (r.exit_code, r.stdout, r.stderr) == (7, "out\n", "err\n")
+    assert not r.timed_out and not r.truncated and r.duration_s > 0
+
+
+def test_session_keeps_cwd_and_exports(sb):
+    sb.run("mkdir -p /tmp/w && cd /tmp/w && export FOO=bar BAZ='a b'")
+    r = sb.run('pwd; echo "$FOO|$BAZ"')
+    assert r.stdout == "/tmp/w\nbar|a b\n"
+    sb.run("unset FOO")
+    assert sb.run('echo "[$FOO]"').stdout == "[]\n"
+
+
+def test_exit_in_command_keeps_session_state(sb):
+    r = sb.run("cd /tmp && export X=1 && exit 4")
+    assert r.exit_code == 4
+    assert sb.run("pwd; echo $X").stdout == "/tmp\n1\n"
+
+
+def test_named_sessions_are_independent(sb):
+    sb.run("cd /tmp", session="a")
+    sb.run("cd /var", session="b")
+    assert sb.run("pwd", session="a").stdout == "/tmp\n"
+    assert sb.run("pwd", session="b").stdout == "/var\n"
+    assert sb.run("pwd").stdout == "/workspace\n"
+    assert set(sb.sessions()) >= {"a", "b", "default"}
+
+
+def test_per_call_env_and_cwd_do_not_persist(sb):
+    r = sb.run("pwd; echo $ONLY", env={"ONLY": "here"}, cwd="/tmp")
+    assert r.stdout == "/tmp\nhere\n"
+    assert sb.run("pwd; echo \"[$ONLY]\"").stdout == "/workspace\n[]\n"
+
+
+def test_timeout_kills_process_group_not_session(sb):
+    sb.run("export KEEP=yes")
+    r = sb.run("sleep 100 & sleep 100; echo never", timeout=0.5)
+    assert r.timed_out and r.exit_code != 0 and "never" not in r.stdout
+    # the session lives on, with its state, and the killed group is gone
+    r = sb.run("echo $KEEP; ps -eo args | grep -c '^sleep 100' || true")
+    assert r.stdout.split() == ["yes", "0"]
+
+
+def test_timeout_kills_a_pure_builtin_loop(sb):
+    r = sb.run("while :; do :; done", timeout=0.5)
+    assert r.timed_out
+    assert sb.run("echo ok").stdout == "ok\n"
+
+
+def test_output_is_capped(spec):
+    with open_sandbox(SandboxSpec(max_output_bytes=10_000, timeout_s=30)) as sb:
+        r = sb.run("yes | head -c 5000000; echo done >&2")
+        assert r.truncated and len(r.stdout) == 10_000 and r.stderr == "done\n"
+        r = sb.run("yes", timeout=1)  # endless output: bounded memory, killed at the timeout
+        assert r.timed_out and r.truncated and len(r.stdout) == 10_000
+
+
+def test_commands_read_no_stdin(sb):
+    r = sb.run("cat; echo after", timeout=5)
+    assert r.stdout == "after\n" and not r.timed_out
+
+
+def test_files_round_trip(sb, tmp_path):
+    sb.write_file("dir/a.txt", "hello")
+    assert sb.read_file("dir/a.txt") == b"hello"
+    assert sb.run("cat /workspace/dir/a.txt").stdout == "hello"
+    blob = os.urandom(9 << 20)  # spans several transfer chunks
+    sb.write_file("/tmp/blob", blob)
+    assert sb.read_file("/tmp/blob") == blob
+    sb.write_file("run.sh", "#!/bin/sh\necho ran\n", mode=0o755)
+    assert sb.run("./run.sh").stdout == "ran\n"
+    with pytest.raises(SandboxFileError):
+        sb.read_file("missing")
+
+
+def test_upload_download_files_and_dirs(sb, tmp_path):
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "x.txt").write_text("x")
+    (src / "top.bin").write_bytes(os.urandom(5 << 20))
+    sb.upload(src, "proj")
+    assert sb.run("cat proj/sub/x.txt").stdout == "x"
+    sb.upload(src / "top.bin", "single.bin")
+    sb.download("single.bin", tmp_path / "back.bin")
+    assert (tmp_path / "back.bin").read_bytes() == (src / "top.bin").read_bytes()
+    sb.download("proj", tmp_path / "proj-back")
+    assert (tmp_path / "proj-back" / "sub" / "x.txt").read_text() == "x"
+    with pytest.raises(SandboxFileError):
+        sb.download("nope", tmp_path / "nope")
+
+
+def test_close_is_idempotent_and_final(spec):
+    sb = open_sandbox(spec)
+    sb.close()
+    sb.close()
+    with pytest.raises(SandboxClosed):
+        sb.run("true")
+
+
+def test_reset_returns_to_image(sb):
+    sb.run("echo data > /workspace/f; cd /tmp; export A=1; rm -f /etc/hosts")
+    sb.reset()
+    r = sb.run("ls /workspace; pwd; echo \"[$A]\"; test -f /etc/hosts && echo hosts")
+    assert r.stdout == "/workspace\n[]\nhosts\n"
+
+
+def test_spec_validation_names_the_field():
+    for kwargs, field in [({"memory_mb": 1}, "memory_mb"), ({"cpus": 0}, "cpus"), ({"pids": "x"}, "pids"),
+                          ({"backend": "vm"}, "backend"), ({"workdir": "rel"}, "workdir"),
+                          ({"env": {"1bad": "x"}}, "env"), ({"timeout_s": -1}, "timeout_s")]:
+        with pytest.raises(SpecError) as err:
+            SandboxSpec(**kwargs)
+        assert err.value.field == field
+    with pytest.raises(SpecError) as err:
+        SandboxSpec.from_dict({"image": "host", "colour": "red"})
+    assert err.value.field == "colour"
+
+
+def test_image_unknown_is_a_spec_error():
+    with pytest.raises(SpecError) as err:
+        open_sandbox(SandboxSpec(image="nope:1"))
+    assert err.value.field == "image"
+
+
+async def test_async_twin_runs_many_sandboxes_on_one_loop():
+    spec = SandboxSpec(memory_mb=128, timeout_s=30)
+    boxes = await asyncio.gather(*(AsyncSandbox.create(spec) for _ in range(6)))
+    try:
+        results = await asyncio.gather(*(b.run(f"echo {i}; sleep 0.2") for i, b in enumerate(boxes)))
+        assert [r.stdout for r in results] == [f"{i}\n" for i in range(6)]
+        # concurrent commands in different sessions of one sandbox
+        a, b = await asyncio.gather(boxes[0].run("sleep 0.3; echo a", session="s1"),
+                                    boxes[0].run("echo b", session="s2"))
+        assert (a.stdout, b.stdout) == ("a\n", "b\n")
+    finally:
+        await asyncio.gather(*(b.close() for b in boxes))
+
+
+async def test_async_context_manager_and_files():
+    async with open_async_sandbox(SandboxSpec()) as sb:
+        await sb.write_file("x", b"1")
+        assert await sb.read_file("x") == b"1"
+        assert await sb.exists("x") and not await sb.exists("y")
+    with pytest.raises(SandboxClosed):
+        await sb.run("true")

@@ -1,0 +1,109 @@
+"""Faults: a killed agent, a killed owner process. Nothing may leak."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from rockroll.sandbox import AgentDied, SandboxSpec, open_sandbox
+from rockroll.sandbox.registry import current_run, list_runs, reap_dead_runs
+from rockroll.sandbox.cgroups import Cgroup, cgroup_mode
+
+
+def _agent_pids(sb):
+    info = json.loads((current_run().dir / sb.id / "agent.json").read_text())
+    return info["init_pid"], info["outer_pid"]
+
+
+def test_killed_agent_is_a_typed_error_and_reset_recovers(sb):
+    init_pid, _ = _agent_pids(sb)
+    sb.run("echo x > /workspace/f")
+
+    def kill_soon():
+        time.sleep(0.3)
+        os.kill(init_pid, signal.SIGKILL)
+
+    import threading
+    threading.Thread(target=kill_soon).start()
+    with pytest.raises(AgentDied) as err:
+        sb.run("sleep 30")  # killed mid-command
+    assert err.value.sandbox_id == sb.id
+    with pytest.raises(AgentDied):
+        sb.run("true")
+    assert not sb.ping()
+    sb.reset()
+    assert sb.run("echo back; ls /workspace").stdout == "back\n"
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_kill_9_of_owner_leaves_nothing_after_next_start(tmp_path):
+    script = textwrap.dedent("""
+        import json, sys, time
+        from rockroll.sandbox import open_sandbox, SandboxSpec
+        from rockroll.sandbox.registry import current_run
+        boxes = [open_sandbox(SandboxSpec(memory_mb=128)) for _ in range(3)]
+        for b in boxes:
+            b.run("sleep 1000 &")
+        info = [json.loads((current_run().dir / b.id / "agent.json").read_text()) for b in boxes]
+        print(json.dumps({"run": current_run().run_id, "agents": info}), flush=True)
+        time.sleep(1000)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=os.environ)
+    line = proc.stdout.readline()
+    data = json.loads(line)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    run_id = data["run"]
+    # the agents die with their owner: their control pipe closed, pid 1 exits, the pid namespace goes
+    deadline = time.time() + 20
+    while time.time() < deadline and any(_alive(a["init_pid"]) for a in data["agents"]):
+        time.sleep(0.1)
+    assert not any(_alive(a["init_pid"]) or _alive(a["outer_pid"]) for a in data["agents"])
+    dead = [r for r in list_runs() if r.run_id == run_id]
+    assert dead and not dead[0].alive  # its directory is still there until the next start ...
+    reaped = reap_dead_runs(keep=current_run().run_id)  # ... which is what the next start runs
+    assert run_id in reaped
+    assert not any(r.run_id == run_id for r in list_runs())
+    if cgroup_mode() != "none":
+        assert not [n for n in Cgroup.leftovers() if n.startswith(run_id)]
+    mounts = Path("/proc/self/mounts").read_text()
+    assert run_id not in mounts
+
+
+def test_next_start_reaps_and_gc_cli(tmp_path):
+    env = dict(os.environ)
+    script = "import os\nfrom rockroll.sandbox import open_sandbox\nsb = open_sandbox()\nprint(sb.id, flush=True)\nos._exit(0)\n"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.startswith("sb-")
+    assert any(not r.alive for r in list_runs())  # os._exit skipped cleanup: a dead run is left
+    r = subprocess.run([sys.executable, "-m", "rockroll.cli", "sandbox", "gc"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and "reaped" in r.stdout
+    assert all(r.alive for r in list_runs())
+
+
+def test_sigterm_and_ctrl_c_clean_up():
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        script = ("import time\nfrom rockroll.sandbox import open_sandbox\nfrom rockroll.sandbox.registry import current_run\n"
+                  "sb = open_sandbox()\nprint(current_run().run_id, flush=True)\ntime.sleep(100)\n")
+        proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=os.environ)
+        run_id = proc.stdout.readline().strip()
+        proc.send_signal(sig)
+        proc.wait(timeout=30)
+        assert not any(r.run_id == run_id for r in list_runs()), f"run left behind after {sig!r}"

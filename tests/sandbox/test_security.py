@@ -1,0 +1,138 @@
+"""Security properties of the local backend, each tested by attacking it."""
+
+import os
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+from rockroll.sandbox import SandboxSpec, open_sandbox
+
+PROJECT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def planted_secrets():
+    """Secrets in the host's /root and in the project folder."""
+    paths = [Path("/root/.rockroll-test-secret"), PROJECT / ".rockroll-test-secret"]
+    for p in paths:
+        p.write_text("TOPSECRET-4242")
+    yield paths
+    for p in paths:
+        p.unlink(missing_ok=True)
+
+
+def test_cannot_read_host_secrets(sb, planted_secrets):
+    r = sb.run("cat /root/.rockroll-test-secret; grep -rs TOPSECRET-4242 /workspace /tmp "
+               "/etc /root /home /var /opt /srv /mnt /run | head -3; ls -a /root /home; ls " + str(PROJECT), timeout=60)
+    assert "TOPSECRET" not in r.stdout + r.stderr
+    assert "No such file" in r.stderr  # neither /root's secret nor the project folder exist inside
+    # the host view holds no credential files either
+    r = sb.run("ls /etc/shadow /etc/gshadow /etc/ssh 2>&1; cat /etc/sudoers 2>&1")
+    assert "No such file" in r.stdout and "root:" not in r.stdout
+
+
+def test_cannot_see_docker_socket_or_host_processes(sb):
+    r = sb.run("ls -la /var/run/docker.sock /run/docker.sock 2>&1; ps -e -o pid=,comm=")
+    assert "No such file" in r.stdout
+    pids = [line.split()[0] for line in r.stdout.splitlines() if line.strip() and line.split()[0].isdigit()]
+    # only the sandbox's own processes: its agent is pid 1, nothing of the host's
+    assert "1" in pids and max(int(p) for p in pids) < 1000
+    assert str(os.getpid()) not in pids or int(os.getpid()) < 1000
+    assert "process_api" not in r.stdout and "pytest" not in r.stdout
+
+
+def test_cannot_connect_to_host_loopback(sb):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    accepted = []
+    threading.Thread(target=lambda: accepted.append(server.accept()), daemon=True).start()
+    try:
+        r = sb.run(f"exec 3<>/dev/tcp/127.0.0.1/{port} && echo CONNECTED", timeout=10)
+        assert "CONNECTED" not in r.stdout and r.exit_code != 0
+        r = sb.run("ip -o link 2>/dev/null || cat /proc/net/dev")
+        assert "eth" not in r.stdout and "docker" not in r.stdout
+        assert not accepted
+    finally:
+        server.close()
+
+
+def test_fork_bomb_stops_at_pids_limit(spec):
+    with open_sandbox(SandboxSpec(pids=64, memory_mb=256, timeout_s=30)) as bomb, open_sandbox(spec) as other:
+        r = bomb.run("bomb() { bomb | bomb & }; bomb; sleep 2; echo survived", timeout=15)
+        # the limit held: the host and the other sandbox still answer
+        assert other.run("echo fine").stdout == "fine\n"
+        assert os.system("true") == 0
+        bomb.reset()  # and the bombed sandbox recovers
+        assert bomb.run("echo back").stdout == "back\n"
+
+
+def test_memory_hog_is_killed_and_reported():
+    with open_sandbox(SandboxSpec(memory_mb=64, timeout_s=60)) as sb:
+        r = sb.run("python3 -c \"b = bytearray(400 << 20); print('allocated')\"")
+        assert r.exit_code == 137 and r.oom_killed and "allocated" not in r.stdout
+        r = sb.run("echo alive")  # the session and agent survive the OOM kill
+        assert r.stdout == "alive\n" and not r.oom_killed
+
+
+def test_rm_rf_root_leaves_host_and_others_intact(spec):
+    marker = Path("/usr/share/rockroll-marker")
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text("keep")
+    try:
+        with open_sandbox(spec) as victim, open_sandbox(spec) as other:
+            other.write_file("keep.txt", "mine")
+            victim.run("rm -rf --no-preserve-root / 2>/dev/null; true", timeout=60)
+            assert marker.read_text() == "keep" and Path("/usr/bin/bash").exists()
+            assert other.read_file("keep.txt") == b"mine"
+            assert other.run("ls /usr/bin/bash").exit_code == 0
+            victim.reset()
+            assert victim.run("ls /etc/hosts && echo ok").stdout.endswith("ok\n")
+    finally:
+        marker.unlink()
+
+
+def test_write_file_traversal_stays_inside(sb):
+    target = Path("/etc/rockroll-escape-test")
+    target.unlink(missing_ok=True)
+    sb.write_file("../../etc/rockroll-escape-test", "x")
+    sb.write_file("/workspace/../../../../etc/rockroll-escape-test2", "y")
+    assert not target.exists() and not Path("/etc/rockroll-escape-test2").exists()
+    assert sb.run("cat /etc/rockroll-escape-test /etc/rockroll-escape-test2").stdout == "xy"
+
+
+def test_upload_traversal_stays_inside(sb, tmp_path):
+    f = tmp_path / "f"
+    f.write_text("up")
+    sb.upload(f, "../../../etc/rockroll-upload-test")
+    assert not Path("/etc/rockroll-upload-test").exists()
+    assert sb.run("cat /etc/rockroll-upload-test").stdout == "up"
+
+
+def test_planted_symlink_cannot_read_host_file(sb, planted_secrets, tmp_path):
+    sb.run(f"ln -s /root/.rockroll-test-secret leak; ln -s {PROJECT}/.rockroll-test-secret leak2; "
+           "ln -s ../../../../../../root/.rockroll-test-secret leak3; mkdir d; ln -s /root d/rootlink")
+    for name in ("leak", "leak2", "leak3"):
+        with pytest.raises(Exception) as err:
+            data = sb.read_file(name)
+            assert b"TOPSECRET" not in data
+        assert "TOPSECRET" not in str(err.value)
+        with pytest.raises(Exception):
+            sb.download(name, tmp_path / name)
+        assert not (tmp_path / name).exists() or b"TOPSECRET" not in (tmp_path / name).read_bytes()
+    sb.download("d", tmp_path / "d")
+    link = tmp_path / "d" / "rootlink"
+    assert link.is_symlink() and os.readlink(link) == "/root"  # copied as a link, never followed
+
+
+def test_capabilities_are_dropped(sb):
+    r = sb.run("grep -E 'CapBnd|CapEff|NoNewPrivs' /proc/self/status; mount -t tmpfs none /mnt; "
+               "mknod /tmp/sda b 8 0; echo 1 > /proc/sys/vm/drop_caches", timeout=10)
+    bnd = int(next(l for l in r.stdout.splitlines() if l.startswith("CapBnd")).split()[1], 16)
+    assert not bnd & (1 << 21)  # CAP_SYS_ADMIN
+    assert not bnd & (1 << 27)  # CAP_MKNOD
+    assert "NoNewPrivs:\t1" in r.stdout
+    assert r.exit_code != 0 and "denied" in r.stderr.lower() or "read-only" in r.stderr.lower()
