@@ -692,7 +692,8 @@ def main() -> None:
         _setup_outer(cfg)
     except OSError as e:
         os.write(1, encode_frame({"op": "ready", "ok": False, "error": "IsolationUnavailable",
-                                  "message": f"cannot create namespaces: {e}"}))
+                                  "message": f"cannot create namespaces ({e}): this host does not allow "
+                                             "the local backend's isolation; use backend='docker'"}))
         os._exit(1)
     pid = os.fork()
     if pid:
@@ -720,7 +721,8 @@ def main() -> None:
         agent = Agent(cfg)
     except Exception as e:  # noqa: BLE001
         os.write(1, encode_frame({"op": "ready", "ok": False, "error": "IsolationUnavailable",
-                                  "message": f"cannot build the sandbox root: {e}"}))
+                                  "message": f"cannot build the sandbox root ({e}): this host does not "
+                                             "allow the local backend's isolation; use backend='docker'"}))
         os._exit(1)
     os.write(1, encode_frame({"op": "ready", "ok": True, "pid": os.getpid()}))
     try:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from . import _agent
 from .cgroups import Cgroup, Limits, cgroup_mode, rlimit_fallback
-from .errors import IsolationUnavailable, SandboxStartError
+from .errors import IsolationUnavailable, SandboxStartError, SpecError
 from .registry import RunRegistry, proc_start_time
 from .rootfs import plan_for_image
 from .spec import SandboxSpec
@@ -52,6 +52,11 @@ class LocalDeployment:
 
     def __init__(self, spec: SandboxSpec, sandbox_id: str, run: RunRegistry):
         check_isolation()
+        if spec.disk_mb is not None:
+            # The overlay upper lives on the host's filesystem, which has no per-directory
+            # quota here; refusing beats pretending to enforce a limit.
+            raise SpecError("disk_mb", "the local backend cannot enforce a disk limit; use "
+                                       "backend='docker' or leave disk_mb unset")
         self.spec, self.id, self.run = spec, sandbox_id, run
         self.plan = plan_for_image(spec.image, run.home)
         self.dir = run.add(sandbox_id, self.kill_now)

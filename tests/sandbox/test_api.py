@@ -155,3 +155,9 @@ async def test_async_context_manager_and_files():
         assert await sb.exists("x") and not await sb.exists("y")
     with pytest.raises(SandboxClosed):
         await sb.run("true")
+
+
+def test_disk_limit_is_refused_not_faked():
+    with pytest.raises(SpecError) as err:
+        open_sandbox(SandboxSpec(disk_mb=100))
+    assert err.value.field == "disk_mb" and "docker" in str(err.value)

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Install and start what the test suite talks to: a Docker engine (Debian's docker.io)
+# and debootstrap for base images. Idempotent; only acts as root. Under CI=true a
+# missing service is an error, never a reason to skip tests.
+set -euo pipefail
+
+log() { echo "[services] $*" >&2; }
+
+need_apt=()
+command -v dockerd >/dev/null 2>&1 || need_apt+=(docker.io)
+command -v debootstrap >/dev/null 2>&1 || need_apt+=(debootstrap)
+
+if [ "${#need_apt[@]}" -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    log "not root: cannot install ${need_apt[*]}; docker tests will be skipped"
+    [ "${CI:-}" = true ] && exit 1
+    exit 0
+  fi
+  log "installing ${need_apt[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+if ! docker info >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    log "starting dockerd"
+    nohup dockerd --host unix:///var/run/docker.sock >/tmp/rockroll-dockerd.log 2>&1 &
+    for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+  fi
+fi
+if docker info >/dev/null 2>&1; then
+  log "docker engine ready"
+else
+  log "no docker engine (see /tmp/rockroll-dockerd.log)"
+  [ "${CI:-}" = true ] && exit 1
+fi
+exit 0
