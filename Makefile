@@ -18,7 +18,7 @@ demo: $(BIN)/python  ## create the virtualenv, install, run the demo on the loca
 	$(BIN)/python examples/sandbox_demo.py
 
 test: $(BIN)/python  ## install what the tests need, start their services, run the whole suite
-	$(PIP) install -e '.[test,docker]'
+	$(PIP) install -e '.[test,docker,s3,ray,service]'
 	bash scripts/services.sh
 	$(BIN)/python -m pytest
 
@@ -26,9 +26,10 @@ services:  ## install and start the services the tests use (Docker engine)
 	bash scripts/services.sh
 
 bench: $(BIN)/python  ## run the benchmarks (tables on stdout, JSON in bench/results/)
-	$(PIP) install -e '.[docker]'
+	$(PIP) install -e '.[test,docker,s3,service]'
 	bash scripts/services.sh
 	$(BIN)/python bench/sandbox.py
+	$(BIN)/python bench/hub.py
 
 clean:  ## remove the virtualenv and caches (sandboxes are reaped by `rockroll sandbox gc`)
 	rm -rf $(VENV) .pytest_cache bench/results

@@ -127,5 +127,241 @@ def sandbox_gc(everything):
     click.echo(f"reaped {len(reaped)} run(s)" + (f": {' '.join(reaped)}" if reaped else ""))
 
 
+@main.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind (anything but loopback exposes sandboxes to the network).")
+@click.option("--port", type=int, default=8765, show_default=True)
+@click.option("--token-env", default="ROCKROLL_TOKEN", show_default=True,
+              help="Environment variable holding the bearer token; unset: one is generated and printed.")
+@click.option("--max-sandboxes", type=click.IntRange(min=1), default=256, show_default=True,
+              help="Sandboxes held at once; more get 429 with Retry-After.")
+@click.option("--idle-ttl", type=float, default=3600.0, show_default=True,
+              help="Seconds a sandbox may sit unused before it is closed (its spec's ttl_s wins; 0: never).")
+@click.option("--backend", default="local", show_default=True, help="Backend the service runs sandboxes on.")
+def serve(host, port, token_env, max_sandboxes, idle_ttl, backend):
+    """Serve sandboxes over HTTP: REST under /v1, /metrics, a dashboard at /.
+
+    \b
+    Clients:  ROCKROLL_URL=http://127.0.0.1:8765 ROCKROLL_TOKEN=... and SandboxSpec(backend="remote")
+    """
+    import os
+    import secrets
+
+    try:
+        import uvicorn
+
+        from rockroll.sandbox.service import create_app
+    except ImportError as e:
+        raise click.ClickException(f"{e.name} is missing: pip install 'rockroll[service]'") from None
+    token = os.environ.get(token_env) or secrets.token_urlsafe(32)
+    app = create_app(token, backend=backend, max_sandboxes=max_sandboxes,
+                     idle_ttl=idle_ttl if idle_ttl > 0 else None)
+    url = f"http://{host}:{port}"
+    shown = f"${token_env}" if os.environ.get(token_env) else token
+    click.echo(f"rockroll serve: {url}  token: {shown}\n  dashboard: {url}/#token="
+               f"{token if not os.environ.get(token_env) else '<token>'}", err=True)
+    # uvicorn turns SIGTERM/SIGINT into a graceful shutdown: the lifespan closes every sandbox.
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_keep_alive=75,
+                timeout_graceful_shutdown=10)
+
+
+@sandbox.group("image")
+def sandbox_image() -> None:
+    """Base images for the docker backend."""
+
+
+@sandbox_image.command("build")
+@click.option("--suite", default="bookworm", show_default=True, help="Debian release to debootstrap.")
+@click.option("--packages", default="", help="Extra Debian packages, comma-separated (e.g. git,python3).")
+def sandbox_image_build(suite, packages):
+    """Build a Debian image (debootstrap + docker import) unless docker already has it;
+    print its tag, for SandboxSpec(image=TAG, backend="docker")."""
+    from rockroll.sandbox.images import ImageBuildError, ensure_docker_image
+
+    try:
+        tag = ensure_docker_image(suite, [p.strip() for p in packages.split(",") if p.strip()])
+    except ImageBuildError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    click.echo(tag)
+
+
+# ----------------------------------------------------------------------------- hub
+def _hub_options(f):
+    f = click.option("--s3-endpoint", envvar="ROCKROLL_S3_ENDPOINT", default=None,
+                     help="S3 endpoint URL for s3:// hubs (env ROCKROLL_S3_ENDPOINT).")(f)
+    f = click.option("--hub", "hub_url", envvar="ROCKROLL_HUB", default=None,
+                     help="Hub URL: a folder, file://, s3://bucket/prefix, memory:// (env ROCKROLL_HUB; "
+                          "default: a folder in the state home).")(f)
+    return f
+
+
+def _hub_errors(fn):
+    """Hub errors end the command with their message (exit 1), not a traceback."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from rockroll.envhub.errors import HubError
+        from rockroll.sandbox import SandboxError
+
+        try:
+            return fn(*args, **kwargs)
+        except (HubError, SandboxError) as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(1)
+    return wrapper
+
+
+def _store(hub_url, s3_endpoint):
+    from rockroll.envhub.store import HubStore
+
+    return HubStore(hub_url, endpoint=s3_endpoint)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+@main.group()
+def hub() -> None:
+    """Build, publish and pull env packages (folders with a rockenv.toml)."""
+
+
+@hub.command("build")
+@click.argument("folder", type=click.Path(exists=True, file_okay=False))
+@click.option("--rebuild", is_flag=True, help="Build even if an up-to-date build exists.")
+@_hub_options
+@_hub_errors
+def hub_build(folder, rebuild, hub_url, s3_endpoint):
+    """Build the env package in FOLDER into content-addressed layers (reproducible)."""
+    from rockroll.envhub.build import build
+
+    result = build(folder, rebuild=rebuild, hub=hub_url, log=lambda m: click.echo(m, err=True))
+    m = result.manifest
+    click.echo(f"built {m.ref} ({'up to date' if result.reused else f'{result.seconds:.1f}s'}): "
+               f"{len(m.layers)} layer(s), {len(m.snapshots)} snapshot(s); {result.record}")
+    for layer in m.layers:
+        click.echo(f"  {layer.digest}  {_size(layer.size)}")
+
+
+@hub.command("publish")
+@click.argument("folder", type=click.Path(exists=True, file_okay=False))
+@_hub_options
+@_hub_errors
+def hub_publish(folder, hub_url, s3_endpoint):
+    """Build FOLDER if needed, then publish it: blobs first (dedup), manifest last."""
+    from rockroll.envhub.build import build
+    from rockroll.envhub.publish import publish
+
+    store = _store(hub_url, s3_endpoint)
+    result = build(folder, hub=store.url, log=lambda m: click.echo(m, err=True))
+    pub = publish(result.manifest, store)
+    if not pub.created:
+        click.echo(f"{pub.ref} is already published on {pub.hub} with identical content: nothing to do")
+        return
+    click.echo(f"{pub.ref} published on {pub.hub}: uploaded {len(pub.uploaded)} blob(s) "
+               f"({_size(pub.bytes_uploaded)}), {len(pub.skipped)} already there")
+
+
+@hub.command("pull")
+@click.argument("ref")
+@_hub_options
+@_hub_errors
+def hub_pull(ref, hub_url, s3_endpoint):
+    """Pull REF (name, name@1.2.3, name@1, name@latest) into the local cache."""
+    from rockroll.envhub.pull import pull
+
+    env = pull(ref, hub=_store(hub_url, s3_endpoint))
+    click.echo(f"{env.manifest.ref}{' (yanked)' if env.yanked else ''}: image {env.image}, "
+               f"{len(env.layer_dirs)} layer(s) ready")
+
+
+@hub.command("list")
+@click.option("--all", "show_all", is_flag=True, help="Also list yanked versions.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_hub_options
+@_hub_errors
+def hub_list(show_all, as_json, hub_url, s3_endpoint):
+    """List the envs of a hub and their versions (newest last)."""
+    from rockroll.envhub.version import sort_versions
+
+    store = _store(hub_url, s3_endpoint)
+    listing = store.listing()
+    if as_json:
+        click.echo(json.dumps(listing, indent=2, sort_keys=True))
+        return
+    if not listing:
+        click.echo(f"no envs in {store.url}")
+        return
+    for name, versions in sorted(listing.items()):
+        shown = [f"{v}{' (yanked)' if versions[v] else ''}" for v in sort_versions(versions)
+                 if show_all or not versions[v]]
+        click.echo(f"{name:<24} {' '.join(shown) or '(all yanked)'}")
+
+
+@hub.command("show")
+@click.argument("ref")
+@_hub_options
+@_hub_errors
+def hub_show(ref, hub_url, s3_endpoint):
+    """Print the manifest REF resolves to."""
+    from rockroll.envhub.cache import LocalCache
+    from rockroll.envhub.pull import resolve
+
+    manifest, yanked = resolve(ref, _store(hub_url, s3_endpoint), LocalCache())
+    data = json.loads(manifest.to_json())
+    data["yanked"] = yanked
+    click.echo(json.dumps(data, indent=2, sort_keys=True))
+
+
+@hub.command("yank")
+@click.argument("ref")
+@click.option("--reason", default="", help="Why (stored beside the version).")
+@click.option("--undo", is_flag=True, help="Un-yank the version.")
+@_hub_options
+@_hub_errors
+def hub_yank(ref, reason, undo, hub_url, s3_endpoint):
+    """Hide NAME@X.Y.Z from resolution; those who pinned it can still pull it."""
+    from rockroll.envhub.publish import yank
+
+    done = yank(ref, _store(hub_url, s3_endpoint), reason=reason, undo=undo)
+    click.echo(f"{done} {'un-yanked' if undo else 'yanked'}")
+
+
+@hub.command("gc")
+@click.option("--evict", multiple=True, help="Drop cached NAME or NAME@VERSION first (repeatable).")
+@click.option("--dry-run", is_flag=True, help="Only say what would be deleted.")
+@_hub_errors
+def hub_gc(evict, dry_run):
+    """Delete local hub layers no cached manifest names and no live sandbox mounts."""
+    from rockroll.envhub.cache import LocalCache, gc
+
+    result = gc(LocalCache(), evict=tuple(evict), dry_run=dry_run)
+    verb = "would remove" if dry_run else "removed"
+    click.echo(f"{verb} {len(result.removed)} layer(s), {_size(result.freed_bytes)}; "
+               f"kept {len(result.in_use)} in use or recent; evicted {len(result.evicted)} manifest(s)")
+
+
+@main.command("envs")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def envs(as_json):
+    """List the gymnasium ids rockroll registers, with source, version and description."""
+    import rockroll  # noqa: F401 - registers the built-in and default-hub ids
+    from rockroll.registry.hub import list_envs
+
+    rows = list_envs()
+    if as_json:
+        click.echo(json.dumps([r.__dict__ for r in rows], indent=2))
+        return
+    click.echo(f"{'ID':<28} {'SOURCE':<36} {'VERSION':<10} DESCRIPTION")
+    for r in rows:
+        click.echo(f"{r.id:<28} {r.source:<36} {r.version:<10} {r.description}")
+
+
 if __name__ == "__main__":
     main()

@@ -16,6 +16,12 @@ Lifecycle
    loopback; drop capabilities to Docker's default set and set no_new_privs.
 3. (init) serve framed requests until stdin closes (the host died or closed us).
 
+Enter mode (the docker backend, config key ``enter_pid``): instead of unsharing, the
+outer process joins the cgroups and the ipc/uts/net/pid/mnt namespaces of a running
+container's pid 1 with ``setns(2)``; its child is then a process of the container (not
+its pid 1: the container's keep-alive is), skips building a root and drops capabilities
+as above. The image needs no Python: the agent brought everything it needs from the host.
+
 Protocol: each frame is ``>II`` (header length, payload length) + JSON header + payload.
 Requests carry an ``id``; every response echoes it, so many requests (commands in
 different sessions) can be in flight at once.
@@ -90,7 +96,10 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
 PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 24, 38
+PR_SET_CHILD_SUBREAPER = 36
 SYS_PIVOT_ROOT = 155  # x86_64
+# Joined in this order in enter mode; mnt last, because it changes what /proc/<pid> names.
+ENTER_NAMESPACES = ("ipc", "uts", "net", "pid", "mnt")
 # Docker's default capability set: what a root user in a container normally needs,
 # without SYS_ADMIN (mounts), MKNOD (devices), SYS_PTRACE, NET_RAW, SYS_MODULE, ...
 KEEP_CAPS = (0, 1, 3, 4, 5, 6, 7, 8, 10, 18, 29, 31)
@@ -123,6 +132,54 @@ def bind(src: str, target: str, readonly: bool = False, extra: int = 0) -> None:
 
 def unshare(flags: int) -> None:
     _check(_libc.unshare(ctypes.c_int(flags)), "unshare")
+
+
+def enter_namespaces(pid: int) -> None:
+    """Join the namespaces of process ``pid`` (this process's children join its pid ns).
+    Every fd is opened before the first setns; setns(mnt) also moves root and cwd to
+    that namespace's root, i.e. the container's filesystem."""
+    fds = [os.open(f"/proc/{pid}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC) for name in ENTER_NAMESPACES]
+    try:
+        for name, fd in zip(ENTER_NAMESPACES, fds):
+            _check(_libc.setns(fd, 0), f"setns {name}")
+    finally:
+        for fd in fds:
+            os.close(fd)
+    os.chdir("/")
+
+
+def kill_tree(root: int) -> None:
+    """SIGKILL ``root`` and all its descendants (found through /proc). Each is stopped
+    first, so none can fork a child that escapes the walk once its parent dies."""
+    stopped: set[int] = set()
+    while True:
+        children: dict[int, list[int]] = {}
+        for name in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    data = f.read()
+            except OSError:
+                continue
+            children.setdefault(int(data[data.rindex(b")") + 2:].split()[1]), []).append(int(name))
+        tree, todo = set(), [root]
+        while todo:
+            pid = todo.pop()
+            if pid not in tree:
+                tree.add(pid)
+                todo += children.get(pid, [])
+        if tree <= stopped:
+            break
+        for pid in tree - stopped:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass
+        stopped |= tree
+    for pid in stopped:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def drop_capabilities() -> None:
@@ -226,14 +283,64 @@ while IFS= read -r __rr_op; do
     ) </dev/null >&5 2>&6
     __rr_rc=$?
     if [ "$__rr_op" = run ] && [ -s "$__rr_d/state" ]; then
-      compgen -e >"$__rr_d/names"
-      mapfile -t __rr_names <"$__rr_d/names"
-      unset "${__rr_names[@]}"
-      . "$__rr_d/state"
+      # $(<f) reads without forking: reload only when cwd or exports changed
+      __rr_new=$(<"$__rr_d/state")
+      if [ "$__rr_new" != "$__rr_last" ]; then
+        compgen -e >"$__rr_d/names"
+        mapfile -t __rr_names <"$__rr_d/names"
+        unset "${__rr_names[@]}"
+        . "$__rr_d/state"
+        __rr_last=$__rr_new
+      fi
     fi
     printf 'done %s\n' "$__rr_rc" >&3 ;;
   dump)
     { export -p; printf "cd -- %q\n" "$PWD"; } >"$__rr_d/dump"
+    printf 'dumped\n' >&3 ;;
+  esac
+done
+"""
+
+# The same protocol for images without bash (dash, busybox ash): no $BASHPID (the pid
+# comes from /proc/self/stat, read by the subshell itself), no %q (export -p quotes the
+# cwd for us), no compgen/mapfile (exported names are parsed from export -p). Without a
+# tty these shells turn job control off, so a command is not its own process group: a
+# timeout kills its process tree instead (see Session.kill_current).
+SESSION_SCRIPT_SH = r"""# rockroll session (POSIX sh): reads one-word operations from stdin; see _agent.py
+__rr_d=$1
+echo 0 >/proc/self/oom_score_adj
+__rr_save() {
+  __rr_pwd=$PWD; export __rr_pwd
+  export -p; echo 'cd -- "$__rr_pwd"; unset __rr_pwd'
+}
+__rr_unexport() {  # unset every exported variable; the state re-exports the survivors
+  export -p >"$__rr_d/names"
+  while IFS= read -r __rr_l; do
+    case $__rr_l in
+    "export "*) __rr_n=${__rr_l#export }; __rr_n=${__rr_n%%=*}
+      case $__rr_n in ''|__rr_*|*[!A-Za-z0-9_]*) ;; *) command unset "$__rr_n" 2>/dev/null ;; esac ;;
+    esac
+  done <"$__rr_d/names"
+}
+[ -f "$__rr_d/init" ] && . "$__rr_d/init"
+while IFS= read -r __rr_op; do
+  case $__rr_op in
+  run|runx)
+    : >"$__rr_d/state"
+    ( trap '__rr_save >"$__rr_d/state"' EXIT
+      read -r __rr_st </proc/self/stat
+      printf 'pid %s\n' "${__rr_st%% *}" >&3
+      exec 3>&-
+      if [ "$__rr_op" = runx ]; then ( . "$__rr_d/pre" && . "$__rr_d/cmd" ); else . "$__rr_d/cmd"; fi
+    ) </dev/null >&5 2>&6
+    __rr_rc=$?
+    if [ "$__rr_op" = run ] && [ -s "$__rr_d/state" ]; then
+      __rr_unexport
+      . "$__rr_d/state"
+    fi
+    printf 'done %s\n' "$__rr_rc" >&3 ;;
+  dump)
+    __rr_save >"$__rr_d/dump"; unset __rr_pwd
     printf 'dumped\n' >&3 ;;
   esac
 done
@@ -293,7 +400,7 @@ class Session:
             try:
                 os.closerange(7, 65536)
                 os.chdir(agent.workdir)
-                os.execve(agent.shell, [agent.shell, "--noprofile", "--norc", f"{STATE_DIR}/session.sh",
+                os.execve(agent.shell, [agent.shell, *agent.shell_args, f"{STATE_DIR}/session.sh",
                                         self.dir], agent.env)
             finally:
                 os._exit(127)
@@ -328,6 +435,7 @@ class Session:
                 self._send(b"dump\n")
                 self.current = Command(req["id"], 0, None)
                 self.current.is_dump = True
+                self.current.stream = False
                 return
             with open(f"{self.dir}/cmd", "w") as f:
                 f.write(req["cmd"])
@@ -342,6 +450,7 @@ class Session:
                     f.write(" &&\n".join(pre) + "\n")
             self.current = Command(req["id"], int(req.get("max_output", 1 << 20)), req.get("timeout"))
             self.current.is_dump = False
+            self.current.stream = bool(req.get("stream"))
             self._send(b"runx\n" if pre else b"run\n")
             return
 
@@ -364,6 +473,8 @@ class Session:
         cmd = self.current
         if cmd is not None and not cmd.is_dump:
             cmd.append(cmd.out if kind == "out" else cmd.err, data)
+            if cmd.stream:  # live output for a watcher; the final reply still has it all
+                self.agent.reply({"id": cmd.req_id, "chunk": kind}, data)
 
     def drain(self) -> None:
         for kind, fd in (("out", self.outfd), ("err", self.errfd)):
@@ -375,6 +486,8 @@ class Session:
                 if not data:
                     break
                 self.current.append(self.current.out if kind == "out" else self.current.err, data)
+                if self.current.stream:
+                    self.agent.reply({"id": self.current.req_id, "chunk": kind}, data)
 
     def on_status(self, _arg) -> None:
         try:
@@ -430,8 +543,8 @@ class Session:
         if cmd is not None and cmd.pgid:
             try:
                 os.killpg(cmd.pgid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            except ProcessLookupError:  # sh without job control: the command leads no group
+                kill_tree(cmd.pgid)
 
     def on_dead(self) -> None:
         if self.dead:
@@ -466,7 +579,9 @@ class Agent:
     def __init__(self, cfg: dict):
         self.cfg = cfg
         self.workdir = cfg.get("workdir", "/workspace")
-        self.shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
+        bash = os.path.exists("/bin/bash")
+        self.shell = "/bin/bash" if bash else "/bin/sh"
+        self.shell_args = ["--noprofile", "--norc"] if bash else []
         self.env = {
             "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "HOME": "/root", "USER": "root", "LANG": "C.UTF-8", "TERM": "dumb",
@@ -474,7 +589,7 @@ class Agent:
         }
         self.env.update(cfg.get("env") or {})
         with open(f"{STATE_DIR}/session.sh", "w") as f:
-            f.write(SESSION_SCRIPT)
+            f.write(SESSION_SCRIPT if bash else SESSION_SCRIPT_SH)
         self.sel = selectors.DefaultSelector()
         self.sessions: dict[str, Session] = {}
         self.session_states: dict[str, str] = dict(cfg.get("sessions") or {})
@@ -671,6 +786,24 @@ def _setup_outer(cfg: dict) -> None:
         unshare(flags)
 
 
+def _enter_outer(cfg: dict) -> None:
+    """Enter mode, in the host namespaces: join the container's cgroups (so the agent
+    is charged to its limits), then its namespaces."""
+    for path in cfg.get("cgroup_procs", []):
+        with open(path, "w") as f:
+            f.write(str(os.getpid()))
+    enter_namespaces(cfg["enter_pid"])
+
+
+def _enter_init() -> None:
+    """Enter mode, in the container: its root, hostname and loopback are docker's; we
+    only need a private state dir (docker's /dev is a tmpfs) and the orphans of our
+    sessions, which would otherwise become zombies under the container's keep-alive."""
+    os.makedirs(STATE_DIR, mode=0o700, exist_ok=True)
+    os.chmod(STATE_DIR, 0o700)
+    _check(_libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "child_subreaper")
+
+
 def read_config() -> dict:
     reader = FrameReader()
     while True:
@@ -688,28 +821,45 @@ def main() -> None:
     _libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: die with the host process
     if os.getppid() != parent:
         os._exit(1)
+    enter = cfg.get("enter_pid") is not None
     try:
-        _setup_outer(cfg)
+        if enter:
+            _enter_outer(cfg)
+        else:
+            _setup_outer(cfg)
     except OSError as e:
-        os.write(1, encode_frame({"op": "ready", "ok": False, "error": "IsolationUnavailable",
-                                  "message": f"cannot create namespaces ({e}): this host does not allow "
-                                             "the local backend's isolation; use backend='docker'"}))
+        if enter:
+            failure = {"error": "SandboxStartError", "message": f"cannot enter the container ({e})"}
+        else:
+            failure = {"error": "IsolationUnavailable",
+                       "message": f"cannot create namespaces ({e}): this host does not allow "
+                                  "the local backend's isolation; use backend='docker'"}
+        os.write(1, encode_frame({"op": "ready", "ok": False, **failure}))
         os._exit(1)
+    # Enter mode's init is ready in milliseconds: it waits for this gate to close, so its
+    # "ready" never overtakes our "spawned" on the shared stdout.
+    gate = os.pipe() if enter else ()
     pid = os.fork()
     if pid:
         # Stay as init's parent, so its exit is reaped here and not left to the host's pid 1.
         os.write(1, encode_frame({"op": "spawned", "init_pid": pid}))
-        os.close(0)
-        os.close(1)
+        for fd in (0, 1, *gate):
+            os.close(fd)
         try:
             os.waitpid(pid, 0)
         finally:
             os._exit(0)
-    try:  # init: pid 1 of the sandbox
-        build_root(cfg)
-        socket.sethostname(cfg.get("hostname", "sandbox"))
-        if not cfg.get("network"):
-            loopback_up()
+    try:  # init: pid 1 of the sandbox (enter mode: the container's first agent process)
+        if enter:
+            os.close(gate[1])
+            os.read(gate[0], 1)  # EOF once the outer process closed its end
+            os.close(gate[0])
+            _enter_init()
+        else:
+            build_root(cfg)
+            socket.sethostname(cfg.get("hostname", "sandbox"))
+            if not cfg.get("network"):
+                loopback_up()
         try:
             with open("/proc/self/oom_score_adj", "w") as f:
                 f.write("-1000")  # the OOM killer should pick the hog, not the agent

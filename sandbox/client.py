@@ -11,6 +11,7 @@ import asyncio
 import io
 import os
 import posixpath
+import shutil
 import tarfile
 import time
 import uuid
@@ -21,9 +22,9 @@ from ._agent import FrameReader, encode_frame
 from .errors import (AgentDied, SandboxClosed, SandboxError, SandboxFileError, SandboxStartError,
                      SessionError, SnapshotError, IsolationUnavailable)
 from .layers import pack_layer
-from .local import LocalDeployment
-from .registry import current_run
-from .snapshots import SnapshotStore
+from .local import Deployment, LocalDeployment
+from .registry import current_run, install_exit_handlers
+from .snapshots import SnapshotStore, copy_tree
 from .spec import CommandResult, SandboxSpec, Snapshot
 
 CHUNK = 4 << 20  # file transfers move in chunks of this size: bounded memory either way
@@ -42,6 +43,7 @@ class AgentConnection:
         os.set_blocking(self.wfd, False)
         self.reader = FrameReader()
         self.pending: dict[int, asyncio.Future] = {}
+        self.streams: dict[int, asyncio.Queue] = {}  # live output of streamed commands
         self.events: asyncio.Queue = asyncio.Queue()
         self.out = bytearray()
         self.next_id = 0
@@ -60,22 +62,32 @@ class AgentConnection:
             return
         self.reader.feed(data)
         for header, payload in self.reader.frames():
+            if "chunk" in header:
+                queue = self.streams.get(header["id"])
+                if queue is not None:
+                    queue.put_nowait((header["chunk"], payload))
+                continue
             fut = self.pending.pop(header.get("id"), None) if "id" in header else None
             if fut is None:
                 self.events.put_nowait((header, payload))
             elif not fut.done():
                 fut.set_result((header, payload))
 
-    def _fail(self, reason: str) -> None:
+    def _fail(self, reason: str, error: type[SandboxError] = AgentDied) -> None:
+        """Stop listening and fail every request in flight with ``error`` (once)."""
         if self.dead:
             return
         self.dead = reason
         self.detach()
         for fut in self.pending.values():
             if not fut.done():
-                fut.set_exception(AgentDied(reason, sandbox_id=self.sandbox_id))
+                fut.set_exception(error(reason, sandbox_id=self.sandbox_id))
         self.pending.clear()
         self.events.put_nowait(({"op": "eof"}, b""))
+
+    def close(self) -> None:
+        """We are closing the sandbox: calls still waiting get ``SandboxClosed``."""
+        self._fail("sandbox is closed", SandboxClosed)
 
     def detach(self) -> None:
         for remove, fd in ((self.loop.remove_reader, self.rfd), (self.loop.remove_writer, self.wfd)):
@@ -111,15 +123,22 @@ class AgentConnection:
         if not self.out:
             self.loop.remove_writer(self.wfd)
 
-    async def request(self, header: dict, payload: bytes = b"") -> tuple[dict, bytes]:
+    async def request(self, header: dict, payload: bytes = b"", *, stream: asyncio.Queue | None = None
+                      ) -> tuple[dict, bytes]:
+        """Send one request and wait for its reply; ``stream`` receives live output chunks."""
         if self.dead:
             raise AgentDied(self.dead, sandbox_id=self.sandbox_id)
         self.next_id += 1
         req_id = self.next_id
         fut = self.loop.create_future()
         self.pending[req_id] = fut
+        if stream is not None:
+            self.streams[req_id] = stream
         self._write(encode_frame({**header, "id": req_id}, payload))
-        reply, body = await fut
+        try:
+            reply, body = await fut
+        finally:
+            self.streams.pop(req_id, None)
         if not reply.get("ok"):
             cls = _ERRORS.get(reply.get("error"), SandboxError)
             raise cls(reply.get("message", "agent error"), sandbox_id=self.sandbox_id)
@@ -161,7 +180,7 @@ class AsyncSandbox:
     def __init__(self, spec: SandboxSpec, sandbox_id: str):
         self.spec, self.id = spec, sandbox_id
         self.run_id = current_run().run_id
-        self._deploy: LocalDeployment | None = None
+        self._deploy: Deployment | None = None
         self._conn: AgentConnection | None = None
         self._layers: tuple[str, ...] = ()  # snapshot chain mounted above the image
         self._oom_seen = 0
@@ -174,11 +193,17 @@ class AsyncSandbox:
     @classmethod
     async def create(cls, spec: SandboxSpec | None = None, *, snapshot: Any = None) -> "AsyncSandbox":
         spec = spec or SandboxSpec()
-        if spec.backend != "local":
-            raise IsolationUnavailable(f"backend {spec.backend!r} is not available in this build")
+        if spec.backend == "remote":  # a service holds it; same methods over HTTP (remote.py)
+            from .remote import RemoteSandbox
+            return await RemoteSandbox.create(spec, snapshot=snapshot)
+        if spec.backend == "ray":  # a host actor on a Ray node holds it (raycluster.py)
+            from .raycluster import RaySandbox
+            return await RaySandbox.create(spec, snapshot=snapshot)
+        install_exit_handlers()  # SIGTERM -> normal exit -> atexit closes every sandbox
+        deployment = _deployment_class(spec.backend)
         self = cls(spec, "sb-" + uuid.uuid4().hex[:10])
         try:
-            self._deploy = LocalDeployment(spec, self.id, current_run())
+            self._deploy = deployment(spec, self.id, current_run())
             sessions: dict[str, str] = {}
             if snapshot is not None:
                 snap = await asyncio.to_thread(self.store.load, snapshot)
@@ -193,7 +218,7 @@ class AsyncSandbox:
 
     async def _start(self, sessions: dict[str, str]) -> None:
         layer_dirs = [self.store.layer_dir(d) for d in reversed(self._layers)]
-        proc = self._deploy.spawn(layer_dirs, sessions)
+        proc = await asyncio.to_thread(self._deploy.spawn, layer_dirs, sessions)
         self._conn = AgentConnection(proc, self.id)
         init_pid = await self._conn.handshake()
         self._deploy.record(init_pid)
@@ -220,7 +245,7 @@ class AsyncSandbox:
 
     async def _teardown(self) -> None:
         if self._conn:
-            self._conn.detach()
+            self._conn.close()
         if self._deploy:
             await asyncio.to_thread(self._deploy.close)
 
@@ -234,9 +259,10 @@ class AsyncSandbox:
         if self._closed:
             raise SandboxClosed("sandbox is closed", sandbox_id=self.id)
 
-    async def _request(self, header: dict, payload: bytes = b"") -> tuple[dict, bytes]:
+    async def _request(self, header: dict, payload: bytes = b"", *, stream: asyncio.Queue | None = None
+                       ) -> tuple[dict, bytes]:
         self._ensure_open()
-        return await self._conn.request(header, payload)
+        return await self._conn.request(header, payload, stream=stream)
 
     @property
     def alive(self) -> bool:
@@ -259,6 +285,33 @@ class AsyncSandbox:
         With ``env`` or ``cwd`` the command runs in a throwaway subshell, so its own
         ``cd``/``export`` do not persist.
         """
+        return await self._run(cmd, timeout, session, env, cwd, None)
+
+    async def run_stream(self, cmd: str, *, timeout: float | None = None, session: str | None = None,
+                         env: dict[str, str] | None = None, cwd: str | None = None):
+        """Like ``run``, as an async iterator: yields ``("stdout" | "stderr", text)`` chunks
+        while the command runs, then the final ``CommandResult`` as its last item."""
+        queue: asyncio.Queue = asyncio.Queue()
+        task = asyncio.ensure_future(self._run(cmd, timeout, session, env, cwd, queue))
+        try:
+            while True:
+                getter = asyncio.ensure_future(queue.get())
+                done, _ = await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+                if getter in done:
+                    kind, data = getter.result()
+                    yield ("stdout" if kind == "out" else "stderr"), data.decode(errors="replace")
+                    continue
+                getter.cancel()
+                while not queue.empty():
+                    kind, data = queue.get_nowait()
+                    yield ("stdout" if kind == "out" else "stderr"), data.decode(errors="replace")
+                yield task.result()
+                return
+        finally:
+            if not task.done():
+                task.cancel()
+
+    async def _run(self, cmd, timeout, session, env, cwd, stream) -> CommandResult:
         timeout = self.spec.timeout_s if timeout is None else timeout
         if env and not all(isinstance(k, str) and k.isidentifier() for k in env):
             from .errors import SpecError
@@ -266,7 +319,7 @@ class AsyncSandbox:
         header, body = await self._request({
             "op": "run", "cmd": cmd, "session": session or "default", "timeout": timeout,
             "env": env or {}, "cwd": self._path(cwd) if cwd else None,
-            "max_output": self.spec.max_output_bytes})
+            "max_output": self.spec.max_output_bytes, "stream": stream is not None}, stream=stream)
         code = header["exit_code"]
         oom = False
         if code == 137 and not header["timed_out"]:
@@ -374,12 +427,24 @@ class AsyncSandbox:
             states[name] = header["state"]
         meta = {"sessions": states, "parents": list(self._layers), "image": self.spec.image,
                 "workdir": self.spec.workdir, "format": 1}
+        # Freeze only while copying the upper (a cheap local copy); pack the portable
+        # tarball from the copy while the sandbox runs on, then keep the copy as the
+        # unpacked layer that restore() and fork() mount.
+        staged = self.store.staging_dir()
         await asyncio.to_thread(self._deploy.freeze)
         try:
-            info = await asyncio.to_thread(pack_layer, self._deploy.upper, self.store.tar_root, meta=meta)
+            await asyncio.to_thread(copy_tree, self._deploy.upper, staged)
+        except BaseException:
+            await asyncio.to_thread(shutil.rmtree, staged, True)
+            raise
         finally:
             await asyncio.to_thread(self._deploy.thaw)
-        await asyncio.to_thread(self.store.layer_dir, info.digest)
+        try:
+            info = await asyncio.to_thread(pack_layer, staged, self.store.tar_root, meta=meta)
+        except BaseException:
+            await asyncio.to_thread(shutil.rmtree, staged, True)
+            raise
+        await asyncio.to_thread(self.store.adopt_layer, info.digest, staged)
         return Snapshot(id=info.digest.split(":")[1][:12], digest=info.digest, size=info.size,
                         layers=self._layers + (info.digest,), image=self.spec.image, path=info.path)
 
@@ -419,6 +484,16 @@ class AsyncSandbox:
     def __repr__(self) -> str:
         state = "closed" if self._closed else "alive" if self.alive else "dead"
         return f"<AsyncSandbox {self.id} image={self.spec.image!r} {state}>"
+
+
+def _deployment_class(backend: str) -> type:
+    """The deployment that starts agents for a backend (imported lazily: heavy extras)."""
+    if backend == "local":
+        return LocalDeployment
+    if backend == "docker":
+        from .docker import DockerDeployment  # noqa: PLC0415 - needs the docker SDK
+        return DockerDeployment
+    raise IsolationUnavailable(f"backend {backend!r} is not available in this build")
 
 
 class open_async_sandbox:

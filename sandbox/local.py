@@ -6,6 +6,8 @@ This module only starts, stops and locates sandboxes; what you can *do* in one l
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import json
 import os
 import shutil
@@ -14,6 +16,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Protocol
 
 from . import _agent
 from .cgroups import Cgroup, Limits, cgroup_mode, rlimit_fallback
@@ -47,6 +50,90 @@ def _userns_allowed() -> bool:
         return True  # upstream kernels have no switch: allowed unless userns max is 0
 
 
+class _SpareAgents:
+    """Agent interpreters started ahead of time, blocked reading their config frame.
+
+    Starting Python and importing the agent is most of a sandbox's start-up; a spare
+    makes create, restore, reset and fork skip it. Spares are generic (the config, sent
+    later, says what to become). Every agent is started on one long-lived thread, because
+    PR_SET_PDEATHSIG fires when the *thread* that forked a process exits, and callers
+    may be short-lived worker threads.
+    """
+
+    def __init__(self, keep: int = 2):
+        self.keep = keep
+        self._ready: collections.deque[subprocess.Popen] = collections.deque()
+        self._lock = threading.Lock()
+        self._spawner: concurrent.futures.ThreadPoolExecutor | None = None
+
+    def take(self) -> subprocess.Popen:
+        with self._lock:
+            if self._spawner is None:
+                self._spawner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rockroll-spawn")
+            spawner = self._spawner
+            proc = None
+            while self._ready and proc is None:
+                candidate = self._ready.popleft()
+                proc = candidate if candidate.poll() is None else None
+        if proc is None:
+            proc = spawner.submit(_popen_agent).result()
+        for _ in range(self.keep):
+            spawner.submit(self._refill)
+        return proc
+
+    def _refill(self) -> None:
+        with self._lock:
+            if len(self._ready) >= self.keep:
+                return
+        proc = _popen_agent()
+        with self._lock:
+            self._ready.append(proc)
+
+
+def _popen_agent() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-S", "-E", AGENT_PATH], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True)
+
+
+_spares = _SpareAgents()
+
+
+def start_agent(cfg: dict) -> subprocess.Popen:
+    """An agent process configured by ``cfg``: its stdin/stdout carry the protocol."""
+    proc = _spares.take()
+    # The config travels as the first frame, not argv: argv is readable in the sandbox.
+    proc.stdin.write(_agent.encode_frame(cfg))
+    proc.stdin.flush()
+    return proc
+
+
+class Deployment(Protocol):
+    """Where a sandbox runs. ``AsyncSandbox`` drives any deployment through this
+    interface; the agent and its protocol are the same everywhere."""
+
+    upper: Path  # the sandbox's writable layer, as a host path (snapshots pack it)
+
+    def spawn(self, layers: list[Path], sessions: dict[str, str]) -> subprocess.Popen:
+        """Start a fresh agent over snapshot ``layers`` (top first); its stdin/stdout
+        carry the protocol and its first frame was the config."""
+
+    def record(self, init_pid: int) -> None:
+        """Remember the agent's pids so a later run can reap them after a crash."""
+
+    def stop_agent(self) -> None:
+        """Kill the current agent and everything it started (not blocking)."""
+
+    def oom_kills(self) -> int: ...
+    def freeze(self) -> None: ...
+    def thaw(self) -> None: ...
+
+    def kill_now(self) -> None:
+        """Synchronous, idempotent teardown (atexit calls it)."""
+
+    def close(self) -> None:
+        """Tear down and unregister."""
+
+
 class LocalDeployment:
     """Host side of one local sandbox: its directories, cgroup and agent process."""
 
@@ -70,7 +157,7 @@ class LocalDeployment:
         self.cgroup = None
         if cgroup_mode() != "none":
             try:
-                self.cgroup = Cgroup.create(f"{run.run_id}.{sandbox_id}", self.limits)
+                self.cgroup = Cgroup.create(f"{run.cgroup_tag}.{sandbox_id}", self.limits)
             except SandboxStartError as e:
                 run.discard(sandbox_id)
                 raise SandboxStartError(str(e), sandbox_id=sandbox_id) from e
@@ -99,16 +186,7 @@ class LocalDeployment:
             "hostname": self.id, "workdir": self.spec.workdir, "env": dict(self.spec.env),
             "sessions": sessions,
         }
-        log = open(self.dir / "agent.log", "ab")
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-S", "-E", AGENT_PATH],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, close_fds=True)
-        finally:
-            log.close()
-        # The config travels as the first frame, not argv: argv is readable in the sandbox.
-        self.proc.stdin.write(_agent.encode_frame(cfg))
-        self.proc.stdin.flush()
+        self.proc = start_agent(cfg)
         return self.proc
 
     def record(self, init_pid: int) -> None:

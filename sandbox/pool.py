@@ -26,6 +26,12 @@ class AsyncSandboxPool:
     it if the pool is full or closed. ``close()`` closes every sandbox it owns.
     """
 
+    def __new__(cls, spec: SandboxSpec | None = None, *args, **kwargs):
+        if spec is not None and spec.backend == "ray":  # spread over a Ray cluster instead
+            from .raycluster import AsyncRaySandboxPool
+            return AsyncRaySandboxPool(spec, *args, **kwargs)
+        return super().__new__(cls)
+
     def __init__(self, spec: SandboxSpec | None = None, size: int = 4, *, health_interval_s: float = 5.0):
         if not isinstance(size, int) or size < 0:
             raise SpecError("size", "must be a non-negative integer")

@@ -3,7 +3,9 @@
 Layout: ``<state_home>/runs/<run_id>/run.json`` names the owner (pid and its start time,
 so a recycled pid is not mistaken for a live owner); each sandbox has a directory
 ``<run_id>/<sandbox_id>/`` with ``agent.json`` (host pids of its processes) and its
-overlay dirs. Its cgroups are named ``<run_id>.<sandbox_id>``.
+overlay dirs. Its cgroups are named ``<run_id>-<owner pid>-<owner start>.<sandbox_id>``, so
+any collector can tell a dead owner's cgroups from a live one's, even a run whose state
+lives under another ``ROCKROLL_HOME``.
 
 Cleanup happens in three places, so nothing outlives its owner:
 - normal exit, Ctrl-C and SIGTERM: ``atexit`` closes every live sandbox of the run;
@@ -101,14 +103,37 @@ def reap_dead_runs(home: Path | None = None, *, include_live: bool = False,
         reaped.append(run.run_id)
         shutil.rmtree(run_dir, ignore_errors=True)
     if cgroup_mode() != "none":
-        live = {r.run_id for r in list_runs(home) if r.alive or r.run_id == keep}
         for name in Cgroup.leftovers():
-            if name.split(".", 1)[0] not in live:
-                try:
-                    Cgroup.attach(name).remove()
-                except SandboxError:
-                    pass  # another collector got there first, or a process would not die
+            owner = parse_cgroup_tag(name.split(".", 1)[0])
+            if owner is None or owner[0] == keep:
+                continue  # not ours to judge, or the caller's own run
+            if not include_live and proc_start_time(owner[1]) == owner[2]:
+                continue  # its owner is alive (maybe under another ROCKROLL_HOME)
+            try:
+                Cgroup.attach(name).remove()
+            except SandboxError:
+                pass  # another collector got there first, or a process would not die
+    _reap_docker(reaped, keep)
     return reaped
+
+
+def _reap_docker(runs: list[str], keep: str | None) -> None:
+    """Remove docker sandbox containers of dead owners and of the runs just reaped. gc
+    never fails for docker's sake: no SDK, no engine or an engine error are all skipped."""
+    try:
+        from .docker import reap_containers
+
+        reap_containers(runs, keep=keep)
+    except Exception:  # noqa: BLE001 - optional backend; the next gc tries again
+        pass
+
+
+def parse_cgroup_tag(tag: str) -> tuple[str, int, int] | None:
+    """``<run_id>-<pid>-<start>`` -> (run_id, pid, start); None if it is not one."""
+    parts = tag.split("-")
+    if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
+        return None
+    return parts[0], int(parts[1]), int(parts[2])
 
 
 class RunRegistry:
@@ -118,6 +143,8 @@ class RunRegistry:
         self.home = home or state_home()
         self.run_id = uuid.uuid4().hex[:10]
         self.dir = self.home / "runs" / self.run_id
+        pid = os.getpid()
+        self.cgroup_tag = f"{self.run_id}-{pid}-{proc_start_time(pid)}"
         self._closers: dict[str, Callable[[], None]] = {}
         self._lock = threading.Lock()
         self._started = False

@@ -17,6 +17,7 @@ import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 SKELETON_DIRS = {
     "workspace": 0o755, "tmp": 0o1777, "root": 0o700, "home": 0o755, "etc": 0o755,
@@ -135,10 +136,35 @@ def host_base_layer(home: Path | None = None) -> Path:
     return layer
 
 
+# Image schemes other packages plug in (``"hub"`` from rockroll.envhub): the sandbox must
+# not import them (dependencies flow one way), so they register a resolver here instead.
+# Keyed by scheme, so registering twice replaces rather than stacks.
+_IMAGE_RESOLVERS: dict[str, Callable[[str, Path], RootfsPlan]] = {}
+
+
+def register_image_resolver(scheme: str, fn: Callable[[str, Path], RootfsPlan]) -> None:
+    """Make ``image="<scheme>:<ref>"`` resolvable: ``fn(ref, home)`` returns the
+    ``RootfsPlan`` (lower dirs top first, binds). It may do I/O (pull layers); it should
+    cache, since it runs on every sandbox start. Errors it raises reach the caller as is."""
+    if not scheme or ":" in scheme or scheme == "host":
+        raise ValueError(f"bad image scheme {scheme!r}")
+    _IMAGE_RESOLVERS[scheme] = fn
+
+
+def image_schemes() -> tuple[str, ...]:
+    return ("host", *sorted(_IMAGE_RESOLVERS))
+
+
 def plan_for_image(image: str, home: Path | None = None) -> RootfsPlan:
-    """Lower layers and binds for an image name (``host`` for now; hub images later)."""
+    """Lower layers and binds for an image name: ``host``, or ``<scheme>:<ref>`` for a
+    scheme registered with ``register_image_resolver`` (e.g. ``hub:name@1.2.0``)."""
     if image == "host":
         return RootfsPlan(lowers=(str(host_base_layer(home)),), binds=host_binds())
     from .errors import SpecError
 
-    raise SpecError("image", f"unknown image {image!r} for the local backend (supported: 'host')")
+    scheme, sep, ref = image.partition(":")
+    fn = _IMAGE_RESOLVERS.get(scheme) if sep else None
+    if fn is None:
+        raise SpecError("image", f"unknown image {image!r} for the local backend "
+                                 f"(supported: {', '.join(repr(s) for s in image_schemes())})")
+    return fn(ref, home or state_home())

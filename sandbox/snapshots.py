@@ -10,11 +10,37 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import tempfile
 from pathlib import Path
+from typing import Callable
 
 from .errors import SnapshotError
 from .layers import digest_file, read_meta, unpack_layer
 from .spec import Snapshot
+
+
+# Snapshot-ref schemes other packages plug in (``"hub:name@ver#snap"`` from
+# rockroll.envhub), registered rather than imported: the sandbox depends on nothing else.
+_SNAPSHOT_RESOLVERS: dict[str, Callable[[str, "SnapshotStore"], Snapshot]] = {}
+
+
+def register_snapshot_resolver(scheme: str, fn: Callable[[str, "SnapshotStore"], Snapshot]) -> None:
+    """Make ``snapshot="<scheme>:<ref>"`` loadable: ``fn(ref, store)`` returns a ``Snapshot``
+    whose ``layers`` (base first) are tarballs in ``store`` (it pulls them if needed) and whose
+    ``image`` is the image the snapshot runs on. ``sha256`` is reserved for digests."""
+    if not scheme or ":" in scheme or scheme == "sha256":
+        raise ValueError(f"bad snapshot scheme {scheme!r}")
+    _SNAPSHOT_RESOLVERS[scheme] = fn
+
+
+def _resolver_for(ref: str):
+    scheme, sep, _ = ref.partition(":")
+    # A tarball path that happens to contain ':' ("./a:b.tar.zst") is no scheme: schemes are
+    # plain words and the path would have to exist.
+    if not sep or not scheme.isidentifier() or os.path.exists(ref):
+        return None
+    return _SNAPSHOT_RESOLVERS.get(scheme)
 
 
 class SnapshotStore:
@@ -41,6 +67,23 @@ class SnapshotStore:
                 raise SnapshotError(f"cannot unpack layer {digest}: {e}") from e
         return dest
 
+    def staging_dir(self) -> Path:
+        """A fresh, empty path beside the layers (same filesystem, so adopting is a rename)."""
+        self.layer_root.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=".stage-", dir=self.layer_root))
+
+    def adopt_layer(self, digest: str, staged: Path) -> Path:
+        """Make ``staged`` (a copy of exactly what was packed) the unpacked layer of
+        ``digest``; if that layer exists already, drop the copy."""
+        dest = self.layer_root / _hex(digest)
+        try:
+            os.rename(staged, dest)
+        except OSError:
+            if not dest.is_dir():
+                raise
+            shutil.rmtree(staged, ignore_errors=True)
+        return dest
+
     def import_tarball(self, path: Path) -> str:
         """Add a tarball from elsewhere; its digest is computed, never trusted."""
         digest = digest_file(path)
@@ -53,11 +96,17 @@ class SnapshotStore:
         return digest
 
     def load(self, ref: "Snapshot | str | Path") -> Snapshot:
-        """A ``Snapshot`` from a Snapshot, a digest (``sha256:...``) or a tarball path.
+        """A ``Snapshot`` from a Snapshot, a digest (``sha256:...``), a tarball path, or a
+        ``<scheme>:<ref>`` string of a registered resolver (``hub:name@1.0.0#warm``).
 
         Every layer of the chain is unpacked before this returns, so a crafted tarball
         is refused here (``UnsafeArchiveError``) before anything is mounted.
         """
+        if isinstance(ref, str) and (fn := _resolver_for(ref)) is not None:
+            snap = fn(ref.partition(":")[2], self)
+            for digest in snap.layers:  # same guarantee as below: unpacked (and checked) first
+                self.layer_dir(digest)
+            return snap
         if isinstance(ref, Snapshot):
             if ref.path is not None and not self.tarball(ref.digest).exists():
                 digest = self.import_tarball(Path(ref.path))
@@ -83,3 +132,13 @@ def _hex(digest: str) -> str:
     if algo != "sha256" or len(hexpart) != 64 or not all(c in "0123456789abcdef" for c in hexpart):
         raise SnapshotError(f"not a sha256 digest: {digest!r}")
     return hexpart
+
+
+def copy_tree(src: Path, dest: Path) -> None:
+    """Copy an overlay upper dir exactly: owners, modes, times, hardlinks, whiteouts (0/0
+    char devices) and the opaque xattr. ``cp -a`` does all of it, with reflinks where the
+    filesystem has them; ``dest`` must exist and be empty."""
+    out = subprocess.run(["cp", "-a", "--reflink=auto", "--", f"{src}/.", str(dest)],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SnapshotError(f"cannot copy the sandbox's files: {out.stderr.strip()}")

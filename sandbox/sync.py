@@ -91,6 +91,18 @@ class Sandbox:
             env: dict[str, str] | None = None, cwd: str | None = None) -> CommandResult:
         return run_sync(self._inner.run(cmd, timeout=timeout, session=session, env=env, cwd=cwd))
 
+    def run_stream(self, cmd: str, **kwargs):
+        """Like ``AsyncSandbox.run_stream``: yields ``(stream, text)`` chunks, then the result."""
+        agen = self._inner.run_stream(cmd, **kwargs)
+        try:
+            while True:
+                try:
+                    yield run_sync(agen.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            run_sync(agen.aclose())
+
     def sessions(self) -> list[str]:
         return run_sync(self._inner.sessions())
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Install and start what the test suite talks to: a Docker engine (Debian's docker.io)
-# and debootstrap for base images. Idempotent; only acts as root. Under CI=true a
+# Install and start what the test suite talks to: a Docker engine (Debian's docker.io),
+# debootstrap for base images, and Chromium for the dashboard's screenshot test. Idempotent; only acts as root. Under CI=true a
 # missing service is an error, never a reason to skip tests.
 set -euo pipefail
 
@@ -9,6 +9,7 @@ log() { echo "[services] $*" >&2; }
 need_apt=()
 command -v dockerd >/dev/null 2>&1 || need_apt+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || need_apt+=(debootstrap)
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 
 if [ "${#need_apt[@]}" -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then

@@ -161,3 +161,24 @@ def test_disk_limit_is_refused_not_faked():
     with pytest.raises(SpecError) as err:
         open_sandbox(SandboxSpec(disk_mb=100))
     assert err.value.field == "disk_mb" and "docker" in str(err.value)
+
+
+async def test_run_stream_yields_output_live_then_the_result():
+    async with open_async_sandbox(SandboxSpec()) as sb:
+        items = []
+        async for item in sb.run_stream("echo one; sleep 0.5; echo two >&2; echo three"):
+            items.append(item)
+        chunks, result = items[:-1], items[-1]
+        assert result.exit_code == 0 and result.stdout == "one\nthree\n" and result.stderr == "two\n"
+        assert chunks[0] == ("stdout", "one\n")  # arrived before the command finished
+        assert "".join(t for k, t in chunks if k == "stdout") == "one\nthree\n"
+        assert ("stderr", "two\n") in chunks
+
+
+async def test_close_fails_calls_in_flight():
+    sb = await AsyncSandbox.create(SandboxSpec())
+    pending = asyncio.ensure_future(sb.run("sleep 30"))
+    await asyncio.sleep(0.3)
+    await sb.close()
+    with pytest.raises(SandboxClosed):
+        await asyncio.wait_for(pending, 10)

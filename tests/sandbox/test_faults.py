@@ -107,3 +107,22 @@ def test_sigterm_and_ctrl_c_clean_up():
         proc.send_signal(sig)
         proc.wait(timeout=30)
         assert not any(r.run_id == run_id for r in list_runs()), f"run left behind after {sig!r}"
+
+
+def test_gc_never_touches_a_live_run_of_another_home(tmp_path):
+    """Two users (or test sessions) with different ROCKROLL_HOMEs share the cgroup tree:
+    one's gc must not reap the other's live sandboxes."""
+    env = dict(os.environ, ROCKROLL_HOME=str(tmp_path / "other-home"))
+    script = ("import sys, time\nfrom rockroll.sandbox import open_sandbox\nsb = open_sandbox()\n"
+              "print('ready', flush=True)\nsys.stdin.readline()\nprint(sb.run('echo still-here').stdout, flush=True)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        reap_dead_runs(keep=current_run().run_id)  # our gc, in our home
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "still-here"
+    finally:
+        proc.kill()
+        proc.wait()

@@ -24,15 +24,7 @@ from rockroll.trainer.algorithms import (  # noqa: E402
     topr_loss,
 )
 
-LN = math.log
-
-
-def t(x, **kw):
-    return torch.tensor(x, dtype=torch.float32, **kw)
-
-
-def close(actual, expected, tol=1e-5):
-    torch.testing.assert_close(torch.as_tensor(actual, dtype=torch.float32), t(expected), atol=tol, rtol=tol)
+from _tensors import LN, close, t  # noqa: E402
 
 
 # --------------------------------------------------------------------------- aggregation

@@ -16,15 +16,7 @@ from rockroll.trainer.credit import (  # noqa: E402
     num_chunks,
 )
 
-LN = math.log
-
-
-def t(x, **kw):
-    return torch.tensor(x, dtype=torch.float32, **kw)
-
-
-def close(actual, expected, tol=1e-5):
-    torch.testing.assert_close(torch.as_tensor(actual, dtype=torch.float32), t(expected), atol=tol, rtol=tol)
+from _tensors import LN, close, t  # noqa: E402
 
 
 MASK = [

@@ -1,0 +1,104 @@
+"""Helpers every benchmark shares: timing stats, a markdown table, JSON results.
+
+Benchmarks print a table on stdout (progress goes to stderr) and write
+``bench/results/<name>.json`` with the host they ran on, because absolute times on
+shared machines drift and a number means little without its host.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def stats(samples: Sequence[float]) -> dict[str, float | int | None]:
+    """Median and 95th percentile of ``samples`` (seconds), in milliseconds.
+
+    p95 is nearest-rank (an observed sample, never an interpolation), which is the
+    honest choice for the small sample counts of a ``--quick`` run.
+    """
+    if not samples:
+        return {"median": None, "p95": None, "n": 0}
+    ordered = sorted(samples)
+    rank = max(1, -(-95 * len(ordered) // 100))  # ceil(0.95 n), 1-based
+    return {"median": statistics.median(ordered) * 1e3, "p95": ordered[rank - 1] * 1e3,
+            "n": len(ordered)}
+
+
+@contextmanager
+def timer() -> Iterator[list[float]]:
+    """``with timer() as t: ...`` then ``t[0]`` is the elapsed seconds."""
+    box: list[float] = []
+    start = time.perf_counter()
+    try:
+        yield box
+    finally:
+        box.append(time.perf_counter() - start)
+
+
+def fmt(value: Any, digits: int = 2) -> str:
+    """A table cell: floats rounded, None as '-', booleans as yes/NO, the rest as text."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def render_table(rows: Iterable[dict], columns: Sequence[str]) -> str:
+    """A markdown table (pipes, header rule) whose columns are also aligned as plain text."""
+    cells = [[fmt(row.get(col)) for col in columns] for row in rows]
+    widths = [max([len(col)] + [len(r[i]) for r in cells]) for i, col in enumerate(columns)]
+
+    def line(values: Sequence[str]) -> str:
+        return "| " + " | ".join(v.ljust(w) for v, w in zip(values, widths)) + " |"
+
+    rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(columns), rule] + [line(r) for r in cells])
+
+
+def print_table(title: str, rows: list[dict], columns: Sequence[str]) -> None:
+    """Print ``title`` and the table of ``rows`` (dicts keyed by column name) to stdout."""
+    print(f"\n{title}\n")
+    print(render_table(rows, columns))
+    sys.stdout.flush()
+
+
+def host_info() -> dict[str, Any]:
+    return {
+        "cpu_count": os.cpu_count(),
+        "kernel": platform.release(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def write_json(name: str, payload: dict[str, Any]) -> Path:
+    """Write ``bench/results/<name>.json`` with ``host`` info added; return its path."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"{name}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"host": host_info(), **payload}, indent=2, default=str) + "\n")
+    tmp.replace(path)  # a reader never sees a half-written result
+    return path
+
+
+def progress(iterable: Iterable, desc: str, total: int | None = None):
+    """A tqdm bar on stderr (stdout stays a clean table); vanishes when done."""
+    from tqdm import tqdm
+
+    # disable=None: tqdm turns itself off when stderr is not a terminal (CI logs).
+    return tqdm(iterable, desc=desc, total=total, file=sys.stderr, leave=False, disable=None)

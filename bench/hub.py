@@ -1,0 +1,181 @@
+"""Env hub benchmark: publish/pull throughput against a plain boto3 transfer of the same
+bytes to the same S3 server (moto, a subprocess on 127.0.0.1), cached pull latency, and
+sandbox cold start from a pulled env vs the host image.
+
+The env holds ``--mb`` MiB of random (incompressible) bytes made by a setup step, so zstd
+cannot shrink the transfer. Pull is timed twice: transfer + sha256 verification (the
+part comparable with boto3's download_file) and the whole pull (plus unpacking the layer).
+
+    .venv/bin/python bench/hub.py [--mb 200] [--starts 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import print_table, stats, write_json  # noqa: E402
+
+BUCKET = "rockroll-bench"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_moto() -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    exe = Path(sys.executable).with_name("moto_server")
+    proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc, endpoint
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("moto_server did not start")
+
+
+def rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mb", type=int, default=200)
+    ap.add_argument("--starts", type=int, default=10)
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="rockroll-bench-hub-"))
+    os.environ["ROCKROLL_HOME"] = str(work / "home")
+    for k, v in (("AWS_ACCESS_KEY_ID", "bench"), ("AWS_SECRET_ACCESS_KEY", "bench"), ("AWS_DEFAULT_REGION", "us-east-1")):
+        os.environ.setdefault(k, v)
+    import boto3
+
+    import rockroll  # noqa: F401 - installs the hub image scheme
+    from rockroll.envhub import HubStore, LocalCache, build, publish, pull
+    from rockroll.envhub.pull import forget
+    from rockroll.sandbox import SandboxSpec, open_sandbox
+    from rockroll.sandbox.layers import digest_file
+
+    moto, endpoint = start_moto()
+    try:
+        s3 = boto3.client("s3", endpoint_url=endpoint)
+        s3.create_bucket(Bucket=BUCKET)
+        pkg = work / "pkg"
+        pkg.mkdir()
+        (pkg / "rockenv.toml").write_text(f'''name = "bench"
+version = "1.0.0"
+setup = ["head -c {args.mb}M /dev/urandom > /opt/blob"]
+[env]
+entry_point = "x:Y"
+''')
+        print(f"building a {args.mb} MiB env...", file=sys.stderr)
+        t = time.perf_counter()
+        manifest = build(pkg).manifest
+        build_s = time.perf_counter() - t
+        layer = max(manifest.layers, key=lambda l: l.size)
+        tarball = LocalCache().layers.tarball(layer.digest)
+        total = sum(l.size for l in manifest.blobs())
+        mb = total / 2**20
+
+        # boto3 baseline: the same bytes, the same server, default TransferConfig.
+        t = time.perf_counter()
+        s3.upload_file(str(tarball), BUCKET, "baseline/blob")
+        boto_up = time.perf_counter() - t
+        t = time.perf_counter()
+        s3.download_file(BUCKET, "baseline/blob", str(work / "baseline.bin"))
+        boto_down = time.perf_counter() - t
+        (work / "baseline.bin").unlink()
+
+        store = HubStore(f"s3://{BUCKET}/hub", endpoint=endpoint)
+        rss0 = rss_mb()
+        t = time.perf_counter()
+        result = publish(manifest, store)
+        pub_s = time.perf_counter() - t
+        rss_pub = rss_mb() - rss0
+        assert result.created
+
+        # Pull, part 1: transfer + verify only (what boto3's download_file does, plus sha256).
+        tmp = work / "fetch.part"
+        t = time.perf_counter()
+        store.get_blob(layer, tmp)
+        assert digest_file(tmp) == layer.digest
+        fetch_s = time.perf_counter() - t
+        tmp.unlink()
+        # Pull, part 2: the whole pull on a fresh machine (cache), unpacking included.
+        fresh = LocalCache(work / "home2")
+        rss0 = rss_mb()
+        t = time.perf_counter()
+        pull("bench@1", hub=store, cache=fresh)
+        pull_s = time.perf_counter() - t
+        rss_pull = rss_mb() - rss0
+
+        # Cached pull: a new process' view (memo cleared), exact pin, everything local.
+        cached = []
+        for _ in range(20):
+            forget()
+            t = time.perf_counter()
+            pull("bench@1.0.0", hub=store, cache=fresh)
+            cached.append(time.perf_counter() - t)
+        memo = []
+        for _ in range(20):
+            t = time.perf_counter()
+            pull("bench@1.0.0", hub=store, cache=fresh)
+            memo.append(time.perf_counter() - t)
+
+        # Cold start: sandbox create (to a ready agent) + close, pulled env vs host.
+        pull("bench@1.0.0", hub=store)  # into the default home the sandboxes use
+        starts: dict[str, list[float]] = {}
+        for image in ("host", "hub:bench@1.0.0") * 1:
+            with open_sandbox(SandboxSpec(image=image, memory_mb=256)):
+                pass  # warm-up: host base layer, page cache
+            starts[image] = []
+            for _ in range(args.starts):
+                t = time.perf_counter()
+                sb = open_sandbox(SandboxSpec(image=image, memory_mb=256))
+                starts[image].append(time.perf_counter() - t)
+                sb.close()
+    finally:
+        moto.terminate()
+        moto.wait(timeout=10)
+        shutil.rmtree(work, ignore_errors=True)
+
+    rows = [
+        {"what": "publish (s3, verify + upload)", "MiB": mb, "seconds": pub_s, "MiB/s": mb / pub_s,
+         "boto3 MiB/s": mb / boto_up, "ratio": boto_up / pub_s, "peak RSS +MiB": rss_pub},
+        {"what": "pull: transfer + sha256", "MiB": mb, "seconds": fetch_s, "MiB/s": mb / fetch_s,
+         "boto3 MiB/s": mb / boto_down, "ratio": boto_down / fetch_s},
+        {"what": "pull: whole (+ unpack)", "MiB": mb, "seconds": pull_s, "MiB/s": mb / pull_s,
+         "boto3 MiB/s": mb / boto_down, "ratio": boto_down / pull_s, "peak RSS +MiB": rss_pull},
+    ]
+    print_table(f"Hub transfer, {mb:.0f} MiB of random bytes, moto S3 on 127.0.0.1 (target ratio >= 0.8)",
+                rows, ["what", "MiB", "seconds", "MiB/s", "boto3 MiB/s", "ratio", "peak RSS +MiB"])
+    lat = [
+        {"what": "pull, fully cached (new process view)", **stats(cached), "target ms": 50},
+        {"what": "pull, memoised in-process", **stats(memo)},
+        {"what": "sandbox start, image=host", **stats(starts["host"]), "target ms": 150},
+        {"what": "sandbox start, image=hub:bench@1.0.0", **stats(starts["hub:bench@1.0.0"]), "target ms": 150},
+    ]
+    print_table("Latency (ms)", lat, ["what", "median", "p95", "n", "target ms"])
+    path = write_json("hub", {"env_mib": mb, "data": "random (incompressible)", "build_s": build_s,
+                              "transfer": rows, "latency_ms": lat})
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""Build an env package into layers: ``build("./counter")`` -> ``BuildResult``.
+
+1. The base becomes layers: ``host`` none (the sandbox's host image is under everything),
+   ``debian:<suite>`` / ``docker:<image>`` one packed rootfs layer, ``hub:<name>@<ver>``
+   that env's layers (pulled; the ref is pinned to the exact version in the manifest).
+2. A local sandbox on that base, with network (setup steps install things), gets the
+   package's files, then runs the setup steps; a failing step fails the build with its
+   stderr. The upper layer is packed reproducibly (sorted entries, zero mtimes and owners):
+   the same inputs give the same digest, so re-building and re-publishing is a no-op.
+3. Each named snapshot: back to the post-setup state, run its commands, ``snapshot()``;
+   packed the same way (sessions kept, minus the per-sandbox HOSTNAME).
+
+The manifest is kept in ``<home>/hub-builds/<name>/<version>.json`` with the digest of
+the inputs, so ``hub publish DIR`` reuses an up-to-date build instead of running setup again.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import shlex
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rockroll.sandbox import SandboxError, SandboxSpec, Snapshot, open_sandbox
+from rockroll.sandbox.layers import pack_layer, read_meta
+
+from .bases import debian_base_layer, docker_base_layer
+from .cache import LocalCache, _write_atomic
+from .errors import BuildError, HubError
+from .manifest import EnvManifest, LayerRef
+from .package import Package, load_package
+from .pull import pull
+
+BUILD_SPEC = dict(memory_mb=4096, pids=2048, cpus=None)  # setup steps compile, install, unpack
+_HOSTNAME = re.compile(r"^(declare -x|export) HOSTNAME=.*$\n?", re.M)
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    manifest: EnvManifest
+    record: Path  # the local build record (manifest JSON)
+    reused: bool  # an up-to-date earlier build was returned
+    seconds: float
+
+
+def build(folder: str | Path, *, cache: LocalCache | None = None, hub: str | None = None,
+          rebuild: bool = False, log=None) -> BuildResult:
+    """Build the package in ``folder``. ``hub`` is where a ``hub:`` base is pulled from."""
+    t0 = time.perf_counter()
+    pkg = load_package(folder)
+    cache = cache or LocalCache()
+    record = cache.build_file(pkg.name, pkg.version)
+    source = pkg.source_digest()
+    if not rebuild and record.is_file():
+        try:
+            old = EnvManifest.from_json(record.read_bytes(), str(record))
+            if old.source_digest == source and all(cache.layers.tarball(l.digest).is_file() for l in old.blobs()):
+                return BuildResult(old, record, True, time.perf_counter() - t0)
+        except HubError:
+            pass  # unreadable record: build again
+    base, system, base_layers, image = _base(pkg, cache, hub)
+    say = log or (lambda msg: None)
+    throwaway: list[Snapshot] = []
+    env_layer: LayerRef | None = None
+    snapshots: dict[str, tuple[LayerRef, ...]] = {}
+    try:
+        spec = SandboxSpec(image=image, network=True, timeout_s=pkg.setup_timeout_s, **BUILD_SPEC)
+        with open_sandbox(spec) as sb:
+            for host, dest in pkg.copies():
+                say(f"copy {host} -> {dest}")
+                parent = dest if host.is_dir() else posixpath.dirname(dest)
+                _check(sb.run(f"mkdir -p {shlex.quote(parent)}"), f"mkdir {parent}")
+                sb.upload(host, dest)
+            for i, step in enumerate(pkg.setup, 1):
+                say(f"setup [{i}/{len(pkg.setup)}] {step}")
+                _check(sb.run(step, timeout=pkg.setup_timeout_s), f"setup step {i} ({step!r})")
+            after_setup = sb.snapshot()
+            throwaway.append(after_setup)
+            env_layer = _repack(cache, after_setup, None)
+            for snap in pkg.snapshots:
+                say(f"snapshot {snap.name}")
+                sb.restore(after_setup)
+                for i, cmd in enumerate(snap.commands, 1):
+                    _check(sb.run(cmd, timeout=pkg.setup_timeout_s), f"snapshot {snap.name!r} command {i} ({cmd!r})")
+                taken = sb.snapshot()
+                throwaway.append(taken)
+                meta = read_meta(taken.path)
+                meta = {"format": 1, "image": f"hub:{pkg.name}@{pkg.version}", "parents": [],
+                        "workdir": meta.get("workdir", "/workspace"),
+                        "sessions": {k: _HOSTNAME.sub("", v) for k, v in meta.get("sessions", {}).items()}}
+                snapshots[snap.name] = (_repack(cache, taken, meta),)
+    except SandboxError as e:
+        raise BuildError(f"building {pkg.name}@{pkg.version}: {e}") from e
+    finally:
+        keep = {l.digest for layers in snapshots.values() for l in layers}
+        keep |= {env_layer.digest} if env_layer else set()
+        for snap in throwaway:  # the non-reproducible originals; their repacked twins stay
+            if snap.digest not in keep:
+                cache.layers.tarball(snap.digest).unlink(missing_ok=True)
+                shutil.rmtree(cache.layers.layer_root / snap.digest.split(":", 1)[1], ignore_errors=True)
+    manifest = EnvManifest(
+        name=pkg.name, version=pkg.version, description=pkg.description, license=pkg.license,
+        base=base, system=system, layers=(*base_layers, env_layer), entry_point=pkg.entry_point,
+        kwargs=pkg.kwargs, gym_id=pkg.gym_id, tasks=pkg.tasks_dest, python=pkg.python_dest,
+        snapshots=snapshots, source_digest=source)
+    _write_atomic(record, manifest.to_json())
+    return BuildResult(manifest, record, False, time.perf_counter() - t0)
+
+
+def _base(pkg: Package, cache: LocalCache, hub: str | None) -> tuple[str, str, tuple[LayerRef, ...], str]:
+    """(base as recorded, system, base layers, image the build sandbox runs on)."""
+    kind, _, arg = pkg.base.partition(":")
+    if pkg.base == "host":
+        return "host", "host", (), "host"
+    if kind == "debian":
+        return pkg.base, "rootfs", (debian_base_layer(arg, cache),), pkg.base
+    if kind == "docker":
+        return pkg.base, "rootfs", (docker_base_layer(arg, cache),), pkg.base
+    parent = pull(arg, hub=hub, cache=cache)
+    return f"hub:{parent.manifest.ref}", parent.manifest.system, parent.manifest.layers, parent.image
+
+
+def _repack(cache: LocalCache, snap: Snapshot, meta: dict | None) -> LayerRef:
+    """Pack a snapshot's files again, reproducibly: ``snapshot()`` keeps mtimes and owners
+    (right for a live sandbox, wrong for a build that must give the same digest twice)."""
+    info = pack_layer(cache.layers.layer_dir(snap.digest), cache.layers.tar_root, meta=meta, reproducible=True)
+    cache.mark_owned(info.digest)
+    return LayerRef(info.digest, info.size)
+
+
+def _check(result, what: str) -> None:
+    if not result.ok:
+        why = "timed out" if result.timed_out else f"exit {result.exit_code}"
+        tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-30:])
+        raise BuildError(f"{what} failed ({why}):\n{tail}")

@@ -1,0 +1,178 @@
+"""Resolve an env ref against a hub and bring its layers into the local store.
+
+``pull("counter@1")`` lists the hub (one request), picks the version (``version.select``),
+reads the manifest, downloads only the blobs the local store lacks, verifies each against
+its digest before anything uses it, and unpacks it once into the content-addressed layer
+cache that every env sharing the layer uses.
+
+Offline: manifests are immutable, so an exact pin whose manifest is cached never touches
+the network; a range (``counter@1``) needs the listing, and falls back to the last one
+seen when the hub cannot be reached. In-process, results are memoised, so the sandbox's
+image resolver costs a dict lookup and a few ``stat`` calls per sandbox start.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import uuid
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from rockroll.sandbox.errors import SnapshotError
+from rockroll.sandbox.layers import digest_file
+
+from .cache import LocalCache
+from .errors import BlobCorrupted, EnvNotFound, StoreUnavailable, YankedWarning
+from .manifest import EnvManifest, LayerRef
+from .store import HubStore, default_hub_url, normalize_url
+from .version import EnvRef, select
+
+
+@dataclass(frozen=True)
+class PulledEnv:
+    """An env whose layers are all unpacked locally."""
+
+    hub: str
+    manifest: EnvManifest
+    layer_dirs: tuple[Path, ...]  # top first: overlay lowerdir order
+    yanked: bool = False
+
+    @property
+    def image(self) -> str:
+        return f"hub:{self.manifest.ref}"
+
+    def find(self, sandbox_path: str | None) -> Path | None:
+        """The host path of a file the env's layers hold (top layer wins), e.g. its tasks."""
+        if not sandbox_path:
+            return None
+        for d in self.layer_dirs:
+            p = d / sandbox_path.lstrip("/")
+            if os.path.lexists(p):
+                return p
+        return None
+
+    @property
+    def tasks_file(self) -> Path | None:
+        return self.find(self.manifest.tasks)
+
+    @property
+    def python_path(self) -> Path | None:
+        return self.find(self.manifest.python)
+
+
+# In-process memo: (local home, hub url, name, spec) -> PulledEnv, and (home, name, spec)
+# -> the last one pulled from any hub (what a bare "hub:name@1.0.0" image means). Module state on purpose:
+# it is what keeps sandbox starts off the network; entries only ever point at immutable
+# manifests, and yank/publish in this process drop the entries of that env.
+_MEMO: dict[tuple[str, str, str, str], PulledEnv] = {}
+_LAST: dict[tuple[str, str, str], PulledEnv] = {}
+_LOCK = threading.Lock()
+
+
+def forget(name: str | None = None) -> None:
+    """Drop memoised resolutions (of one env, or all)."""
+    with _LOCK:
+        for memo in (_MEMO, _LAST):
+            for key in [k for k in memo if name is None or k[-2] == name]:
+                del memo[key]
+
+
+def memoised(ref: str | EnvRef, home: Path) -> PulledEnv | None:
+    """The env a bare ``name@spec`` was last pulled as in this process (any hub) into ``home``."""
+    ref = EnvRef.parse(ref) if isinstance(ref, str) else ref
+    with _LOCK:
+        env = _LAST.get((str(home), ref.name, ref.spec))
+    return env if env is not None and all(d.is_dir() for d in env.layer_dirs) else None
+
+
+def resolve(ref: str | EnvRef, store: HubStore, cache: LocalCache) -> tuple[EnvManifest, bool]:
+    """The manifest a ref means, and whether that version is yanked."""
+    ref = EnvRef.parse(ref) if isinstance(ref, str) else ref
+    if ref.exact:
+        cached = cache.load_manifest(store.url, ref.name, ref.spec)
+        if cached is not None:  # immutable: no need to ask the hub
+            yanked = cache.load_listing(store.url).get(ref.name, {}).get(ref.spec, False)
+            return cached, _warn_if_yanked(cached, yanked)
+    try:
+        listing = store.listing()
+        cache.save_listing(store.url, listing)
+    except StoreUnavailable as e:
+        listing = cache.load_listing(store.url)
+        if ref.name not in listing:
+            raise
+        print(f"warning: {e}; resolving {ref} from the local cache", file=sys.stderr)
+    versions = listing.get(ref.name)
+    if not versions:
+        raise EnvNotFound(f"no env named {ref.name!r} in {store.url}")
+    version, yanked = select(versions, ref.spec, ref.name)
+    manifest = cache.load_manifest(store.url, ref.name, version)
+    if manifest is None:
+        raw = store.read(store.manifest_path(ref.name, version))
+        if raw is None:
+            raise EnvNotFound(f"{ref.name}@{version} vanished from {store.url} while resolving")
+        manifest = EnvManifest.from_json(raw, f"{store.url}/{store.manifest_path(ref.name, version)}")
+        if (manifest.name, manifest.version) != (ref.name, version):
+            raise EnvNotFound(f"manifest at {ref.name}@{version} describes {manifest.ref}")
+        cache.save_manifest(store.url, manifest)
+    return manifest, _warn_if_yanked(manifest, yanked)
+
+
+def _warn_if_yanked(manifest: EnvManifest, yanked: bool) -> bool:
+    if yanked:
+        warnings.warn(f"{manifest.ref} was yanked by its publisher; pulling it because it is pinned",
+                      YankedWarning, stacklevel=3)
+    return yanked
+
+
+def pull(ref: str | EnvRef, *, hub: str | HubStore | None = None, cache: LocalCache | None = None,
+         endpoint: str | None = None) -> PulledEnv:
+    """Resolve ``ref`` on ``hub`` (default hub if None) and make its layers local."""
+    ref = EnvRef.parse(ref) if isinstance(ref, str) else ref
+    cache = cache or LocalCache()
+    url = hub.url if isinstance(hub, HubStore) else normalize_url(hub or default_hub_url())
+    with _LOCK:
+        hit = _MEMO.get((str(cache.home), url, ref.name, ref.spec))
+    if hit is not None and all(d.is_dir() for d in hit.layer_dirs):
+        return hit
+    store = hub if isinstance(hub, HubStore) else HubStore(url, endpoint=endpoint)
+    manifest, yanked = resolve(ref, store, cache)
+    for layer in manifest.blobs():
+        fetch_layer(layer, store, cache)
+    env = PulledEnv(store.url, manifest, tuple(cache.layers.layer_dir(l.digest) for l in reversed(manifest.layers)),
+                    yanked)
+    with _LOCK:
+        for spec in {ref.spec, manifest.version}:
+            _MEMO[(str(cache.home), store.url, ref.name, spec)] = env
+            _LAST[(str(cache.home), ref.name, spec)] = env
+    return env
+
+
+def fetch_layer(layer: LayerRef, store: HubStore, cache: LocalCache) -> Path:
+    """Make one layer local and unpacked; verify it before it is used."""
+    if cache.has_layer(layer.digest):
+        return cache.layers.layer_dir(layer.digest)
+    tarball = cache.layers.tarball(layer.digest)
+    if tarball.exists():
+        try:
+            return cache.layers.layer_dir(layer.digest)  # unpack checks the digest first
+        except SnapshotError:
+            tarball.unlink(missing_ok=True)  # corrupt local copy: fetch it again
+    tarball.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tarball.with_name(f".pull-{uuid.uuid4().hex}.part")
+    try:
+        store.get_blob(layer, tmp)
+        size = tmp.stat().st_size
+        got = digest_file(tmp)
+        if got != layer.digest:
+            what = (f"truncated ({size} of {layer.size} bytes)" if size < layer.size else
+                    f"corrupted: its bytes hash to {got}")
+            raise BlobCorrupted(layer.digest, f"the copy in {store.url} is {what}; the local copy was "
+                                              "deleted and a retry downloads it again")
+        os.replace(tmp, tarball)
+    finally:
+        tmp.unlink(missing_ok=True)
+    cache.mark_owned(layer.digest)
+    return cache.layers.layer_dir(layer.digest)

@@ -1,0 +1,367 @@
+"""The docker deployment: a sandbox as a Docker container, driven by our own agent.
+
+The container runs nothing but a keep-alive ``sh`` as its pid 1. The agent is the same
+``_agent.py`` as the local backend's, started on the host in *enter mode*: it joins the
+container's cgroups and namespaces with ``setns(2)`` and serves every session of the
+sandbox over one pipe. So ``run("true")`` costs a protocol round trip, never a
+``docker exec``, and the image needs only ``/bin/sh`` (bash when it has one), no Python.
+
+- Image: ``spec.image`` is a docker image reference; ``"host"`` means the Debian image
+  of ``images.ensure_docker_image()`` (built with debootstrap on first use, minutes,
+  then cached). Snapshots record ``spec.image``, so a snapshot taken with ``"host"`` on
+  one backend restores with ``"host"`` on the other: same files, a different base system.
+- Confinement: capabilities dropped to the agent's ``KEEP_CAPS``, ``no-new-privileges``,
+  network ``none`` (``network=True`` is refused), memory = memory+swap, ``nano_cpus``,
+  ``pids_limit``; the agent's processes join the container's cgroups, so they count
+  against the same limits. Docker's seccomp/AppArmor profiles apply to the keep-alive
+  only: commands run without seccomp, as on the local backend.
+- Snapshots: ``upper`` is the container's overlay2 upper dir, packed by ``pack_layer``
+  like a local upper. A container restored from a snapshot chain starts from an image
+  of the base plus the chain, made once per chain (the layers are copied into a created
+  container's upper dir, O(size), and ``docker commit``-ed) and cached under
+  ``rockroll/chain:<hash>``; later restores and forks of that chain start in O(1), like
+  local's stacked lower dirs. The new container's upper then holds only its own changes,
+  whiteouts included, so its snapshots chain onto their parents exactly as local ones
+  do. Remove the cache with ``docker image prune -a --filter label=rockroll.chain``.
+- Cleanup: every container is labelled with its run, sandbox, owner uid and owner
+  process; ``kill_now`` (also at exit) removes it, and ``reap_containers`` (called by
+  ``registry.reap_dead_runs``) removes those of dead owners after a kill -9.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from . import _agent
+from .cgroups import Cgroup
+from .errors import IsolationUnavailable, SandboxStartError, SpecError
+from .local import LocalDeployment, start_agent
+from .registry import RunRegistry, proc_start_time
+from .spec import SandboxSpec
+
+LABEL_RUN, LABEL_SANDBOX, LABEL_OWNER = "rockroll.run", "rockroll.sandbox", "rockroll.owner"
+LABEL_OWNER_PID, LABEL_OWNER_START = "rockroll.owner.pid", "rockroll.owner.start"
+LABEL_CHAIN, CHAIN_REPO = "rockroll.chain", "rockroll/chain"
+# pid 1 of the container: needs only sh and sleep; exits on SIGTERM (pid 1 has no default handlers).
+KEEPALIVE = 'trap "exit 0" TERM; while :; do sleep 3600 & wait $!; done'
+_CAP_NAMES = {0: "CHOWN", 1: "DAC_OVERRIDE", 3: "FOWNER", 4: "FSETID", 5: "KILL", 6: "SETGID",
+              7: "SETUID", 8: "SETPCAP", 10: "NET_BIND_SERVICE", 18: "SYS_CHROOT",
+              29: "AUDIT_WRITE", 31: "SETFCAP"}
+OPAQUE_XATTR = "trusted.overlay.opaque"  # docker's overlay2 mounts without userxattr
+
+
+def docker_client():
+    """A ``docker.DockerClient`` on the local engine, or ``IsolationUnavailable``."""
+    try:
+        import docker  # noqa: PLC0415 - the optional ``docker`` extra
+    except ImportError as e:
+        raise IsolationUnavailable("the docker backend needs the docker SDK: "
+                                   "pip install 'rockroll[docker]'") from e
+    try:
+        return docker.from_env(timeout=60)  # asks the engine its API version: fails fast if absent
+    except docker.errors.DockerException as e:
+        raise IsolationUnavailable(f"cannot reach the Docker engine ({e}); is dockerd running?") from e
+
+
+def resolve_image(image: str) -> str:
+    """The docker image reference for ``spec.image`` (``"host"``: the default Debian image)."""
+    if image == "host":
+        from .images import ensure_docker_image  # noqa: PLC0415
+
+        return ensure_docker_image()
+    return image
+
+
+def container_cgroup(pid: int) -> Cgroup:
+    """A handle on the cgroups of process ``pid`` (a container's), every v1 hierarchy
+    and the v2 group, found through /proc; it is docker's: never ``remove()`` it."""
+    mounts = []  # (fstype, super options, mount root, mount point)
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fstype, _, options = right.split()[:3]
+            if fstype in ("cgroup", "cgroup2"):
+                fields = left.split()
+                mounts.append((fstype, set(options.split(",")), fields[3], fields[4]))
+    dirs = {}
+    with open(f"/proc/{pid}/cgroup") as f:
+        for line in f:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            keys = controllers.split(",") if controllers else []
+            for fstype, options, root, point in mounts:
+                if fstype == "cgroup2" if not keys else fstype == "cgroup" and set(keys) <= options:
+                    rel = os.path.relpath(path, root)
+                    for key in keys or ["unified"]:
+                        dirs[key] = os.path.normpath(os.path.join(point, rel))
+                    break
+    if set(dirs) == {"unified"}:  # pure v2: one group serves every controller
+        return Cgroup(str(pid), "v2", {k: dirs["unified"] for k in ("memory", "pids", "cpu", "cpuacct", "freezer")})
+    return Cgroup(str(pid), "v1", dirs)
+
+
+class DockerDeployment(LocalDeployment):
+    """Host side of one docker sandbox: its container and the agent that entered it.
+
+    The agent process is handled exactly as the local one (``record``, ``stop_agent``,
+    ``close`` are inherited); what differs is where it runs. Each ``spawn`` (start,
+    reset, restore, after a crash) gets a fresh container; the old one is removed in
+    the background.
+    """
+
+    def __init__(self, spec: SandboxSpec, sandbox_id: str, run: RunRegistry):
+        # LocalDeployment.__init__ is not called: its directories and cgroup are local-only.
+        if spec.network:
+            raise SpecError("network", "the docker backend runs containers with network 'none' only")
+        self.client = docker_client()
+        self.spec, self.id, self.run = spec, sandbox_id, run
+        self.image = resolve_image(spec.image)
+        self.dir = run.add(sandbox_id, self.kill_now)
+        self.gen = 0
+        self.proc: subprocess.Popen | None = None
+        self.init_pid: int | None = None
+        self.init_start: int | None = None
+        self.container = None
+        self.cgroup: Cgroup | None = None
+        self._upper: Path | None = None
+        self._removals: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    @property
+    def upper(self) -> Path:
+        return self._upper
+
+    def _labels(self) -> dict[str, str]:
+        pid = os.getpid()
+        return {LABEL_RUN: self.run.run_id, LABEL_SANDBOX: self.id, LABEL_OWNER: str(os.getuid()),
+                LABEL_OWNER_PID: str(pid), LABEL_OWNER_START: str(proc_start_time(pid))}
+
+    def _chain_image(self, layers: list[Path]) -> str:
+        """The image to start from: the base image, or the base plus snapshot ``layers``
+        (unpacked dirs named by digest, top first), committed once and cached by tag."""
+        if not layers:
+            return self.image
+        base = self.client.images.get(self.image).id
+        key = hashlib.sha256("\n".join([base, *(p.name for p in layers)]).encode()).hexdigest()[:24]
+        tag = f"{CHAIN_REPO}:{key}"
+        if self.client.images.list(name=tag):
+            return tag
+        # Labelled like a sandbox's container, so gc removes it if we die mid-build.
+        builder = self.client.containers.create(self.image, ["/bin/sh"], network_mode="none",
+                                                labels=self._labels())
+        try:
+            upper = Path(builder.attrs["GraphDriver"]["Data"]["UpperDir"])
+            for layer in reversed(layers):  # bottom first; the overlay is not mounted yet
+                apply_layer(layer, upper)
+            builder.commit(CHAIN_REPO, key, conf={"Labels": {LABEL_CHAIN: key}})
+        finally:
+            _remove(builder)
+        return tag
+
+    def _create(self, image: str):
+        """Create (not start) this generation's container, confined and labelled."""
+        import docker  # noqa: PLC0415
+
+        spec = self.spec
+        memory = f"{spec.memory_mb}m" if spec.memory_mb else None
+        try:
+            return self.client.containers.create(
+                image, ["/bin/sh", "-c", KEEPALIVE], name=f"rockroll-{self.id}-{self.gen}",
+                hostname=self.id, labels=self._labels(), working_dir=spec.workdir, environment=dict(spec.env),
+                network_mode="none", init=False, cap_drop=["ALL"],
+                cap_add=[_CAP_NAMES[c] for c in _agent.KEEP_CAPS], security_opt=["no-new-privileges"],
+                mem_limit=memory, memswap_limit=memory, pids_limit=spec.pids,
+                nano_cpus=int(spec.cpus * 1e9) if spec.cpus else None,
+                storage_opt={"size": f"{spec.disk_mb}M"} if spec.disk_mb else None,
+                log_config={"type": "none"})
+        except docker.errors.ImageNotFound as e:
+            raise SandboxStartError(f"docker image {self.image!r} not found (build one with "
+                                    "`rockroll sandbox image build`)", sandbox_id=self.id) from e
+        except docker.errors.DockerException as e:
+            raise SandboxStartError(f"cannot create the container: {e}", sandbox_id=self.id) from e
+
+    def spawn(self, layers: list[Path], sessions: dict[str, str]) -> subprocess.Popen:
+        """Start a fresh container over snapshot ``layers`` (top first), and an agent in it."""
+        import docker  # noqa: PLC0415
+
+        self.gen += 1
+        try:
+            image = self._chain_image(layers)
+        except (docker.errors.DockerException, OSError) as e:
+            raise SandboxStartError(f"cannot build the image of a snapshot: {e}", sandbox_id=self.id) from e
+        self.container = container = self._create(image)
+        try:
+            self._upper = Path(container.attrs["GraphDriver"]["Data"]["UpperDir"])
+            container.start()
+            container.reload()
+            pid = container.attrs["State"]["Pid"]
+            self.cgroup = container_cgroup(pid)
+        except (docker.errors.DockerException, OSError, KeyError) as e:
+            raise SandboxStartError(f"cannot start the container: {e}", sandbox_id=self.id) from e
+        cfg = {"id": self.id, "enter_pid": pid, "cgroup_procs": self.cgroup.procs_paths(),
+               "workdir": self.spec.workdir, "env": dict(self.spec.env), "hostname": self.id,
+               "sessions": sessions}
+        self.proc = start_agent(cfg)
+        return self.proc
+
+    def stop_agent(self) -> None:
+        """Kill the agent and remove its container in the background."""
+        super().stop_agent()
+        container, self.container = self.container, None
+        if container is not None:
+            thread = threading.Thread(target=_remove, args=(container,), daemon=True)
+            thread.start()
+            self._removals.append(thread)
+
+    def freeze(self) -> None:
+        if self.container is not None:
+            self.container.pause()
+
+    def thaw(self) -> None:
+        if self.container is not None:
+            self.container.unpause()
+
+    def kill_now(self) -> None:
+        """Synchronous, idempotent teardown (also called from atexit)."""
+        with self._lock:
+            proc = self.proc
+            self.stop_agent()
+            if proc is not None:
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
+            for thread in self._removals:
+                thread.join(timeout=60)
+            self._removals = []
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _remove(container) -> None:
+    import docker  # noqa: PLC0415
+
+    try:
+        container.remove(force=True)
+    except docker.errors.NotFound:
+        pass
+    except docker.errors.APIError as e:  # "removal already in progress" and the like
+        if e.status_code != 409:
+            raise
+
+
+# --------------------------------------------------------------------------- layers
+
+
+def apply_layer(layer: Path, upper: Path) -> None:
+    """Merge an unpacked layer (overlay whiteouts, as ``SnapshotStore.layer_dir`` holds)
+    into an overlay upper dir that is not mounted, as if stacked on top of it: a whiteout
+    or a non-directory replaces what is there; an opaque directory drops what was under
+    it; a plain directory merges (made opaque if it replaces a non-directory, which hid
+    everything below). Owners, modes and mtimes are kept; hardlinks within the layer stay
+    links. Nothing is followed: symlinks are copied as links."""
+    links: dict[tuple[int, int], Path] = {}
+    dirs: list[tuple[Path, os.stat_result]] = []  # attrs set last: filling a dir changes its mtime
+    for root, dirnames, filenames in os.walk(layer):  # top-down: a dir is settled before its children
+        dst_root = upper / os.path.relpath(root, layer)
+        for name in dirnames + filenames:
+            src, dst = os.path.join(root, name), dst_root / name
+            st = os.lstat(src)
+            if stat.S_ISDIR(st.st_mode):
+                opaque = _is_opaque(src)
+                existing = os.path.lexists(dst)
+                if opaque or (existing and (dst.is_symlink() or not dst.is_dir())):
+                    _remove_path(dst)
+                    os.mkdir(dst)
+                    os.setxattr(dst, OPAQUE_XATTR, b"y")
+                elif not existing:
+                    os.mkdir(dst)
+                dirs.append((dst, st))
+                continue
+            _remove_path(dst)
+            if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:  # whiteout
+                os.mknod(dst, stat.S_IFCHR, 0)
+            elif stat.S_ISLNK(st.st_mode):
+                os.symlink(os.readlink(src), dst)
+            elif stat.S_ISFIFO(st.st_mode):
+                os.mkfifo(dst)
+            elif stat.S_ISREG(st.st_mode):
+                if (st.st_dev, st.st_ino) in links:
+                    os.link(links[(st.st_dev, st.st_ino)], dst)
+                    continue
+                shutil.copyfile(src, dst, follow_symlinks=False)
+                if st.st_nlink > 1:
+                    links[(st.st_dev, st.st_ino)] = dst
+            else:
+                continue  # layers hold no sockets or devices
+            _set_attrs(dst, st)
+    for path, st in reversed(dirs):
+        _set_attrs(path, st)
+
+
+def _is_opaque(path: str) -> bool:
+    for key in (OPAQUE_XATTR, "user.overlay.opaque"):
+        try:
+            if os.getxattr(path, key, follow_symlinks=False) == b"y":
+                return True
+        except OSError:
+            pass
+    return False
+
+
+def _remove_path(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        path.unlink()
+
+
+def _set_attrs(path: Path, st: os.stat_result) -> None:
+    """Owner, then mode (chown clears setuid bits), then mtime; never through a symlink."""
+    os.chown(path, st.st_uid, st.st_gid, follow_symlinks=False)
+    if not stat.S_ISLNK(st.st_mode):
+        os.chmod(path, stat.S_IMODE(st.st_mode))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)
+
+
+# --------------------------------------------------------------------------- gc
+
+
+def _owner_alive(labels: dict) -> bool:
+    try:
+        return proc_start_time(int(labels[LABEL_OWNER_PID])) == int(labels[LABEL_OWNER_START])
+    except (KeyError, ValueError):
+        return False
+
+
+def reap_containers(runs=(), *, keep: str | None = None) -> list[str]:
+    """Remove this user's sandbox containers whose owner process is dead, or whose run
+    is in ``runs``; never those of run ``keep``. Returns the names removed. Does nothing
+    (returns []) without the docker SDK or a reachable engine, so gc never needs docker."""
+    if importlib.util.find_spec("docker") is None:
+        return []
+    import docker  # noqa: PLC0415
+    try:
+        client = docker_client()
+    except IsolationUnavailable:
+        return []
+    removed = []
+    try:
+        found = client.containers.list(all=True, filters={"label": f"{LABEL_OWNER}={os.getuid()}"})
+        for container in found:
+            run = container.labels.get(LABEL_RUN)
+            if run != keep and (run in runs or not _owner_alive(container.labels)):
+                try:
+                    _remove(container)
+                    removed.append(container.name)
+                except docker.errors.DockerException:
+                    pass  # the next gc tries again
+    finally:
+        client.close()
+    return removed

@@ -1,0 +1,358 @@
+"""The ``remote`` backend: a sandbox held by a ``rockroll serve`` service, driven over HTTP.
+
+``RemoteSandbox`` has ``AsyncSandbox``'s methods, signatures and errors, so
+``open_sandbox(SandboxSpec(backend="remote"))`` and the sync ``Sandbox`` work unchanged.
+The service is found from ``configure(url, token)`` or, by default, ``$ROCKROLL_URL``
+(``http://127.0.0.1:8765``) and ``$ROCKROLL_TOKEN``.
+
+One ``httpx.AsyncClient`` per event loop (HTTP/1.1 keep-alive) carries every sandbox's
+calls. Idempotent calls (GET, PUT, DELETE) are retried with backoff on connection errors
+and on an untyped 502/503 (a proxy, a restarting server); other calls only when the
+connection was refused, i.e. nothing was sent. Errors come back as the same exception
+classes a local sandbox raises (``wire.error_from_body``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import tarfile
+import uuid
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import httpx
+
+from .client import CHUNK
+from .errors import AgentDied, SandboxClosed, SandboxError, SandboxLost, SandboxNotFound, SnapshotError, SpecError
+from .layers import unpack_plain_tar
+from .spec import CommandResult, SandboxSpec, Snapshot
+from .wire import API, AuthError, ResultOut, SandboxOut, SnapshotOut, error_from_body
+
+DEFAULT_URL = "http://127.0.0.1:8765"
+RETRIES = 4            # attempts after the first, for calls that may be repeated
+BACKOFF_S = 0.1        # doubled after each failed attempt
+IDEMPOTENT = {"GET", "HEAD", "PUT", "DELETE"}
+
+__all__ = ["AuthError", "RemoteSandbox", "configure"]
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    url: str
+    token: str | None
+
+
+_configured: Endpoint | None = None
+_clients: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient]" = weakref.WeakKeyDictionary()
+
+
+def configure(url: str | None = None, token: str | None = None) -> None:
+    """Point every later ``RemoteSandbox`` at a service (overrides the environment)."""
+    global _configured
+    _configured = Endpoint(url.rstrip("/"), token) if url else None
+
+
+def endpoint() -> Endpoint:
+    if _configured is not None:
+        return _configured
+    return Endpoint(os.environ.get("ROCKROLL_URL", DEFAULT_URL).rstrip("/"), os.environ.get("ROCKROLL_TOKEN"))
+
+
+def _client() -> httpx.AsyncClient:
+    """The event loop's shared client: connections are pooled across every sandbox.
+    No read timeout: a command may legitimately run for hours (its own timeout bounds it)."""
+    loop = asyncio.get_running_loop()
+    client = _clients.get(loop)
+    if client is None or client.is_closed:
+        client = _clients[loop] = httpx.AsyncClient(
+            timeout=httpx.Timeout(None, connect=10.0),
+            limits=httpx.Limits(max_connections=512, max_keepalive_connections=256))
+    return client
+
+
+class RemoteSandbox:
+    """A sandbox held by a ``rockroll serve`` service. See ``AsyncSandbox`` for the
+    contract of each method: they are the same, over HTTP."""
+
+    def __init__(self, spec: SandboxSpec, sandbox_id: str, ep: Endpoint):
+        self.spec, self.id, self._ep = spec, sandbox_id, ep
+        self._closed = False
+        self._alive = True
+
+    # ----------------------------------------------------------------- plumbing
+    async def _call(self, method: str, path: str, *, json_body: Any = None, params: dict | None = None,
+                    content=None, stream: bool = False) -> httpx.Response:
+        return await _request(self._ep, method, path, json_body=json_body, params=params, content=content,
+                              stream=stream, sandbox_id=self.id, on_error=self._on_error)
+
+    def _on_error(self, exc: SandboxError) -> None:
+        """Keep ``alive`` as a local sandbox would: false once the agent died or it is gone."""
+        if isinstance(exc, (AgentDied, SandboxClosed, SandboxNotFound)):
+            self._alive = False
+
+    def _ensure_open(self) -> None:
+        if self._closed:
+            raise SandboxClosed("sandbox is closed", sandbox_id=self.id)
+
+    def _url(self, suffix: str = "") -> str:
+        return f"{API}/sandboxes/{self.id}{suffix}"
+
+    # ----------------------------------------------------------------- lifecycle
+    @classmethod
+    async def create(cls, spec: SandboxSpec | None = None, *, snapshot: Any = None,
+                     url: str | None = None, token: str | None = None) -> "RemoteSandbox":
+        spec = spec or SandboxSpec(backend="remote")
+        ep = Endpoint(url.rstrip("/"), token) if url else endpoint()
+        body = spec.to_dict()
+        if snapshot is not None:
+            body["snapshot"] = await _snapshot_digest(ep, snapshot)
+        # POST is not repeated after the request went out: a retry could create a second sandbox.
+        resp = await _request(ep, "POST", f"{API}/sandboxes", json_body=body)
+        return cls(spec, SandboxOut.model_validate(resp.json()).id, ep)
+
+    @property
+    def alive(self) -> bool:
+        return not self._closed and self._alive
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._call("DELETE", self._url())
+        except (SandboxNotFound, SandboxClosed, SandboxLost):
+            pass  # already gone, or the service is: nothing left to close
+
+    async def reset(self) -> None:
+        self._ensure_open()
+        await self._call("POST", self._url("/reset"))
+        self._alive = True
+
+    async def ping(self) -> bool:
+        if self._closed:
+            return False
+        try:
+            ok = (await self._call("GET", self._url("/ping"))).json()["ok"]
+        except SandboxError:
+            return False
+        return bool(ok)
+
+    async def __aenter__(self) -> "RemoteSandbox":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    # ----------------------------------------------------------------- commands
+    @staticmethod
+    def _run_body(cmd, timeout, session, env, cwd) -> dict:
+        return {"cmd": cmd, "timeout": timeout, "session": session, "env": env, "cwd": cwd}
+
+    async def run(self, cmd: str, *, timeout: float | None = None, session: str | None = None,
+                  env: dict[str, str] | None = None, cwd: str | None = None) -> CommandResult:
+        self._ensure_open()
+        resp = await self._call("POST", self._url("/run"), json_body=self._run_body(cmd, timeout, session, env, cwd))
+        return ResultOut.model_validate(resp.json()).to_result()
+
+    async def run_stream(self, cmd: str, *, timeout: float | None = None, session: str | None = None,
+                         env: dict[str, str] | None = None, cwd: str | None = None):
+        """Yields ``("stdout" | "stderr", text)`` chunks as the service streams them (SSE),
+        then the final ``CommandResult``."""
+        self._ensure_open()
+        resp = await self._call("POST", self._url("/run/stream"), stream=True,
+                                json_body=self._run_body(cmd, timeout, session, env, cwd))
+        try:
+            async for event, data in _sse(resp):
+                if event in ("stdout", "stderr"):
+                    yield event, json.loads(data)
+                elif event == "result":
+                    yield ResultOut.model_validate_json(data).to_result()
+                    return
+                elif event == "error":
+                    exc = error_from_body(200, json.loads(data))
+                    self._on_error(exc)
+                    raise exc
+            raise SandboxLost("the service ended the stream without a result", sandbox_id=self.id)
+        finally:
+            await resp.aclose()
+
+    async def sessions(self) -> list[str]:
+        self._ensure_open()
+        return (await self._call("GET", self._url("/sessions"))).json()
+
+    async def close_session(self, name: str) -> None:
+        self._ensure_open()
+        await self._call("DELETE", self._url(f"/sessions/{_quote(name)}"))
+
+    # ----------------------------------------------------------------- files
+    async def write_file(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
+        self._ensure_open()
+        data = data.encode() if isinstance(data, str) else bytes(data)
+        await self._call("PUT", self._url("/files"), params={"path": path, "mode": mode}, content=lambda: data)
+
+    async def read_file(self, path: str) -> bytes:
+        self._ensure_open()
+        return (await self._call("GET", self._url("/files"), params={"path": path})).content
+
+    async def exists(self, path: str) -> bool:
+        self._ensure_open()
+        return (await self._call("GET", self._url("/exists"), params={"path": path})).json()["exists"]
+
+    async def upload(self, local: str | os.PathLike, remote: str) -> None:
+        """Copy a local file (streamed) or directory (as a tar) into the sandbox."""
+        self._ensure_open()
+        local = Path(local)
+        if local.is_dir():
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w:", format=tarfile.PAX_FORMAT) as tar:
+                tar.add(local, arcname=".")
+            body = buf.getvalue()
+            await self._call("PUT", self._url("/files"), params={"path": remote, "tar": "true"},
+                             content=lambda: body)
+            return
+        mode = local.stat().st_mode & 0o777
+        await self._call("PUT", self._url("/files"), params={"path": remote, "mode": mode},
+                         content=lambda: _file_chunks(local))
+
+    async def download(self, remote: str, local: str | os.PathLike) -> None:
+        """Copy a sandbox file (streamed to a temp file, then renamed) or directory (a tar
+        unpacked with the safe layer rules) to the host."""
+        self._ensure_open()
+        local = Path(local)
+        resp = await self._call("GET", self._url("/files"), params={"path": remote}, stream=True)
+        tmp = local.with_name(f".{local.name}.{uuid.uuid4().hex[:6]}.part")
+        try:
+            with open(tmp, "w+b") as f:
+                async for chunk in resp.aiter_bytes(CHUNK):
+                    f.write(chunk)
+                if resp.headers.get("x-rockroll-type") == "dir":
+                    f.seek(0)
+                    await asyncio.to_thread(unpack_plain_tar, f, local)
+                    return
+            os.replace(tmp, local)
+        except httpx.HTTPError as e:
+            raise SandboxLost(f"download of {remote} was cut: {e}", sandbox_id=self.id) from e
+        finally:
+            await resp.aclose()
+            tmp.unlink(missing_ok=True)
+
+    # ----------------------------------------------------------------- snapshots
+    async def snapshot(self) -> Snapshot:
+        """A snapshot stored on the service (``path`` is None: fetch the tarball with
+        ``GET /v1/snapshots/{digest}`` to keep it)."""
+        self._ensure_open()
+        return SnapshotOut.model_validate((await self._call("POST", self._url("/snapshots"))).json()).to_snapshot()
+
+    async def restore(self, snapshot: "Snapshot | str | Path") -> None:
+        self._ensure_open()
+        digest = await _snapshot_digest(self._ep, snapshot)
+        await self._call("POST", self._url("/restore"), json_body={"snapshot": digest})
+        self._alive = True
+
+    async def fork(self, n: int = 1) -> list["RemoteSandbox"]:
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise SpecError("n", "must be a positive integer")
+        self._ensure_open()
+        resp = await self._call("POST", self._url("/fork"), json_body={"n": n})
+        return [RemoteSandbox(self.spec, SandboxOut.model_validate(o).id, self._ep) for o in resp.json()]
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "alive" if self._alive else "dead"
+        return f"<RemoteSandbox {self.id} image={self.spec.image!r} {state} at {self._ep.url}>"
+
+
+# --------------------------------------------------------------------------- HTTP
+async def _request(ep: Endpoint, method: str, path: str, *, json_body: Any = None, params: dict | None = None,
+                   content=None, stream: bool = False, sandbox_id: str | None = None,
+                   on_error=None) -> httpx.Response:
+    """One API call with retries; a non-2xx answer raises the typed error it carries.
+    ``content`` is a zero-argument callable giving the body afresh for each attempt."""
+    client = _client()
+    headers = {"Authorization": f"Bearer {ep.token}"} if ep.token else {}
+    delay = BACKOFF_S
+    for attempt in range(RETRIES + 1):
+        last = attempt == RETRIES
+        try:
+            req = client.build_request(method, ep.url + path, json=json_body, params=params, headers=headers,
+                                       content=content() if content is not None else None)
+            resp = await client.send(req, stream=stream)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as e:  # nothing was sent: always safe to repeat
+            if last:
+                raise SandboxLost(f"cannot reach the rockroll service at {ep.url}: {e}", sandbox_id=sandbox_id) from e
+        except httpx.TransportError as e:
+            if last or method not in IDEMPOTENT:
+                raise SandboxLost(f"connection to {ep.url} failed during {method} {path}: {e}",
+                                  sandbox_id=sandbox_id) from e
+        else:
+            if resp.status_code < 400:
+                return resp
+            if stream:
+                await resp.aread()
+            body = _json_or_none(resp)
+            typed = isinstance(body, dict) and "error" in body
+            if resp.status_code in (502, 503) and not typed and method in IDEMPOTENT and not last:
+                await resp.aclose()
+            else:
+                exc = error_from_body(resp.status_code, body if typed or resp.status_code in (401, 422) else
+                                      {"message": f"HTTP {resp.status_code} from {ep.url}: {resp.text[:200]}"})
+                if exc.sandbox_id is None and sandbox_id and not isinstance(exc, (AuthError, SpecError)):
+                    exc.sandbox_id = sandbox_id
+                if on_error:
+                    on_error(exc)
+                raise exc
+        await asyncio.sleep(delay)
+        delay *= 2
+    raise AssertionError("unreachable")
+
+
+def _json_or_none(resp: httpx.Response) -> Any:
+    try:
+        return resp.json()
+    except ValueError:
+        return None
+
+
+async def _sse(resp: httpx.Response) -> AsyncIterator[tuple[str, str]]:
+    """Server-sent events as ``(event, data)`` pairs."""
+    event, data = "message", []
+    async for line in resp.aiter_lines():
+        if not line:
+            if data:
+                yield event, "\n".join(data)
+            event, data = "message", []
+        elif line.startswith("event:"):
+            event = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].lstrip(" "))
+
+
+async def _file_chunks(path: Path) -> AsyncIterator[bytes]:
+    """A file as an async body, ``CHUNK`` bytes at a time (reads off the event loop)."""
+    with open(path, "rb") as f:
+        while chunk := await asyncio.to_thread(f.read, CHUNK):
+            yield chunk
+
+
+async def _snapshot_digest(ep: Endpoint, snapshot: "Snapshot | str | Path") -> str:
+    """The digest the service knows a snapshot by: a ``Snapshot`` or a ``sha256:`` digest
+    as is; a local tarball path is uploaded first (its parents must be on the service)."""
+    if isinstance(snapshot, Snapshot):
+        return snapshot.digest
+    if isinstance(snapshot, str) and snapshot.startswith("sha256:"):
+        return snapshot
+    path = Path(snapshot)
+    if not path.is_file():
+        raise SnapshotError(f"no snapshot tarball at {path}")
+    resp = await _request(ep, "POST", f"{API}/snapshots", content=lambda: _file_chunks(path))
+    return resp.json()["digest"]
+
+
+def _quote(part: str) -> str:
+    from urllib.parse import quote
+
+    return quote(part, safe="")

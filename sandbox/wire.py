@@ -1,0 +1,216 @@
+"""The HTTP wire format of ``rockroll serve``: one request/response model per action,
+shared by the service (``service.py``) and the SDK (``remote.py``), so the two cannot
+drift apart. Also the mapping between typed sandbox errors and HTTP statuses.
+
+Every error response body is ``{"error": <SandboxError subclass name>, "message": ...,
+"sandbox_id": ...}``; 422s add FastAPI's ``detail`` list, whose ``loc`` names the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from . import errors
+from .errors import CapacityError, SandboxError, SpecError, UnsafeArchiveError
+from .spec import CommandResult, SandboxSpec, Snapshot
+
+API = "/v1"
+DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
+# Ordered most specific first: the first matching base class decides the status.
+_STATUS: tuple[tuple[type[SandboxError], int], ...] = (
+    (errors.SandboxNotFound, 404),
+    (SpecError, 422),
+    (CapacityError, 429),
+    (errors.SandboxClosed, 409),
+    (errors.AgentDied, 409),          # the sandbox's state (incl. SandboxLost): reset() recovers
+    (errors.SandboxStartError, 503),
+    (errors.IsolationUnavailable, 503),
+    (UnsafeArchiveError, 400),
+    (errors.SnapshotError, 400),
+    (errors.SandboxFileError, 400),
+    (errors.SessionError, 400),
+    (SandboxError, 400),
+)
+
+
+class AuthError(SandboxError):
+    """The service refused the bearer token (missing or wrong): set ``ROCKROLL_TOKEN``."""
+
+
+def status_of(exc: SandboxError) -> int:
+    return next(code for cls, code in _STATUS if isinstance(exc, cls))
+
+
+def error_body(exc: SandboxError) -> dict[str, Any]:
+    """The JSON body of a typed error; ``error_from_body`` inverts it."""
+    message = exc.args[0] if exc.args else ""
+    body: dict[str, Any] = {"error": type(exc).__name__, "message": message, "sandbox_id": exc.sandbox_id}
+    if isinstance(exc, SpecError):
+        msg = message.split(": ", 1)[1] if message.startswith(exc.field + ": ") else message
+        body.update(field=exc.field, detail=[{"loc": ["body", exc.field], "msg": msg, "type": "value_error"}])
+    elif isinstance(exc, CapacityError):
+        body["retry_after"] = exc.retry_after
+    elif isinstance(exc, UnsafeArchiveError):
+        body.update(member=exc.member, reason=exc.reason)
+    return body
+
+
+def error_from_body(status: int, body: Any) -> SandboxError:
+    """Rebuild the exception the service raised, as the same class a local sandbox raises."""
+    if not isinstance(body, dict):
+        body = {}
+    if status == 401:
+        return AuthError(body.get("message") or "unauthorized: wrong or missing bearer token")
+    name, message, sid = body.get("error"), str(body.get("message") or ""), body.get("sandbox_id")
+    if status == 422 or name == "SpecError":
+        if "field" in body:
+            return SpecError(str(body["field"]), _strip_field(message, body["field"]))
+        detail = body.get("detail")
+        if isinstance(detail, list) and detail and isinstance(detail[0], dict):  # FastAPI's own 422
+            loc = [str(p) for p in detail[0].get("loc", ()) if p not in ("body", "query", "path")]
+            return SpecError(".".join(loc) or "body", str(detail[0].get("msg", "invalid")))
+        return SpecError("body", message or f"HTTP {status}")
+    cls = getattr(errors, name, None) if isinstance(name, str) else None
+    if cls is None or not (isinstance(cls, type) and issubclass(cls, SandboxError)):
+        cls = AuthError if name == "AuthError" else SandboxError
+        message = message or f"HTTP {status}: {str(body)[:200]}"
+    if cls is CapacityError:
+        return CapacityError(message, retry_after=float(body.get("retry_after") or 1.0), sandbox_id=sid)
+    if cls is UnsafeArchiveError:
+        return UnsafeArchiveError(str(body.get("member")), str(body.get("reason")), sandbox_id=sid)
+    return cls(message, sandbox_id=sid)
+
+
+def _strip_field(message: str, field: str) -> str:
+    return message[len(field) + 2:] if message.startswith(f"{field}: ") else message
+
+
+# --------------------------------------------------------------------------- requests
+class SpecIn(BaseModel):
+    """``POST /v1/sandboxes``: the fields of ``SandboxSpec`` (checked by it, so its errors
+    name the field), plus ``snapshot`` to start from a stored snapshot's digest.
+    ``backend`` is accepted and ignored: the service runs its own backend."""
+
+    model_config = ConfigDict(extra="forbid")
+    image: str = "host"
+    backend: str = "local"
+    cpus: float | None = 1.0
+    memory_mb: int | None = 1024
+    pids: int | None = 256
+    disk_mb: int | None = None
+    network: bool = False
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: str = "/workspace"
+    timeout_s: float = 120.0
+    ttl_s: float | None = None
+    max_output_bytes: int = 1 << 20
+    # A digest only: a path here would make the service read its own files as tarballs.
+    snapshot: str | None = Field(default=None, pattern=DIGEST_PATTERN,
+                                 description="digest (sha256:...) of a snapshot stored on the service")
+
+    def to_spec(self, backend: str) -> SandboxSpec:
+        fields = self.model_dump(exclude={"snapshot"})
+        fields["backend"] = backend
+        return SandboxSpec.from_dict(fields)
+
+
+class RunIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    cmd: str
+    timeout: float | None = None
+    session: str | None = None
+    env: dict[str, str] | None = None
+    cwd: str | None = None
+
+
+class ForkIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    n: int = Field(default=1, ge=1, le=64)
+
+
+class RestoreIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    snapshot: str = Field(pattern=DIGEST_PATTERN)
+
+
+# --------------------------------------------------------------------------- responses
+class ResultOut(BaseModel):
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration_s: float
+    timed_out: bool = False
+    truncated: bool = False
+    oom_killed: bool = False
+
+    @classmethod
+    def of(cls, r: CommandResult) -> "ResultOut":
+        return cls(**r.__dict__)
+
+    def to_result(self) -> CommandResult:
+        return CommandResult(**self.model_dump())
+
+
+class CommandOut(BaseModel):
+    """One entry of a sandbox's recent-commands log (dashboard)."""
+    cmd: str
+    exit_code: int | None
+    duration_s: float
+    at: float
+    error: str | None = None
+
+
+class StatsOut(BaseModel):
+    cpu_seconds: float | None = None
+    memory_bytes: int | None = None
+
+
+class SandboxOut(BaseModel):
+    id: str
+    state: str = Field(description="alive | dead (agent died: reset() recovers) | closed")
+    spec: dict[str, Any]
+    created: float
+    last_used: float
+    commands_run: int = 0
+    stats: StatsOut | None = None
+    recent: list[CommandOut] | None = None
+
+
+class SnapshotOut(BaseModel):
+    id: str
+    digest: str
+    size: int
+    layers: list[str] = Field(default_factory=list)
+    image: str = "host"
+
+    @classmethod
+    def of(cls, s: Snapshot) -> "SnapshotOut":
+        return cls(id=s.id, digest=s.digest, size=s.size, layers=list(s.layers), image=s.image)
+
+    def to_snapshot(self) -> Snapshot:
+        return Snapshot(id=self.id, digest=self.digest, size=self.size, layers=tuple(self.layers),
+                        image=self.image)
+
+
+class ExistsOut(BaseModel):
+    exists: bool
+    type: str | None = None
+
+
+class OkOut(BaseModel):
+    ok: bool
+
+
+class ErrorOut(BaseModel):
+    error: str
+    message: str
+    sandbox_id: str | None = None
+
+
+class HealthOut(BaseModel):
+    ok: bool
+    run_id: str
+    sandboxes: int
+    backend: str

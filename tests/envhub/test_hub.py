@@ -1,0 +1,253 @@
+"""Build, publish, pull and use envs against real stores: a folder, moto's S3 server on
+127.0.0.1, and fsspec's memory store."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import gymnasium
+import pytest
+
+from rockroll.envhub import (BlobCorrupted, BlobMissing, EnvManifest, EnvNotFound, HubStore,
+                             StoreUnavailable, VersionConflict, YankedWarning, build, publish, pull, yank)
+from rockroll.envhub.cache import LocalCache, gc
+from rockroll.envhub.manifest import LayerRef
+from rockroll.envhub.pull import forget
+from rockroll.sandbox import SandboxSpec, open_sandbox
+
+
+@pytest.fixture(scope="module")
+def counter(tmp_path_factory):
+    """The counter package, built once for the module."""
+    from conftest import make_pkg
+
+    folder = make_pkg(tmp_path_factory.mktemp("pkg") / "counter")
+    return build(folder).manifest
+
+
+def test_build_is_reproducible(pkg, counter):
+    again = build(pkg(), rebuild=True).manifest
+    assert again.layers == counter.layers
+    assert again.snapshots == counter.snapshots  # session state sanitised: same digest too
+    assert again.to_json() == counter.to_json().replace(b'"source_digest"', b'"source_digest"')
+    changed = build(pkg(data="one\n"), rebuild=True).manifest
+    assert changed.layers != counter.layers
+
+
+def test_publish_pull_round_trip(any_hub, counter, cache):
+    store = HubStore(any_hub)
+    result = publish(counter, store)
+    assert result.created and len(result.uploaded) == len(counter.blobs())
+    env = pull("counter@1", hub=any_hub, cache=cache)
+    assert env.manifest == counter
+    assert (env.layer_dirs[0] / "opt/counter/setup.txt").read_text() == "built-by-setup\n"
+    assert env.tasks_file.read_text().startswith('{"task_id": "t1"')
+    assert store.listing() == {"counter": {"1.0.0": False}}
+    # layers land in the shared content-addressed store the sandboxes mount
+    assert env.layer_dirs[0] == cache.layers.layer_root / counter.layers[-1].digest.split(":")[1]
+
+
+def test_dedup_and_identical_republish(file_hub, pkg, counter):
+    store = HubStore(file_hub)
+    assert publish(counter, store).created
+    again = publish(counter, store)
+    assert (again.created, again.uploaded) == (False, [])
+    # another version with the same files: its only layer is already there
+    lean1 = build(pkg(version="1.0.1", snapshots=False)).manifest
+    lean2 = build(pkg(version="1.0.2", snapshots=False)).manifest
+    assert lean1.layers == lean2.layers
+    publish(lean1, store)
+    second = publish(lean2, store)
+    assert second.created and second.uploaded == [] and second.skipped == [l.digest for l in lean2.layers]
+
+
+def test_republish_with_different_content_is_refused(s3_hub, pkg, counter):
+    store = HubStore(s3_hub)
+    publish(counter, store)
+    other = build(pkg(data="different\n")).manifest
+    assert other.version == counter.version
+    with pytest.raises(VersionConflict, match="counter@1.0.0 is already published.*layers"):
+        publish(other, store)
+    assert json.loads(store.read(store.manifest_path("counter", "1.0.0"))) == json.loads(counter.to_json())
+
+
+def test_yank_hides_from_ranges_but_pins_still_pull(s3_hub, pkg, counter, cache):
+    store = HubStore(s3_hub)
+    publish(counter, store)
+    newer = build(pkg(version="1.1.0")).manifest
+    publish(newer, store)
+    assert pull("counter@1", hub=s3_hub, cache=cache).manifest.version == "1.1.0"
+    yank("counter@1.1.0", store, reason="broken tasks")
+    assert store.listing()["counter"] == {"1.0.0": False, "1.1.0": True}
+    assert pull("counter@1", hub=s3_hub, cache=cache).manifest.version == "1.0.0"
+    assert pull("counter", hub=s3_hub, cache=cache).manifest.version == "1.0.0"
+    with pytest.warns(YankedWarning, match="counter@1.1.0 was yanked"):
+        env = pull("counter@1.1.0", hub=s3_hub, cache=cache)
+    assert env.yanked and env.manifest.version == "1.1.0"
+    with pytest.raises(EnvNotFound, match="exact version"):
+        yank("counter@1", store)
+    yank("counter@1.1.0", store, undo=True)
+    assert pull("counter@1", hub=s3_hub, cache=cache).manifest.version == "1.1.0"
+
+
+def test_offline_pull_from_cache(moto_s3, s3_hub, counter, cache):
+    store = HubStore(s3_hub)
+    publish(counter, store)
+    pull("counter@1", hub=s3_hub, cache=cache)
+    forget()  # a new process: nothing memoised
+    moto_s3.stop()
+    try:
+        assert pull("counter@1.0.0", hub=s3_hub, cache=cache).manifest == counter  # no network at all
+        forget()
+        env = pull("counter@1", hub=s3_hub, cache=cache)  # range: falls back to the cached listing
+        assert env.manifest.version == "1.0.0"
+        with pytest.raises(StoreUnavailable):
+            pull("never-pulled", hub=s3_hub, cache=cache)
+    finally:
+        moto_s3.start()
+
+
+def test_sandbox_from_hub_image_and_snapshot(file_hub, counter):
+    publish(counter, HubStore(file_hub))
+    env = pull("counter@1.0.0", hub=file_hub)
+    spec = SandboxSpec(image="hub:counter@1.0.0", memory_mb=256)
+    with open_sandbox(spec) as sb:
+        out = sb.run("cat /opt/counter/setup.txt /workspace/data.txt; ls /rockenv; test -e /workspace/state.txt")
+        assert out.stdout.startswith("built-by-setup\nalpha\n") and "tasks.jsonl" in out.stdout
+        assert out.exit_code == 1  # the snapshot's file is not in the image
+        sb.run("rm /opt/counter/data.txt")
+        assert not sb.exists("/opt/counter/data.txt")
+    assert (env.layer_dirs[0] / "opt/counter/data.txt").exists()  # a sandbox never writes a layer
+    with open_sandbox(spec, snapshot="hub:counter@1.0.0#warm") as sb:
+        out = sb.run("pwd; echo $WARM; cat /workspace/state.txt")
+        assert out.stdout == "/opt/counter\nyes\nwarmed\n"
+    with pytest.raises(EnvNotFound, match="no snapshot 'cold'.*warm"):
+        open_sandbox(spec, snapshot="hub:counter@1.0.0#cold")
+
+
+def test_gymnasium_make_through_the_registry(s3_hub, counter):
+    from rockroll.registry.hub import list_envs, register_hub
+
+    publish(counter, HubStore(s3_hub))
+    assert register_hub(s3_hub) == ["rock/counter-v1"]
+    env = gymnasium.make("rock/counter-v1")
+    try:
+        obs, info = env.reset(seed=0)
+        assert "alpha\nbeta\ngamma" in obs and info["tasks"] == 1
+        assert env.step("3")[1] == 1.0
+    finally:
+        env.close()
+    row = next(r for r in list_envs() if r.id == "rock/counter-v1")
+    assert (row.source, row.version) == (s3_hub, "1.0.0") and "Count the lines" in row.description
+    del gymnasium.registry["rock/counter-v1"]
+
+
+def test_cli_envs_lists_the_default_hub(file_hub, counter):
+    publish(counter, HubStore(file_hub))
+    env = {**os.environ, "ROCKROLL_HUB": file_hub}
+    cli = [sys.executable, "-m", "rockroll.cli"]
+    out = subprocess.run([*cli, "envs"], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    line = next(l for l in out.stdout.splitlines() if l.startswith("rock/counter-v1"))
+    assert file_hub in line and "1.0.0" in line and "Count the lines" in line
+    assert "rock/FrozenLake-v0" in out.stdout
+    listed = subprocess.run([*cli, "hub", "list"], capture_output=True, text=True, env=env, timeout=60)
+    assert listed.stdout.split() == ["counter", "1.0.0"]
+    shown = subprocess.run([*cli, "hub", "show", "counter@1"], capture_output=True, text=True, env=env, timeout=60)
+    assert json.loads(shown.stdout)["layers"][0]["digest"] == counter.layers[0].digest
+    bad = subprocess.run([*cli, "hub", "pull", "counter@7"], capture_output=True, text=True, env=env, timeout=60)
+    assert bad.returncode == 1 and "no release of counter matches '7'" in bad.stderr
+
+
+# ----------------------------------------------------------------------------- faults
+
+
+def test_server_dies_mid_upload_then_retry_completes(moto_s3, s3_hub, counter):
+    store = HubStore(s3_hub)
+    assert len(counter.blobs()) >= 2
+    with pytest.raises(StoreUnavailable):
+        publish(counter, store, on_blob=lambda layer: moto_s3.stop())
+    moto_s3.start()
+    assert store.listing() == {}  # no half-published version is visible
+    assert store.has_blob(counter.blobs()[0]) and not store.has_blob(counter.blobs()[1])
+    result = publish(counter, store)
+    assert result.created and result.skipped == [counter.blobs()[0].digest]
+    assert store.listing() == {"counter": {"1.0.0": False}}
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "truncate"])
+def test_damaged_blob_is_refused_then_refetched(moto_s3, s3_hub, counter, cache, damage):
+    store = HubStore(s3_hub)
+    publish(counter, store)
+    layer = counter.layers[-1]
+    key = store.blob_path(layer.digest).split("/", 1)[1]
+    good = moto_s3.client().get_object(Bucket="rockroll-hub", Key=key)["Body"].read()
+    bad = good[:-1] + bytes([good[-1] ^ 1]) if damage == "corrupt" else good[: len(good) // 2]
+    moto_s3.client().put_object(Bucket="rockroll-hub", Key=key, Body=bad)
+    with pytest.raises(BlobCorrupted, match="truncated" if damage == "truncate" else "corrupted") as info:
+        pull("counter@1.0.0", hub=s3_hub, cache=cache)
+    assert info.value.digest == layer.digest
+    assert not cache.layers.tarball(layer.digest).exists() and not cache.has_layer(layer.digest)
+    assert not list(cache.layers.tarball(layer.digest).parent.glob(".pull-*"))
+    moto_s3.client().put_object(Bucket="rockroll-hub", Key=key, Body=good)  # repaired
+    assert pull("counter@1.0.0", hub=s3_hub, cache=cache).manifest == counter
+
+
+def test_manifest_pointing_at_a_missing_blob(s3_hub, counter, cache):
+    store = HubStore(s3_hub)
+    ghost = "sha256:" + "ab" * 32
+    broken = EnvManifest(**{**counter.__dict__, "version": "9.0.0", "layers": (LayerRef(ghost, 10),)})
+    store.create(store.manifest_path("counter", "9.0.0"), broken.to_json())  # hand-made, no blobs
+    with pytest.raises(BlobMissing, match=ghost) as info:
+        pull("counter@9.0.0", hub=s3_hub, cache=cache)
+    assert info.value.digest == ghost
+
+
+def test_concurrent_publishers_of_different_versions(s3_hub, pkg):
+    manifests = [build(pkg(version=v, data=f"{v}\n")).manifest for v in ("2.0.0", "2.1.0", "2.2.0")]
+    code = ("import sys; from rockroll.envhub import EnvManifest, HubStore, publish; "
+            "m = EnvManifest.from_json(open(sys.argv[1], 'rb').read(), 'arg'); "
+            "print(publish(m, HubStore(sys.argv[2])).created)")
+    procs = []
+    for m in manifests:
+        path = LocalCache().build_file(m.name, m.version)
+        procs.append(subprocess.Popen([sys.executable, "-c", code, str(path), s3_hub], stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, env=os.environ))
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], outs
+    store = HubStore(s3_hub)
+    assert store.listing() == {"counter": {"2.0.0": False, "2.1.0": False, "2.2.0": False}}
+    for m in manifests:
+        assert EnvManifest.from_json(store.read(store.manifest_path("counter", m.version)), "x") == m
+        assert all(store.has_blob(b) for b in m.blobs())
+
+
+def test_gc_keeps_what_is_named_or_mounted(file_hub, pkg, counter):
+    import rockroll.envhub.cache as cache_mod
+
+    cache = LocalCache()
+    store = HubStore(file_hub)
+    publish(counter, store)
+    orphan = build(pkg(version="3.0.0", data="orphan\n", snapshots=False)).manifest
+    publish(orphan, store)
+    pull("counter@3.0.0", hub=file_hub)
+    layer = orphan.layers[-1].digest
+    cache.build_file("counter", "3.0.0").unlink()
+    user_snapshot = None
+    old_grace, cache_mod.GC_GRACE_S = cache_mod.GC_GRACE_S, 0
+    try:
+        with open_sandbox(SandboxSpec(image="hub:counter@3.0.0", memory_mb=256)) as sb:
+            user_snapshot = sb.snapshot()  # a user's snapshot: never the hub's to delete
+            mounted = gc(cache, evict=("counter@3.0.0",))
+        assert mounted.evicted == ["counter@3.0.0"]
+        assert layer in mounted.in_use and cache.has_layer(layer)  # a live sandbox mounts it
+        freed = gc(cache)
+        assert layer in freed.removed and not cache.layers.tarball(layer).exists() and not cache.has_layer(layer)
+        assert cache.layers.tarball(user_snapshot.digest).exists()
+        assert not set(freed.removed) & {b.digest for b in counter.blobs()}  # named by cached manifests
+    finally:
+        cache_mod.GC_GRACE_S = old_grace

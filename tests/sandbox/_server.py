@@ -1,0 +1,71 @@
+"""A real ``rockroll serve`` on 127.0.0.1 in a subprocess, for the service and SDK tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from rockroll.sandbox.rootfs import state_home
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """``rockroll serve --port <free>`` with a known token; ``stop()`` sends SIGTERM."""
+
+    def __init__(self, *args: str, token: str = "test-token-123"):
+        self.port, self.token = free_port(), token
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile(prefix="rockroll-serve-", suffix=".log", delete=False)
+        env = {**os.environ, "ROCKROLL_TOKEN": token}
+        self.proc = subprocess.Popen([sys.executable, "-m", "rockroll.cli", "serve", "--port", str(self.port), *args],
+                                     env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                health = httpx.get(self.url + "/healthz", timeout=2).json()
+                break
+            except httpx.HTTPError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"server did not start:\n{self.logs()}")
+                time.sleep(0.1)
+        self.run_id = health["run_id"]
+        self.run_dir = state_home() / "runs" / self.run_id
+        self.http = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=60)
+
+    def logs(self) -> str:
+        return Path(self.log.name).read_text(errors="replace")
+
+    def create(self, **spec) -> str:
+        r = self.http.post("/v1/sandboxes", json={"memory_mb": 128, **spec})
+        assert r.status_code == 201, r.text
+        return r.json()["id"]
+
+    def agents(self, sandbox_id: str) -> dict:
+        return json.loads((self.run_dir / sandbox_id / "agent.json").read_text())
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        self.http.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+        finally:
+            self.log.close()

@@ -1,0 +1,296 @@
+"""The docker backend: the local backend's contract, against a real Docker engine.
+
+Skipped without an engine, except under CI=true, where a missing engine is a failure.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from rockroll.sandbox import AgentDied, SandboxSpec, SpecError, open_sandbox
+
+
+@pytest.fixture(scope="module")
+def client():
+    try:
+        from rockroll.sandbox.docker import docker_client
+
+        engine = docker_client()
+        engine.ping()
+    except Exception as e:  # noqa: BLE001 - any reason is a reason to skip (or fail in CI)
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run the docker tests, but the Docker engine is unusable: {e}")
+        pytest.skip(f"no usable Docker engine: {e}")
+    yield engine
+    # snapshot-chain images these tests made (cached per chain; a user keeps them)
+    engine.images.prune(filters={"label": "rockroll.chain", "dangling": False})
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def image(client):
+    from rockroll.sandbox.images import ensure_docker_image
+
+    return ensure_docker_image()  # minutes the first time, cached afterwards
+
+
+@pytest.fixture(scope="module")
+def sh_image(client, image):
+    """The Debian image without bash, so sessions run under dash (cached by tag)."""
+    import docker
+
+    tag = image.replace("rockroll/debian:", "rockroll/debian-nobash:")
+    try:
+        client.images.get(tag)
+    except docker.errors.ImageNotFound:
+        c = client.containers.run(image, ["rm", "-f", "/usr/bin/bash", "/bin/bash"], detach=True,
+                                  network_mode="none")
+        try:
+            assert c.wait()["StatusCode"] == 0
+            c.commit(*tag.split(":"))
+        finally:
+            c.remove(force=True)
+    return tag
+
+
+# `sleep 31`s left running (minbase has no ps; the pattern does not match its own argv)
+COUNT_SLEEPS = "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' '\\n' | grep -cx '3[1]'"
+
+
+def dspec(image, **kw):
+    kw = {"memory_mb": 256, "pids": 128, "timeout_s": 30, **kw}
+    return SandboxSpec(image=image, backend="docker", **kw)
+
+
+@pytest.fixture(scope="module")
+def box(image):
+    with open_sandbox(dspec(image, max_output_bytes=1 << 16)) as sb:
+        yield sb
+
+
+def container_of(sb):
+    return sb.aio._deploy.container
+
+
+# ----------------------------------------------------------------- commands and files
+
+
+def test_run_separates_streams_and_exit_code(box):
+    r = box.run("echo out; echo err >&2; exit 3")
+    assert (r.exit_code, r.stdout, r.stderr) == (3, "out\n", "err\n")
+
+
+def test_session_keeps_cwd_and_exports(box):
+    box.run("mkdir -p /tmp/w && cd /tmp/w && export A=1 B=2")
+    box.run("unset B")
+    assert box.run('pwd; echo "$A-${B:-unset}"').stdout == "/tmp/w\n1-unset\n"
+    assert box.run("pwd", session="other").stdout == "/workspace\n"
+
+
+def test_timeout_kills_command_not_session(box):
+    box.run("export KEEP=yes")
+    r = box.run("sleep 31 & sleep 31", timeout=1)
+    assert r.timed_out and r.duration_s < 10
+    assert box.run(f"echo $KEEP; {COUNT_SLEEPS}").stdout == "yes\n0\n"
+
+
+def test_output_cap(box):
+    r = box.run("head -c 200000 /dev/zero | tr '\\0' x")
+    assert r.truncated and len(r.stdout) == 1 << 16 and r.exit_code == 0
+
+
+def test_files_round_trip(box, tmp_path):
+    box.write_file("dir/a.bin", bytes(range(256)) * 100, mode=0o600)
+    assert box.read_file("/workspace/dir/a.bin") == bytes(range(256)) * 100
+    assert box.run("stat -c %a /workspace/dir/a.bin").stdout == "600\n"
+    (tmp_path / "up").mkdir()
+    (tmp_path / "up" / "f.txt").write_text("uploaded")
+    box.upload(tmp_path / "up", "up")
+    assert box.run("cat /workspace/up/f.txt").stdout == "uploaded"
+    box.download("up", tmp_path / "down")
+    box.download("dir/a.bin", tmp_path / "a.bin")
+    assert (tmp_path / "down" / "f.txt").read_text() == "uploaded"
+    assert (tmp_path / "a.bin").read_bytes() == bytes(range(256)) * 100
+
+
+# ----------------------------------------------------------------- snapshots
+
+
+def test_snapshot_restore_fork_reset(image):
+    with open_sandbox(dspec(image)) as sb:
+        # a file, a deletion (whiteout) and a replaced directory (opaque) in the first layer
+        sb.run("echo one > a.txt; rm /etc/debian_version; rm -rf /etc/apt; mkdir /etc/apt; "
+               "touch /etc/apt/only; ln a.txt hard; cd /tmp; export PHASE=one")
+        first = sb.snapshot()
+        sb.run("echo two > /workspace/a.txt; echo new > /workspace/b.txt; cd /; export PHASE=two")
+        second = sb.snapshot()  # a chain of two layers
+        sb.run("rm -rf /workspace/*; export PHASE=three")
+
+        sb.restore(first)
+        r = sb.run("cat /workspace/a.txt; ls /workspace; ls /etc/apt; ls /etc/debian_version; pwd; echo $PHASE")
+        assert r.stdout == "one\na.txt\nhard\nonly\n/tmp\none\n" and "No such file" in r.stderr
+        assert sb.run("stat -c %h /workspace/hard").stdout == "2\n"
+
+        sb.restore(second)
+        assert sb.run("cat /workspace/a.txt /workspace/b.txt; pwd; echo $PHASE").stdout == "two\nnew\n/\ntwo\n"
+
+        kids = sb.fork(2)
+        try:
+            kids[0].write_file("/workspace/a.txt", "kid0")
+            assert kids[1].read_file("/workspace/a.txt") == b"two\n"
+            assert sb.read_file("/workspace/a.txt") == b"two\n"
+        finally:
+            for kid in kids:
+                kid.close()
+
+        sb.reset()
+        r = sb.run("ls /workspace; cat /etc/debian_version; ls /etc/apt | wc -l; echo ${PHASE:-none}")
+        assert r.stdout.startswith("12") and r.stdout.endswith("none\n") and "only" not in r.stdout
+
+
+def test_snapshot_moves_between_backends(image):
+    """image="host" names each backend's default system, so its snapshots travel both ways."""
+    local = SandboxSpec(memory_mb=256, pids=128, timeout_s=30)
+    docker_host = dspec("host")
+    with open_sandbox(local) as sb:
+        sb.run("mkdir -p /workspace/proj && echo from-local > /workspace/proj/f && cd /workspace/proj")
+        snap = sb.snapshot()
+    with open_sandbox(docker_host, snapshot=snap) as sb:
+        assert sb.run("cat f; pwd").stdout == "from-local\n/workspace/proj\n"
+        sb.run("echo from-docker > g; rm f")
+        snap = sb.snapshot()
+    with open_sandbox(local, snapshot=snap) as sb:
+        r = sb.run("cat g; ls")
+        assert r.stdout == "from-docker\ng\n"
+
+
+# ----------------------------------------------------------------- confinement
+
+
+def test_confinement(box):
+    r = box.run("grep -E 'CapBnd|NoNewPrivs' /proc/self/status; cat /proc/net/dev; "
+                "mount -t tmpfs none /mnt", timeout=10)
+    bnd = int(next(line for line in r.stdout.splitlines() if line.startswith("CapBnd")).split()[1], 16)
+    assert not bnd & (1 << 21) and not bnd & (1 << 27)  # no CAP_SYS_ADMIN, no CAP_MKNOD
+    assert "NoNewPrivs:\t1" in r.stdout and r.exit_code != 0
+    interfaces = [line.split(":")[0].strip() for line in r.stdout.splitlines() if ":" in line
+                  and not line.startswith(("Cap", "NoNew", "Inter"))]
+    assert interfaces == ["lo"]
+    assert not container_of(box).attrs["HostConfig"]["Privileged"]
+
+
+def test_cannot_reach_host_loopback(box):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    accepted = []
+    threading.Thread(target=lambda: accepted.append(server.accept()), daemon=True).start()
+    try:
+        r = box.run(f"exec 3<>/dev/tcp/127.0.0.1/{server.getsockname()[1]} && echo CONNECTED", timeout=10)
+        assert "CONNECTED" not in r.stdout and r.exit_code != 0 and not accepted
+    finally:
+        server.close()
+
+
+def test_network_is_refused():
+    with pytest.raises(SpecError):
+        open_sandbox(SandboxSpec(backend="docker", network=True))
+
+
+def test_memory_hog_is_oom_killed(image):
+    with open_sandbox(dspec(image, memory_mb=64)) as sb:
+        r = sb.run("head -c 400m /dev/zero | tail > /dev/null; echo rc=$?")
+        assert r.stdout == "rc=137\n"
+        r = sb.run("head -c 400m /dev/zero | tail")
+        assert r.exit_code == 137 and r.oom_killed
+        assert sb.run("echo alive").stdout == "alive\n"
+
+
+def test_fork_bomb_stops_at_pids_limit(image):
+    with open_sandbox(dspec(image, pids=64)) as sb:
+        sb.run("bomb() { bomb | bomb & }; bomb; sleep 2", timeout=10)
+        assert os.system("true") == 0  # the host still forks
+        sb.reset()
+        assert sb.run("echo back").stdout == "back\n"
+
+
+# ----------------------------------------------------------------- lifecycle and cleanup
+
+
+def test_agent_death_then_reset(image):
+    with open_sandbox(dspec(image)) as sb:
+        os.kill(sb.aio._deploy.init_pid, signal.SIGKILL)
+        with pytest.raises(AgentDied):
+            sb.run("true")
+        sb.reset()
+        assert sb.run("echo ok").stdout == "ok\n"
+
+
+def test_labels_and_removal_on_close(client, image):
+    sb = open_sandbox(dspec(image))
+    container = container_of(sb)
+    labels = container.labels
+    assert labels["rockroll.sandbox"] == sb.id and labels["rockroll.run"] == sb.aio.run_id
+    assert labels["rockroll.owner"] == str(os.getuid())
+    sb.close()
+    sb.close()  # idempotent
+    assert not client.containers.list(all=True, filters={"label": f"rockroll.sandbox={sb.id}"})
+
+
+OWNER = textwrap.dedent("""
+    import sys, time
+    from rockroll.sandbox import SandboxSpec, open_sandbox
+    sb = open_sandbox(SandboxSpec(image=sys.argv[1], backend="docker", memory_mb=128))
+    print(sb.aio.run_id, flush=True)
+    time.sleep(600)
+""")
+
+
+def test_owner_killed_then_gc_removes_container(client, image):
+    from rockroll.sandbox.registry import reap_dead_runs
+
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, image], stdout=subprocess.PIPE, text=True)
+    try:
+        run_id = owner.stdout.readline().strip()
+        assert run_id, "the owner process failed to start its sandbox"
+    finally:
+        owner.kill()
+        owner.wait()
+    label = {"label": f"rockroll.run={run_id}"}
+    assert client.containers.list(all=True, filters=label)  # it survives its owner's kill -9 ...
+    reap_dead_runs()
+    assert not client.containers.list(all=True, filters=label)  # ... until the next gc
+
+
+def test_image_without_bash(sh_image):
+    with open_sandbox(dspec(sh_image)) as sb:
+        assert sb.run("test -e /bin/bash || echo sh-only").stdout == "sh-only\n"
+        r = sb.run("echo out; echo err >&2; exit 4")
+        assert (r.exit_code, r.stdout, r.stderr) == (4, "out\n", "err\n")
+        sb.run("mkdir -p '/tmp/it'\"'\"'s' && cd '/tmp/it'\"'\"'s' && export X='a b' Y=2")
+        sb.run("unset Y")
+        assert sb.run('pwd; echo "$X-${Y:-unset}"').stdout == "/tmp/it's\na b-unset\n"
+        start = time.monotonic()
+        r = sb.run("sleep 31 & sleep 31", timeout=1)
+        assert r.timed_out and time.monotonic() - start < 10
+        assert sb.run(f"pwd; {COUNT_SLEEPS}").stdout == "/tmp/it's\n0\n"
+        snap = sb.snapshot()
+        sb.restore(snap)
+        assert sb.run('pwd; echo "$X"').stdout == "/tmp/it's\na b\n"
+
+
+def test_cli_image_build_prints_the_tag(image):
+    from click.testing import CliRunner
+
+    from rockroll.cli import main
+
+    result = CliRunner().invoke(main, ["sandbox", "image", "build"])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == image

@@ -1,0 +1,263 @@
+"""backend="ray" on a real two-node Ray cluster (head + second node, both on 127.0.0.1).
+
+Each node is started with Ray's own `ray start` (through `python -m
+rockroll.sandbox.raycluster`, which keeps the loopback address Ray would otherwise swap
+for the machine's outward IP) in its own session, so the second node can be killed on
+its own by process group. No mocks: real actors, real sandboxes, a real node loss.
+"""
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+if importlib.util.find_spec("ray") is None:
+    if os.environ.get("CI") == "true":  # CI installs the extra: a missing Ray is a failure
+        raise RuntimeError("tests/sandbox/test_ray.py needs Ray: pip install 'rockroll[ray]'")
+    pytest.skip("Ray is not installed (pip install 'rockroll[ray]')", allow_module_level=True)
+
+import ray  # noqa: E402
+
+from rockroll.sandbox import SandboxLost, SandboxSpec, SandboxFileError, open_sandbox  # noqa: E402
+from rockroll.sandbox import raycluster  # noqa: E402
+from rockroll.sandbox.pool import SandboxPool  # noqa: E402
+from rockroll.sandbox.registry import list_runs, proc_start_time, reap_dead_runs  # noqa: E402
+from rockroll.sandbox.rootfs import state_home  # noqa: E402
+
+SPEC = SandboxSpec(backend="ray", memory_mb=128, timeout_s=30)
+pytestmark = pytest.mark.timeout(600)
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _wait(pred, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@dataclass
+class Node:
+    temp_dir: Path
+    pgid: int
+
+    def kill(self) -> None:
+        """SIGKILL the node's Ray processes (raylet, agents, actor workers) -- not the
+        sandbox agents they started: those must go away on their own."""
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if os.getpgid(int(entry.name)) != self.pgid:
+                    continue
+                if b"_agent.py" in (entry / "cmdline").read_bytes():
+                    continue
+                os.kill(int(entry.name), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError, OSError):
+                pass
+
+    def kill_all(self) -> None:
+        try:
+            os.killpg(self.pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _ray_start(args: list[str], temp_dir: Path, env: dict) -> Node:
+    temp_dir.mkdir(parents=True)
+    agent, grpc, metrics, rt_env = _free_ports(4)
+    cmd = [sys.executable, "-m", "rockroll.sandbox.raycluster", "start", *args,
+           "--node-ip-address=127.0.0.1", "--num-cpus=1", "--object-store-memory=100000000",
+           f"--temp-dir={temp_dir}", "--disable-usage-stats",
+           f"--dashboard-agent-listen-port={agent}", f"--dashboard-agent-grpc-port={grpc}",
+           f"--metrics-export-port={metrics}", f"--runtime-env-agent-port={rt_env}"]
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    node = Node(temp_dir, proc.pid)  # its daemons stay in this new process group
+    try:
+        out, _ = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        node.kill_all()
+        raise
+    if proc.returncode != 0:
+        node.kill_all()
+        raise RuntimeError(f"ray start failed:\n{out.decode(errors='replace')[-3000:]}")
+    return node
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ray")
+    # Ray puts unix sockets under its --temp-dir, which must stay short (108-byte limit):
+    # hence tempfile.mkdtemp under /tmp below, not pytest's deep tmp_path.
+    # Ray's dashboard asks cloud metadata servers what it runs on unless it finds a
+    # cluster config in $HOME: give it one, so no traffic leaves 127.0.0.1.
+    home = root / "home"
+    home.mkdir()
+    (home / "ray_bootstrap_config.yaml").write_text("provider: {type: local}\n")
+    env = {**os.environ, "HOME": str(home), "RAY_USAGE_STATS_ENABLED": "0",
+           # notice a dead node in seconds, not the default tens of seconds
+           "RAY_health_check_initial_delay_ms": "1000", "RAY_health_check_period_ms": "1000",
+           "RAY_health_check_timeout_ms": "1000", "RAY_health_check_failure_threshold": "3"}
+    port = _free_ports(1)[0]
+    nodes: list[Node] = []
+    try:
+        nodes.append(_ray_start(["--head", f"--port={port}", "--include-dashboard=false",
+                                 "--dashboard-host=127.0.0.1", f"--ray-client-server-port={_free_ports(1)[0]}"],
+                                Path(tempfile.mkdtemp(prefix="rr-")) / "h", env))
+        nodes.append(_ray_start([f"--address=127.0.0.1:{port}"], Path(tempfile.mkdtemp(prefix="rr-")) / "w", env))
+        raycluster.connect(f"127.0.0.1:{port}")
+        _wait(lambda: sum(n["Alive"] for n in ray.nodes()) == 2, 120, "two alive nodes")
+        yield nodes
+    finally:
+        ray.shutdown()
+        for node in reversed(nodes):
+            node.kill_all()
+            shutil.rmtree(node.temp_dir.parent, ignore_errors=True)
+
+
+def _node_of(sb) -> str:
+    return sb.aio.node_id
+
+
+def test_sandboxes_are_placed_on_both_nodes(cluster):
+    boxes = [open_sandbox(SPEC) for _ in range(4)]
+    try:
+        nodes = {_node_of(sb) for sb in boxes}
+        assert nodes == {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        for sb in boxes:
+            assert sb.run("echo $((6*7))").stdout == "42\n"
+    finally:
+        for sb in boxes:
+            sb.close()
+
+
+def test_sync_api_through_ray(cluster, tmp_path):
+    with open_sandbox(SPEC) as sb:
+        assert sb.alive and sb.spec.backend == "ray"
+        r = sb.run("cd /tmp; export X=1; echo out; echo err >&2; exit 3")
+        assert (r.exit_code, r.stdout, r.stderr) == (3, "out\n", "err\n")
+        assert sb.run("pwd; echo $X").stdout == "/tmp\n1\n"  # the session persists
+        items = list(sb.run_stream("echo a; echo b >&2"))
+        assert items[-1].stdout == "a\n" and ("stderr", "b\n") in items[:-1]
+
+        sb.write_file("notes.txt", "v1")
+        assert sb.read_file("/workspace/notes.txt") == b"v1" and sb.exists("notes.txt")
+        with pytest.raises(SandboxFileError) as err:
+            sb.read_file("nope")
+        assert err.value.sandbox_id == sb.id  # the actor's typed error, rebuilt here
+
+        (tmp_path / "up").mkdir()
+        (tmp_path / "up" / "a.txt").write_text("A")
+        sb.upload(tmp_path / "up", "updir")
+        sb.download("updir", tmp_path / "down")
+        assert (tmp_path / "down" / "a.txt").read_text() == "A"
+        sb.download("notes.txt", tmp_path / "n.txt")
+        assert (tmp_path / "n.txt").read_text() == "v1"
+
+        snap = sb.snapshot()
+        assert snap.path is not None and snap.path.is_file()
+        sb.write_file("notes.txt", "v2")
+        sb.restore(snap)
+        assert sb.read_file("notes.txt") == b"v1"
+        assert sb.run("pwd").stdout == "/tmp\n"  # the session came back too
+
+        kids = sb.fork(2)
+        try:
+            assert {_node_of(k) for k in kids} == {_node_of(sb)}  # COW: same node
+            kids[0].write_file("notes.txt", "kid")
+            assert kids[1].read_file("notes.txt") == b"v1"
+        finally:
+            for k in kids:
+                k.close()
+
+        with open_sandbox(SPEC, snapshot=snap) as again:  # anywhere in the cluster
+            assert again.read_file("notes.txt") == b"v1"
+        sb.reset()
+        assert not sb.exists("notes.txt")
+    assert not sb.alive
+
+
+def test_pool_spreads_then_refills_after_node_loss(cluster):
+    head, worker = cluster
+    worker_node = next(n["NodeID"] for n in ray.nodes()
+                       if n["Alive"] and str(worker.temp_dir) in n.get("ObjectStoreSocketName", ""))
+    with SandboxPool(SPEC, size=4, health_interval_s=0.5) as pool:
+        _wait(lambda: pool.idle == 4, 120, "a full pool")
+        held = [pool.acquire() for _ in range(4)]
+        assert {_node_of(sb) for sb in held} == {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        doomed = [sb for sb in held if _node_of(sb) == worker_node]
+        survivors = [sb for sb in held if sb not in doomed]
+        assert doomed and survivors
+        worker_run = next(s["run_id"] for h, s in _stats() if h.node_id == worker_node)
+
+        worker.kill()
+        for sb in doomed:
+            with pytest.raises(SandboxLost) as err:
+                _wait_lost(sb)
+            assert err.value.sandbox_id == sb.id
+            assert not sb.alive
+            sb.close()  # still fine: nothing left to close
+        for sb in survivors:
+            assert sb.run("echo alive").stdout == "alive\n"
+            pool.release(sb)
+        _wait(lambda: pool.replaced >= 2 and pool.idle == 4, 120, "the pool refilled on the surviving node")
+        fresh = pool.acquire()
+        assert _node_of(fresh) != worker_node
+        pool.release(fresh)
+
+    # The killed node's host took its sandboxes with it: its run is dead, nothing of it
+    # is still running, and the collector removes what is left on disk.
+    run = _wait(lambda: next((r for r in list_runs() if r.run_id == worker_run and not r.alive), None),
+                60, "the killed host's run to be dead")
+    assert run.sandboxes
+    _wait(lambda: not _agents_of(worker_run), 60, "the killed node's agents to exit")
+    assert worker_run in reap_dead_runs()
+    assert worker_run not in {r.run_id for r in list_runs()}
+
+
+def _stats():
+    from rockroll.sandbox.sync import run_sync
+
+    return run_sync(raycluster._cluster().stats())
+
+
+def _wait_lost(sb, timeout: float = 60.0):
+    """Call the sandbox until the loss shows (a dead node takes Ray a moment to confirm)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        sb.run("true", timeout=5)
+        time.sleep(0.2)
+    raise AssertionError("the sandbox was never reported lost")
+
+
+def _agents_of(run_id: str) -> list[int]:
+    """The recorded agent pids of a run's sandboxes that are still running."""
+    alive = []
+    for sb_dir in (state_home() / "runs" / run_id).glob("*/agent.json"):
+        pids = json.loads(sb_dir.read_text())
+        alive += [pids[k] for k in ("init_pid", "outer_pid")
+                  if isinstance(pids.get(k), int) and proc_start_time(pids[k]) == pids.get(k.replace("pid", "start"))]
+    return alive
