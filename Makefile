@@ -14,11 +14,11 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 demo: $(BIN)/python  ## create the virtualenv, install, run the demo on the local backend
-	$(PIP) install -e .
+	$(PIP) install -c constraints.txt -e .
 	$(BIN)/python examples/sandbox_demo.py
 
 test: $(BIN)/python  ## install what the tests need, start their services, run the whole suite
-	$(PIP) install -e '.[test,docker,s3,ray,service]'
+	$(PIP) install -c constraints.txt -e '.[test,docker,s3,ray,service]'
 	bash scripts/services.sh
 	$(BIN)/python -m pytest
 
@@ -26,7 +26,7 @@ services:  ## install and start the services the tests use (Docker engine)
 	bash scripts/services.sh
 
 bench: $(BIN)/python  ## run the benchmarks (tables on stdout, JSON in bench/results/)
-	$(PIP) install -e '.[test,docker,s3,service]'
+	$(PIP) install -c constraints.txt -e '.[test,docker,s3,service]'
 	bash scripts/services.sh
 	$(BIN)/python bench/sandbox.py
 	$(BIN)/python bench/hub.py
