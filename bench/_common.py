@@ -35,6 +35,39 @@ def stats(samples: Sequence[float]) -> dict[str, float | int | None]:
             "n": len(ordered)}
 
 
+def percentiles(samples: Sequence[float], *qs: int) -> dict[str, float | int | None]:
+    """Nearest-rank percentiles of ``samples`` (seconds) in milliseconds, keyed ``p50``,
+    ``p99``...; plus ``max`` and ``n``. Each value is an observed sample."""
+    ordered = sorted(samples)
+    out: dict[str, float | int | None] = {}
+    for q in qs:
+        rank = max(1, -(-q * len(ordered) // 100))  # ceil(q n / 100), 1-based
+        out[f"p{q}"] = ordered[rank - 1] * 1e3 if ordered else None
+    out["max"] = ordered[-1] * 1e3 if ordered else None
+    out["n"] = len(ordered)
+    return out
+
+
+def mem_available_mb() -> int:
+    """``MemAvailable`` from /proc/meminfo (what ``free -m`` shows as available), in MiB."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) // 1024
+    raise RuntimeError("no MemAvailable in /proc/meminfo")
+
+
+def sigterm_as_exit() -> None:
+    """Make SIGTERM unwind like Ctrl-C (``finally`` blocks run: servers, clusters and
+    containers a benchmark started get stopped) instead of killing the process cold."""
+    import signal
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 @contextmanager
 def timer() -> Iterator[list[float]]:
     """``with timer() as t: ...`` then ``t[0]`` is the elapsed seconds."""

@@ -7,15 +7,31 @@
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import gymnasium
 
-__all__ = ["BUILTIN_ENVS", "register_builtin"]
+__all__ = ["BUILTIN_ENVS", "VECTOR_ENVS", "register_builtin"]
 
 BUILTIN_ENVS: dict[str, str] = {
     "rock/Math-v0": "rockroll.gem.mathenv:MathEnv",
     "rock/Sokoban-v0": "rockroll.gem.grid:SokobanEnv",
     "rock/FrozenLake-v0": "rockroll.gem.grid:FrozenLakeEnv",
+    "rock/Terminal-v0": "rockroll.gem.terminal:TerminalEnv",
+    "rock/Code-v0": "rockroll.gem.code:CodeEnv",
 }
+
+#: Ids whose ``gymnasium.make_vec(..., vectorization_mode="vector_entry_point")`` builds a
+#: ``rockroll.gem.vector.GemVectorEnv`` (sandboxes stepped concurrently on one loop).
+VECTOR_ENVS = ("rock/Terminal-v0", "rock/Code-v0")
+
+
+def _make_vec(env_id: str, num_envs: int, **kwargs: Any):
+    # Imported on use: registering ids must not import the sandbox engine.
+    from rockroll.gem.vector import make_vec
+
+    return make_vec(env_id, num_envs, **kwargs)
 
 
 def register_builtin() -> list[str]:
@@ -24,6 +40,7 @@ def register_builtin() -> list[str]:
     for env_id, entry_point in BUILTIN_ENVS.items():
         if env_id in gymnasium.registry:
             continue
-        gymnasium.register(id=env_id, entry_point=entry_point)
+        vector_entry_point = functools.partial(_make_vec, env_id) if env_id in VECTOR_ENVS else None
+        gymnasium.register(id=env_id, entry_point=entry_point, vector_entry_point=vector_entry_point)
         added.append(env_id)
     return added

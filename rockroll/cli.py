@@ -363,5 +363,47 @@ def envs(as_json):
         click.echo(f"{r.id:<28} {r.source:<36} {r.version:<10} {r.description}")
 
 
+@main.command("train")
+@click.argument("config_path", metavar="CONFIG.yaml", type=click.Path(exists=True, dir_okay=False))
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a config key, e.g. --set rollout.group_size=4 (YAML value; repeatable).")
+@click.option("--steps", type=click.IntRange(min=0), default=None, help="Shortcut for --set steps=N.")
+def train_cmd(config_path, overrides, steps):
+    """Train a policy with RL as CONFIG.yaml says (resumes from its checkpoint dir).
+
+    \b
+    Example:  rockroll train examples/frozenlake_cpu.yaml --set steps=20
+    """
+    try:
+        import yaml
+
+        from rockroll.trainer.config import ConfigError, load_config
+    except ImportError as e:
+        click.echo(f"error: the trainer needs the train extra: pip install 'rockroll[train]' ({e})", err=True)
+        sys.exit(2)
+    values = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--set")
+        values[key.strip()] = yaml.safe_load(raw)
+    if steps is not None:
+        values["steps"] = steps
+    try:
+        cfg = load_config(config_path, values)
+    except ConfigError as e:
+        click.echo(f"error: {config_path}: {e}", err=True)
+        sys.exit(2)
+    from rockroll.trainer.train import train
+
+    out = train(cfg)
+    hist = out["history"]
+    if hist:
+        first, last = hist[0], hist[-1]
+        click.echo(f"steps {out['start_step']}..{out['steps']}: reward {first.get('rollout/reward', 0):.3f} -> "
+                   f"{last.get('rollout/reward', 0):.3f}, success {first.get('rollout/success', 0):.3f} -> "
+                   f"{last.get('rollout/success', 0):.3f}; logs in {out['run_dir']}")
+
+
 if __name__ == "__main__":
     main()

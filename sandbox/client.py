@@ -203,7 +203,8 @@ class AsyncSandbox:
         deployment = _deployment_class(spec.backend)
         self = cls(spec, "sb-" + uuid.uuid4().hex[:10])
         try:
-            self._deploy = deployment(spec, self.id, current_run())
+            # Building a deployment touches the filesystem and cgroups: keep it off the loop.
+            self._deploy = await asyncio.to_thread(deployment, spec, self.id, current_run())
             sessions: dict[str, str] = {}
             if snapshot is not None:
                 snap = await asyncio.to_thread(self.store.load, snapshot)

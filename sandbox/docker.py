@@ -228,20 +228,13 @@ class DockerDeployment(LocalDeployment):
         if self.container is not None:
             self.container.unpause()
 
-    def kill_now(self) -> None:
-        """Synchronous, idempotent teardown (also called from atexit)."""
-        with self._lock:
-            proc = self.proc
-            self.stop_agent()
-            if proc is not None:
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    pass
-            for thread in self._removals:
-                thread.join(timeout=60)
-            self._removals = []
-            shutil.rmtree(self.dir, ignore_errors=True)
+    def _release(self) -> None:
+        """Wait for the container removals that restarts and close started. The cgroup is
+        docker's: it goes with the container, so it is not removed here."""
+        for thread in self._removals:
+            thread.join(timeout=60)
+        self._removals = []
+        self.cgroup = None
 
 
 def _remove(container) -> None:

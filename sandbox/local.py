@@ -247,10 +247,14 @@ class LocalDeployment:
                     proc.wait(timeout=10)
                 except subprocess.TimeoutExpired:
                     pass
-            if self.cgroup:
-                self.cgroup.remove()
-                self.cgroup = None
+            self._release()
             shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _release(self) -> None:
+        """Free what the sandbox holds besides its agent and directory (its cgroup)."""
+        if self.cgroup:
+            self.cgroup.remove()
+            self.cgroup = None
 
     def close(self) -> None:
         self.kill_now()

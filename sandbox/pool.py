@@ -144,6 +144,8 @@ class AsyncSandboxPool:
                 await self._fill()
             except SandboxError:
                 await asyncio.sleep(1.0)  # cannot create right now: retry, don't spin
+            except RuntimeError:
+                return  # the interpreter is shutting down: executors refuse new work
 
     async def _discard(self, sb: AsyncSandbox) -> None:
         with contextlib.suppress(SandboxError):

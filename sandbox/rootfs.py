@@ -104,11 +104,20 @@ def _copy_etc(dest: Path) -> None:
                 shutil.copy2(src, dest / rel, follow_symlinks=False)
 
 
+_host_layers: dict[Path, Path] = {}  # per process: /etc is fingerprinted once, not per sandbox
+
+
 def host_base_layer(home: Path | None = None) -> Path:
-    """The cached base layer of the ``host`` image; rebuilt when /etc changes."""
+    """The cached base layer of the ``host`` image, rebuilt when /etc has changed since it
+    was made (checked once per process: walking /etc on every create would cost more
+    than the create itself)."""
     home = home or state_home()
+    cached = _host_layers.get(home)
+    if cached is not None and cached.is_dir():
+        return cached
     layer = home / "layers" / f"host-{_etc_fingerprint()}"
     if layer.is_dir():
+        _host_layers[home] = layer
         return layer
     layer.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".host-", dir=layer.parent))
@@ -133,6 +142,7 @@ def host_base_layer(home: Path | None = None) -> Path:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    _host_layers[home] = layer
     return layer
 
 

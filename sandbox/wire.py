@@ -8,9 +8,11 @@ Every error response body is ``{"error": <SandboxError subclass name>, "message"
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from . import errors
 from .errors import CapacityError, SandboxError, SpecError, UnsafeArchiveError
@@ -88,24 +90,29 @@ def _strip_field(message: str, field: str) -> str:
 
 
 # --------------------------------------------------------------------------- requests
-class SpecIn(BaseModel):
+def _spec_fields() -> dict[str, Any]:
+    """``SandboxSpec``'s fields as pydantic field definitions: one source of truth, so the
+    API and the dataclass cannot drift apart."""
+    hints = typing.get_type_hints(SandboxSpec)
+    out = {}
+    for f in dataclasses.fields(SandboxSpec):
+        default = Field(default_factory=f.default_factory) if f.default is dataclasses.MISSING else f.default
+        out[f.name] = (hints[f.name], default)
+    return out
+
+
+class _SpecInBase(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+SpecInFields = create_model("SpecInFields", __base__=_SpecInBase, **_spec_fields())
+
+
+class SpecIn(SpecInFields):
     """``POST /v1/sandboxes``: the fields of ``SandboxSpec`` (checked by it, so its errors
     name the field), plus ``snapshot`` to start from a stored snapshot's digest.
     ``backend`` is accepted and ignored: the service runs its own backend."""
 
-    model_config = ConfigDict(extra="forbid")
-    image: str = "host"
-    backend: str = "local"
-    cpus: float | None = 1.0
-    memory_mb: int | None = 1024
-    pids: int | None = 256
-    disk_mb: int | None = None
-    network: bool = False
-    env: dict[str, str] = Field(default_factory=dict)
-    workdir: str = "/workspace"
-    timeout_s: float = 120.0
-    ttl_s: float | None = None
-    max_output_bytes: int = 1 << 20
     # A digest only: a path here would make the service read its own files as tarballs.
     snapshot: str | None = Field(default=None, pattern=DIGEST_PATTERN,
                                  description="digest (sha256:...) of a snapshot stored on the service")

@@ -13,6 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from _pkgs import make_pkg
 
 PKG = Path(__file__).parent / "pkgs" / "counter"
 BUCKET = "rockroll-hub"
@@ -92,20 +93,6 @@ def cache(tmp_path):
     from rockroll.envhub.cache import LocalCache
 
     return LocalCache(tmp_path / "home")
-
-
-def make_pkg(dest: Path, *, version: str = "1.0.0", data: str | None = None, snapshots: bool = True,
-             name: str = "counter", extra: str = "") -> Path:
-    """A copy of the counter package with another version/data/name."""
-    shutil.copytree(PKG, dest)
-    toml = (dest / "rockenv.toml").read_text()
-    toml = toml.replace('version = "1.0.0"', f'version = "{version}"').replace('name = "counter"', f'name = "{name}"')
-    if not snapshots:
-        toml = toml[: toml.index("[snapshots.warm]")]
-    (dest / "rockenv.toml").write_text(toml + extra)
-    if data is not None:
-        (dest / "data" / "data.txt").write_text(data)
-    return dest
 
 
 @pytest.fixture

@@ -19,12 +19,12 @@ from rockroll.envhub.manifest import LayerRef
 from rockroll.envhub.pull import forget
 from rockroll.sandbox import SandboxSpec, open_sandbox
 
+from _pkgs import make_pkg
+
 
 @pytest.fixture(scope="module")
 def counter(tmp_path_factory):
     """The counter package, built once for the module."""
-    from conftest import make_pkg
-
     folder = make_pkg(tmp_path_factory.mktemp("pkg") / "counter")
     return build(folder).manifest
 
@@ -33,7 +33,7 @@ def test_build_is_reproducible(pkg, counter):
     again = build(pkg(), rebuild=True).manifest
     assert again.layers == counter.layers
     assert again.snapshots == counter.snapshots  # session state sanitised: same digest too
-    assert again.to_json() == counter.to_json().replace(b'"source_digest"', b'"source_digest"')
+    assert again.to_json() == counter.to_json()
     changed = build(pkg(data="one\n"), rebuild=True).manifest
     assert changed.layers != counter.layers
 

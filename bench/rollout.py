@@ -1,0 +1,109 @@
+"""Rollout throughput: synchronous vs asynchronous (alpha = 1, 2) and redundant envs.
+
+The env (``rockroll.trainer.synthetic.LatencyEnv``) has long-tailed step latency: each step
+sleeps a lognormal time (median 50 ms, sigma 1.5, so a few steps take seconds), like tool
+calls and sandboxes do. Generation is a scripted engine that costs a fixed time per batched
+call plus a little per prompt (an accelerator's profile), and a training step costs a fixed
+time, so every configuration gets the same compute; only the scheduling differs. All
+configurations run in this one process run, so compare the ratios.
+
+    python bench/rollout.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import print_table, progress, write_json  # noqa: E402
+
+from rockroll.trainer.config import load_config  # noqa: E402
+from rockroll.trainer.rollout import PromptTemplate, RolloutManager  # noqa: E402
+from rockroll.trainer.testing import ScriptEngine  # noqa: E402
+
+LAT = "rockroll.trainer.synthetic:LatencyEnv"
+
+
+class _CharTok:
+    """A stand-in tokenizer (one id per character): the bench measures scheduling, not text."""
+
+    unk_token_id = -1
+
+    def convert_tokens_to_ids(self, tok):
+        return 0 if tok == "<|end|>" else None
+
+    def encode(self, text, add_special_tokens=False):
+        return [ord(c) for c in text]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(i) for i in ids if i > 0)
+
+
+def run(alpha: int, redundant: int, steps: int, *, group: int, batch_groups: int, train_s: float,
+        call_s: float, per_prompt_s: float, median_s: float, sigma: float) -> dict:
+    cfg = load_config({
+        "seed": 0,
+        "envs": [{"id": LAT, "kwargs": {"latency_median_s": median_s, "latency_sigma": sigma, "max_turns": 4}}],
+        "rollout": {"group_size": group, "redundant": redundant, "async_ratio": alpha,
+                    "batch_groups": batch_groups, "max_turns": 4, "max_batch_size": 256, "batch_wait_ms": 5},
+        "generation": {"max_new_tokens": 8},
+    })
+    tok = _CharTok()
+    template = PromptTemplate(tok, cfg.tokenizer)
+    engine = ScriptEngine(None, ["Right", "Left"], stop_id=0, call_s=call_s, per_prompt_s=per_prompt_s)
+    mgr = RolloutManager(cfg, engine, template)
+    mgr.start()
+    samples, waits, dropped = 0, [], {}
+    try:
+        t0 = time.perf_counter()
+        for step in progress(range(steps), desc=f"alpha={alpha} r={redundant}"):
+            w0 = time.perf_counter()
+            groups, m = mgr.get_batch(step, timeout=600)
+            waits.append(time.perf_counter() - w0)
+            samples += sum(len(g.samples) for g in groups)
+            for k, v in m.items():
+                if k.endswith("dropped") or k.endswith("cancelled"):
+                    dropped[k] = dropped.get(k, 0) + v
+            time.sleep(train_s)  # the optimizer step; the rollout keeps going when alpha > 0
+            engine.load_weights({}, step + 1)
+            mgr.set_version(step + 1)
+        wall = time.perf_counter() - t0
+    finally:
+        mgr.close()
+    return {"mode": "sync" if alpha == 0 else f"async a={alpha}", "alpha": alpha, "redundant": redundant,
+            "steps": steps, "samples": samples, "wall_s": wall, "samples_per_s": samples / wall,
+            "mean_wait_s": sum(waits) / len(waits), "gen_calls": engine_calls(engine),
+            "stale_dropped": dropped.get("rollout/stale_samples_dropped", 0),
+            "redundant_cancelled": dropped.get("rollout/redundant_cancelled", 0)}
+
+
+def engine_calls(engine) -> int:
+    return len(engine.calls)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer steps (CI smoke run)")
+    args = ap.parse_args()
+    params = dict(group=8, batch_groups=4, train_s=0.3, call_s=0.02, per_prompt_s=0.0002, median_s=0.05, sigma=1.5)
+    steps = 4 if args.quick else 12
+    configs = [(0, 0), (1, 0), (2, 0), (0, 2), (2, 2)]
+    rows = [run(a, r, steps, **params) for a, r in configs]
+    base = rows[0]["samples_per_s"]
+    for row in rows:
+        row["speedup"] = row["samples_per_s"] / base
+    print_table("Rollout throughput (same env, engine and train cost; lognormal env latency)", rows,
+                ["mode", "redundant", "samples", "wall_s", "samples_per_s", "speedup", "mean_wait_s",
+                 "gen_calls", "stale_dropped", "redundant_cancelled"])
+    best = {f"alpha={r['alpha']},r={r['redundant']}": r["speedup"] for r in rows}
+    path = write_json("rollout", {"params": {**params, "steps": steps}, "rows": rows, "speedup": best,
+                                  "target_async_speedup": 2.5,
+                                  "met": max(r["speedup"] for r in rows if r["alpha"] == 2) >= 2.5})
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""Trainer config: YAML loading, validation errors that name the dotted key."""
+
+from pathlib import Path
+
+import pytest
+
+from rockroll.trainer.config import ConfigError, load_config
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.mark.parametrize("name", ["frozenlake_cpu.yaml", "qwen_gpu.yaml"])
+def test_examples_load(name):
+    cfg = load_config(EXAMPLES / name)
+    assert cfg.rollout.group_size >= 1 and cfg.envs
+
+
+def test_defaults_and_nested():
+    cfg = load_config({"algorithm": {"name": "cispo", "ipa": {"enabled": True, "gamma": 0.9}},
+                       "envs": [{"id": "rock/Sokoban-v0", "weight": 2, "kwargs": {"size": 6}}]})
+    assert cfg.algorithm.ipa.gamma == 0.9 and cfg.envs[0].weight == 2.0
+    assert cfg.engine.kind == "torch"
+
+
+@pytest.mark.parametrize("data, key", [
+    ({"rollout": {"group_size": 0}}, "rollout.group_size: must be >= 1"),
+    ({"rollout": {"async_ratio": -1}}, "rollout.async_ratio: must be >= 0"),
+    ({"rollout": {"groupsize": 4}}, "rollout.groupsize: unknown key"),
+    ({"algorithm": {"name": "dpo"}}, "algorithm.name: must be one of"),
+    ({"algorithm": {"loss_agg": "mean"}}, "algorithm.loss_agg: must be one of"),
+    ({"algorithm": {"ipa": {"gamma": 1.5}}}, "algorithm.ipa.gamma: must be in (0, 1]"),
+    ({"algorithm": {"ipa": {"foo": 1}}}, "algorithm.ipa.foo: unknown key"),
+    ({"engine": {"zero_stage": 4}}, "engine.zero_stage: must be 0, 1, 2 or 3"),
+    ({"engine": {"kind": "fsdp"}}, "engine.kind"),
+    ({"generation": {"temperature": 0}}, "generation.temperature: must be > 0"),
+    ({"generation": {"max_new_tokens": "many"}}, "generation.max_new_tokens: must be an integer"),
+    ({"envs": [{"id": "rock/FrozenLake-v0", "weight": -1}]}, "envs[0].weight: must be > 0"),
+    ({"envs": [{"id": "x", "bogus": 1}]}, "envs[0].bogus: unknown key"),
+    ({"envs": []}, "envs: needs at least one"),
+    ({"checkpoint": {"every": -2}}, "checkpoint.every: must be >= 0"),
+    ({"stepz": 3}, "stepz: unknown key"),
+    ({"rollout": 5}, "rollout: must be a mapping"),
+    ({"deterministic": "yes"}, "deterministic: must be true or false"),
+])
+def test_errors_name_the_key(data, key):
+    with pytest.raises(ConfigError) as e:
+        load_config(data)
+    assert str(e.value).startswith(key) or key in str(e.value), str(e.value)
+
+
+def test_yaml_file_and_overrides(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("rollout:\n  group_size: 4\n")
+    cfg = load_config(p, {"rollout.batch_groups": 3, "algorithm.name": "topr"})
+    assert (cfg.rollout.group_size, cfg.rollout.batch_groups, cfg.algorithm.name) == (4, 3, "topr")
+    p.write_text("rollout: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(p)
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.yaml")

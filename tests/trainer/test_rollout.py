@@ -1,0 +1,200 @@
+"""Token-in/token-out rollout and the async manager: masks, staleness, redundancy, infra
+failures, dynamic sampling. Real envs, real tokenizer; a scripted engine where a test needs
+to control what the policy says, the real Transformers engine for the mask checks."""
+
+import itertools
+
+import pytest
+import torch
+
+from rockroll.trainer.config import EnvConfig, load_config
+from rockroll.trainer.engines import TransformersEngine
+from rockroll.trainer.models import build_model, load_tokenizer
+from rockroll.trainer.rollout import Group, PromptTemplate, RolloutManager, Sample, filter_stale
+from rockroll.trainer.synthetic import LatencyEnv
+from rockroll.trainer.testing import RecordingEngine, ScriptEngine
+from rockroll.trainer.train import collate, token_logp
+
+LAT = "rockroll.trainer.synthetic:LatencyEnv"
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    envs = [EnvConfig(id="rock/FrozenLake-v0", kwargs={"max_actions_per_turn": 1})]
+    return load_tokenizer(load_config({}).tokenizer, envs, tmp_path_factory.mktemp("tok"))
+
+
+def _cfg(**rollout):
+    base = {"group_size": 2, "batch_groups": 1, "max_turns": 3, "batch_wait_ms": 10_000}
+    return {"seed": 1, "rollout": {**base, **rollout}, "generation": {"max_new_tokens": 2}}
+
+
+def _manager(tok, data, engine=None, env_factory=None, words=("Right", "Left")):
+    cfg = load_config(data)
+    template = PromptTemplate(tok, cfg.tokenizer)
+    engine = engine or ScriptEngine(tok, list(words), stop_id=template.stop_id)
+    return RolloutManager(cfg, engine, template, env_factory=env_factory), engine, template
+
+
+def test_masks_and_exact_generated_ids(tok):
+    """Observation tokens are mask 0, the policy's tokens mask 1 and exactly what the engine
+    produced; the trainer's recomputed log-probs match the generator's on those tokens."""
+    data = {**_cfg(group_size=3, max_turns=3), "envs": [
+        {"id": "rock/FrozenLake-v0", "kwargs": {"max_actions_per_turn": 1}, "task_ids": [0]}]}
+    cfg = load_config(data)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, tok, seed=0)
+    engine = RecordingEngine(TransformersEngine(model, tok.pad_token_id))
+    mgr, _, template = _manager(tok, data, engine=engine)
+    mgr.start()
+    try:
+        groups, metrics = mgr.get_batch(0, timeout=120)
+    finally:
+        mgr.close()
+    samples = groups[0].samples
+    assert len(samples) == 3 and metrics["rollout/samples"] == 3
+    by_prompt = {}
+    for p, o in engine.records:  # group members share their first prompt: keep every answer
+        by_prompt.setdefault(tuple(p), []).append(o)
+    for s in samples:
+        assert len(s.token_ids) == len(s.mask) == len(s.behav_logp)
+        assert s.token_ids[: len(template.first(s.transcript[0][1]))] == template.first(s.transcript[0][1])
+        # walk the sequence: every mask-1 run is one engine output, after a prompt it was given
+        i, turns = 0, 0
+        while i < len(s.mask):
+            if s.mask[i]:
+                outs = [o for o in by_prompt[tuple(s.token_ids[:i])]
+                        if s.token_ids[i: i + len(o.token_ids)] == o.token_ids]
+                assert outs, "a mask-1 run that the engine did not generate after this prompt"
+                out = outs[0]
+                n = len(out.token_ids)
+                assert all(s.mask[i: i + n])
+                assert s.behav_logp[i: i + n] == pytest.approx(out.logprobs)
+                i, turns = i + n, turns + 1
+            else:
+                assert s.behav_logp[i] == 0.0
+                i += 1
+        assert turns == s.num_turns == len(s.versions)
+        # observation tokens after turn k are the template's encoding of the env's text
+        env_obs = [text for role, text in s.transcript if role == "env"]
+        if s.num_turns > 1:
+            nxt = template.next(env_obs[1], reply_stopped=True)[1:]
+            assert any(s.token_ids[j: j + len(nxt)] == nxt for j in range(len(s.token_ids)))
+    batch = collate(groups, tok.pad_token_id)
+    with torch.no_grad():
+        logp, _ = token_logp(lambda ids, a: (model(input_ids=ids, attention_mask=a).logits, None), batch, 1.0)
+    torch.testing.assert_close(logp[batch.mask], batch.behav_logp[batch.mask], atol=2e-4, rtol=1e-4)
+
+
+def test_filter_stale_pure():
+    g = lambda v: Group(0, "e", None, 0, [Sample(version=v)])  # noqa: E731
+    fresh, stale = filter_stale([g(5), g(4), g(3), g(2)], step=5, alpha=2)
+    assert [x.version for x in fresh] == [5, 4, 3] and [x.version for x in stale] == [2]
+    fresh, stale = filter_stale([g(5), g(4)], step=5, alpha=0)
+    assert len(fresh) == 1 and len(stale) == 1
+
+
+def test_staleness_bound_drops_and_counts(tok):
+    data = {**_cfg(async_ratio=1, group_size=2), "envs": [{"id": LAT}]}
+    mgr, engine, _ = _manager(tok, data)
+    mgr.start()
+    try:
+        g0, _ = mgr.get_batch(0, timeout=60)
+        assert g0[0].version == 0
+        # alpha = 1 admits a second group ahead of the trainer: it was generated at version 0
+        deadline = __import__("time").monotonic() + 30
+        while not mgr.ready and __import__("time").monotonic() < deadline:
+            __import__("time").sleep(0.01)
+        assert mgr.ready and mgr.ready[0].version == 0
+        engine.load_weights({}, 3)
+        mgr.set_version(3)
+        groups, metrics = mgr.get_batch(3, timeout=60)
+        assert all(3 - g.version <= 1 for g in groups)
+        assert metrics["rollout/stale_samples_dropped"] == 2
+        assert metrics["rollout/stale_groups_dropped"] == 1
+        assert metrics["rollout/staleness_max"] <= 1
+    finally:
+        mgr.close()
+
+
+def test_alpha_zero_is_synchronous(tok):
+    data = {**_cfg(async_ratio=0, batch_groups=2), "envs": [{"id": LAT}]}
+    mgr, engine, _ = _manager(tok, data)
+    mgr.start()
+    try:
+        groups, _ = mgr.get_batch(0, timeout=60)
+        __import__("time").sleep(0.2)
+        assert mgr.started == 2 and not mgr.ready  # nothing starts before the weights of step 1
+        engine.load_weights({}, 1)
+        mgr.set_version(1)
+        groups, m = mgr.get_batch(1, timeout=60)
+        assert {g.version for g in groups} == {1} and m["rollout/staleness_max"] == 0
+    finally:
+        mgr.close()
+
+
+def test_redundant_envs_first_g_complete_the_group(tok):
+    latencies = itertools.cycle([0.6, 0.0, 0.3, 0.0])  # per env of a group: two fast, two slow
+
+    def factory(spec):
+        return LatencyEnv(fixed_latency_s=next(latencies), max_turns=3)
+
+    data = {**_cfg(group_size=2, redundant=2), "envs": [{"id": LAT}]}
+    mgr, engine, _ = _manager(tok, data, env_factory=factory, words=["Right"])
+    mgr.start()
+    try:
+        groups, metrics = mgr.get_batch(0, timeout=60)
+    finally:
+        mgr.close()
+    assert len(groups[0].samples) == 2
+    assert metrics["rollout/redundant_cancelled"] == 2
+    assert len({s.group_id for s in groups[0].samples}) == 1
+
+
+def test_infra_errors_are_dropped_not_scored(tok):
+    fail = itertools.cycle([True, False, False])
+
+    def factory(spec):
+        bad = next(fail)  # the failing env is fast, so it ends before its group completes
+        return LatencyEnv(infra_error_rate=1.0 if bad else 0.0, fixed_latency_s=0.0 if bad else 0.2, max_turns=3)
+
+    data = {**_cfg(group_size=2, redundant=1, batch_groups=2), "envs": [{"id": LAT}]}
+    mgr, _, _ = _manager(tok, data, env_factory=factory)
+    mgr.start()
+    try:
+        groups, metrics = mgr.get_batch(0, timeout=60)
+    finally:
+        mgr.close()
+    assert metrics["rollout/infra_samples_dropped"] == 2
+    assert all(len(g.samples) == 2 and not any(s.infra_error for s in g.samples) for g in groups)
+
+
+def test_dynamic_sampling_drops_zero_advantage_groups(tok):
+    data = {**_cfg(group_size=4, batch_groups=3),
+            "envs": [{"id": LAT, "task_ids": ["easy", "hard"]}],
+            "algorithm": {"dynamic_sampling": True}}
+    mgr, _, _ = _manager(tok, data)
+    mgr.start()
+    try:
+        groups, metrics = mgr.get_batch(0, timeout=60)
+    finally:
+        mgr.close()
+    assert len(groups) == 3
+    for g in groups:  # every kept group has a reward spread: a non-zero GRPO advantage
+        assert len({s.reward for s in g.samples}) > 1
+    assert metrics["rollout/zero_adv_groups_dropped"] >= 1  # every "easy" group is all-wins
+
+
+def test_mixture_and_per_env_metrics(tok):
+    data = {**_cfg(group_size=2, batch_groups=6),
+            "envs": [{"id": LAT, "weight": 1.0},
+                     {"id": "rock/FrozenLake-v0", "weight": 1.0, "kwargs": {"max_actions_per_turn": 1}}]}
+    mgr, _, _ = _manager(tok, data)
+    mgr.start()
+    try:
+        groups, metrics = mgr.get_batch(0, timeout=60)
+    finally:
+        mgr.close()
+    ids = {g.env_id for g in groups}
+    assert ids == {LAT, "rock/FrozenLake-v0"}
+    assert f"env/{LAT}/success" in metrics and "env/rock/FrozenLake-v0/reward" in metrics

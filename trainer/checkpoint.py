@@ -1,0 +1,58 @@
+"""Checkpoints a run resumes from: ``<dir>/step_000010/`` holds the policy (model and
+optimizer), the rollout state (ready groups, producer RNG and counters), the RNG states,
+the step and the config; ``<dir>/latest`` names the newest complete one (written last)."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def save_checkpoint(root: str | Path, step: int, policy: Any, rollout_state: dict, config: dict,
+                    keep: int = 2) -> Path:
+    root = Path(root)
+    folder = root / f"step_{step:06d}"
+    tmp = root / f".tmp_step_{step:06d}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    policy.save(tmp)
+    torch.save({
+        "step": step,
+        "rollout": rollout_state,
+        "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
+    }, tmp / "state.pt")
+    (tmp / "config.json").write_text(json.dumps(config, indent=2, default=str))
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)
+    (root / "latest.tmp").write_text(folder.name)
+    (root / "latest.tmp").replace(root / "latest")
+    done = sorted(p for p in root.glob("step_*") if p.is_dir())
+    for old in done[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return folder
+
+
+def latest_checkpoint(root: str | Path | None) -> Path | None:
+    if not root:
+        return None
+    pointer = Path(root) / "latest"
+    if not pointer.is_file():
+        return None
+    folder = Path(root) / pointer.read_text().strip()
+    return folder if folder.is_dir() else None
+
+
+def load_checkpoint(folder: Path, policy: Any) -> dict[str, Any]:
+    """Restore the policy and the RNGs; return ``{"step", "rollout"}``."""
+    policy.load(folder)
+    state = torch.load(folder / "state.pt", map_location="cpu", weights_only=False)
+    random.setstate(state["rng"]["python"])
+    np.random.set_state(state["rng"]["numpy"])
+    torch.set_rng_state(state["rng"]["torch"])
+    return {"step": state["step"], "rollout": state["rollout"]}

@@ -1,0 +1,346 @@
+"""Trainer configuration: dataclasses loaded from YAML and validated.
+
+Every section is a dataclass; :func:`load_config` builds them from a mapping and every
+problem is a :class:`ConfigError` naming the dotted key (``rollout.group_size: must be >= 1``,
+``algorithm.clip: unknown key``), so a typo in a YAML file never silently falls back to a
+default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "AlgorithmConfig", "CheckpointConfig", "ConfigError", "EngineConfig", "EnvConfig",
+    "GenerationConfig", "IPAConfig", "LoggingConfig", "ModelConfig", "RolloutConfig",
+    "TokenizerConfig", "TrainConfig", "config_to_dict", "load_config",
+]
+
+ALGORITHMS = ("grpo", "ppo", "reinforce_pp", "topr", "cispo")
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+
+
+class ConfigError(ValueError):
+    """A bad configuration; the message starts with the dotted key at fault."""
+
+    def __init__(self, key: str, problem: str):
+        self.key = key
+        super().__init__(f"{key}: {problem}" if key else problem)
+
+
+def _check(cond: bool, key: str, problem: str) -> None:
+    if not cond:
+        raise ConfigError(key, problem)
+
+
+@dataclass
+class ModelConfig:
+    """The policy. ``name_or_path`` loads a Hugging Face checkpoint (``from_pretrained``);
+    without it a tiny Llama is built from the dims below (CPU runs, tests)."""
+
+    name_or_path: str | None = None
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 2          # head dim = hidden_size / num_heads (64: what vLLM kernels expect)
+    intermediate_size: int = 256
+    max_position_embeddings: int = 2048
+    dtype: str = "float32"
+    gradient_checkpointing: bool = False
+
+    def validate(self, p: str) -> None:
+        for k in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_position_embeddings"):
+            _check(getattr(self, k) >= 1, f"{p}.{k}", "must be >= 1")
+        _check(self.hidden_size % self.num_heads == 0, f"{p}.num_heads", "must divide hidden_size")
+        _check(self.dtype in ("float32", "bfloat16", "float16"), f"{p}.dtype",
+               "must be one of float32, bfloat16, float16")
+
+
+@dataclass
+class TokenizerConfig:
+    """``name_or_path`` loads a tokenizer folder/hub id; without it a word-level tokenizer is
+    built over the environments' vocabulary and saved to ``build_dir``.
+    The prompt template wraps observations; the policy's replies end with ``stop``."""
+
+    name_or_path: str | None = None
+    build_dir: str | None = None
+    system: str = ""
+    user_prefix: str = "<|user|>"
+    user_suffix: str = "<|end|>"
+    assistant_prefix: str = "<|assistant|>"
+    stop: str = "<|end|>"
+
+    def validate(self, p: str) -> None:
+        _check(bool(self.stop), f"{p}.stop", "must be a non-empty token")
+
+
+@dataclass
+class EnvConfig:
+    """One entry of the task mixture: a gymnasium id, its kwargs, its sampling weight and
+    (optionally) a fixed list of task ids, so a run can train on a small learnable set."""
+
+    id: str = "rock/FrozenLake-v0"
+    weight: float = 1.0
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    task_ids: list[Any] | None = None
+
+    def validate(self, p: str) -> None:
+        _check(bool(self.id), f"{p}.id", "must be a gymnasium id")
+        _check(self.weight > 0, f"{p}.weight", "must be > 0")
+        _check(self.task_ids is None or len(self.task_ids) > 0, f"{p}.task_ids", "must not be empty")
+
+
+@dataclass
+class RolloutConfig:
+    group_size: int = 8            # G rollouts per task (one GRPO group)
+    redundant: int = 0             # r extra envs per group: the first G finished complete it
+    async_ratio: int = 0           # alpha: a sample started at version v is used at step t iff t - v <= alpha
+    max_turns: int = 8
+    batch_groups: int = 4          # groups per training step
+    max_concurrent_groups: int = 0  # 0: batch_groups * (async_ratio + 1)
+    max_batch_size: int = 64       # largest generate() call
+    batch_wait_ms: float = 5.0     # how long a partial generation batch waits for more requests
+    max_seq_len: int = 2048        # an episode stops (truncated) before its tokens exceed this
+    env_threads: int = 0           # >0: blocking env.step runs in a thread pool of this size
+
+    def validate(self, p: str) -> None:
+        for k in ("group_size", "max_turns", "batch_groups", "max_batch_size", "max_seq_len"):
+            _check(getattr(self, k) >= 1, f"{p}.{k}", "must be >= 1")
+        for k in ("redundant", "async_ratio", "max_concurrent_groups", "env_threads"):
+            _check(getattr(self, k) >= 0, f"{p}.{k}", "must be >= 0")
+        _check(self.batch_wait_ms >= 0, f"{p}.batch_wait_ms", "must be >= 0")
+
+
+@dataclass
+class IPAConfig:
+    enabled: bool = False
+    gamma: float = 1.0
+    ratio_low: float = 0.5
+    ratio_high: float = 2.0
+
+    def validate(self, p: str) -> None:
+        _check(0 < self.gamma <= 1, f"{p}.gamma", "must be in (0, 1]")
+        _check(0 < self.ratio_low <= 1 <= self.ratio_high, f"{p}.ratio_low",
+               "need 0 < ratio_low <= 1 <= ratio_high")
+
+
+@dataclass
+class AlgorithmConfig:
+    name: str = "grpo"
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    dual_clip: float | None = None
+    kl_coef: float = 0.0
+    loss_agg: str = "token-mean"
+    std_normalize: bool = True
+    dynamic_sampling: bool = False
+    format_penalty: float | None = None  # overrides each env's format_penalty when set
+    tis_cap: float = 2.0                 # truncated IS weight pi_old / pi_behav (0: off)
+    ppo_epochs: int = 1
+    mini_batches: int = 1
+    gamma: float = 1.0                   # ppo: GAE
+    lam: float = 0.95
+    vf_coef: float = 0.5
+    ipa: IPAConfig = field(default_factory=IPAConfig)
+
+    def validate(self, p: str) -> None:
+        _check(self.name in ALGORITHMS, f"{p}.name", f"must be one of {', '.join(ALGORITHMS)}")
+        _check(self.loss_agg in AGG_MODES, f"{p}.loss_agg", f"must be one of {', '.join(AGG_MODES)}")
+        _check(0 <= self.clip_low < 1, f"{p}.clip_low", "must be in [0, 1)")
+        _check(self.clip_high >= 0, f"{p}.clip_high", "must be >= 0")
+        _check(self.dual_clip is None or self.dual_clip > 1, f"{p}.dual_clip", "must be > 1 (or null)")
+        _check(self.kl_coef >= 0, f"{p}.kl_coef", "must be >= 0")
+        _check(self.tis_cap >= 0, f"{p}.tis_cap", "must be >= 0")
+        _check(self.ppo_epochs >= 1, f"{p}.ppo_epochs", "must be >= 1")
+        _check(self.mini_batches >= 1, f"{p}.mini_batches", "must be >= 1")
+        _check(0 < self.gamma <= 1, f"{p}.gamma", "must be in (0, 1]")
+        _check(0 <= self.lam <= 1, f"{p}.lam", "must be in [0, 1]")
+        self.ipa.validate(f"{p}.ipa")
+
+
+@dataclass
+class EngineConfig:
+    """Where the policy trains: plain PyTorch, or DeepSpeed ZeRO (``zero_stage`` 0-3)."""
+
+    kind: str = "torch"
+    zero_stage: int = 1
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
+    grad_clip: float = 1.0
+    micro_batch_size: int = 0  # 0: the whole mini-batch in one forward
+
+    def validate(self, p: str) -> None:
+        _check(self.kind in ("torch", "deepspeed"), f"{p}.kind", "must be torch or deepspeed")
+        _check(self.zero_stage in (0, 1, 2, 3), f"{p}.zero_stage", "must be 0, 1, 2 or 3")
+        _check(self.lr > 0, f"{p}.lr", "must be > 0")
+        _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), f"{p}.betas",
+               "must be two numbers in [0, 1)")
+        _check(self.grad_clip >= 0, f"{p}.grad_clip", "must be >= 0")
+        _check(self.micro_batch_size >= 0, f"{p}.micro_batch_size", "must be >= 0")
+
+
+@dataclass
+class GenerationConfig:
+    backend: str = "transformers"
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 4
+    gpu_memory_utilization: float = 0.5  # vllm only
+
+    def validate(self, p: str) -> None:
+        _check(self.backend in ("transformers", "vllm"), f"{p}.backend", "must be transformers or vllm")
+        _check(self.temperature > 0, f"{p}.temperature", "must be > 0")
+        _check(0 < self.top_p <= 1, f"{p}.top_p", "must be in (0, 1]")
+        _check(self.max_new_tokens >= 1, f"{p}.max_new_tokens", "must be >= 1")
+
+
+@dataclass
+class CheckpointConfig:
+    dir: str | None = None
+    every: int = 0          # steps between checkpoints (0: only at the end)
+    resume: bool = True     # continue from the latest checkpoint in ``dir`` if there is one
+    keep: int = 2
+
+    def validate(self, p: str) -> None:
+        _check(self.every >= 0, f"{p}.every", "must be >= 0")
+        _check(self.keep >= 1, f"{p}.keep", "must be >= 1")
+
+
+@dataclass
+class LoggingConfig:
+    dir: str = "runs/default"
+    tensorboard: bool = True
+    plot: bool = True
+    transcripts: int = 2    # sample transcripts written per step
+    progress: bool = True
+    plot_every: int = 10
+
+    def validate(self, p: str) -> None:
+        _check(self.transcripts >= 0, f"{p}.transcripts", "must be >= 0")
+        _check(self.plot_every >= 1, f"{p}.plot_every", "must be >= 1")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 100
+    seed: int = 0
+    deterministic: bool = False
+    model: ModelConfig = field(default_factory=ModelConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    envs: list[EnvConfig] = field(default_factory=lambda: [EnvConfig()])
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def validate(self, p: str = "") -> None:
+        _check(self.steps >= 0, "steps", "must be >= 0")
+        _check(len(self.envs) >= 1, "envs", "needs at least one environment")
+        for i, env in enumerate(self.envs):
+            env.validate(f"envs[{i}]")
+        for name in ("model", "tokenizer", "rollout", "algorithm", "engine", "generation",
+                     "checkpoint", "logging"):
+            getattr(self, name).validate(name)
+        if self.algorithm.name == "ppo":
+            _check(not self.algorithm.ipa.enabled, "algorithm.ipa.enabled", "IPA credit is for the critic-free algorithms")
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def _convert(tp: Any, value: Any, key: str) -> Any:
+    """``value`` as type ``tp`` (a dataclass, list[...], dict, X | None, scalar)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _convert(inner[0], value, key)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, key)
+    if origin is list:
+        _check(isinstance(value, list), key, f"must be a list, got {type(value).__name__}")
+        (item_tp,) = typing.get_args(tp) or (Any,)
+        return [_convert(item_tp, v, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict or tp is dict:
+        _check(isinstance(value, dict), key, f"must be a mapping, got {type(value).__name__}")
+        return dict(value)
+    if tp is Any:
+        return value
+    if tp is bool:
+        _check(isinstance(value, bool), key, f"must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        _check(isinstance(value, int) and not isinstance(value, bool), key, f"must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        _check(isinstance(value, (int, float)) and not isinstance(value, bool), key,
+               f"must be a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        _check(isinstance(value, str), key, f"must be a string, got {value!r}")
+        return value
+    return value
+
+
+def _build(cls: type, data: Any, prefix: str) -> Any:
+    if data is None:
+        data = {}
+    _check(isinstance(data, dict), prefix or "config", f"must be a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        dotted = f"{prefix}.{key}" if prefix else str(key)
+        if key not in names:
+            close = [n for n in names if n.startswith(str(key)[:3])]
+            hint = f" (did you mean {', '.join(sorted(close))}?)" if close else ""
+            raise ConfigError(dotted, f"unknown key{hint}")
+        kwargs[key] = _convert(hints[key], value, dotted)
+    return cls(**kwargs)
+
+
+def load_config(source: str | Path | dict[str, Any], overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """A validated :class:`TrainConfig` from a YAML file path or a mapping.
+
+    ``overrides`` maps dotted keys to values (``{"rollout.group_size": 4}``), applied first.
+    """
+    if isinstance(source, dict):
+        data = _deepcopy(source)
+    else:
+        import yaml
+
+        path = Path(source)
+        if not path.is_file():
+            raise ConfigError("", f"config file {path} not found")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError("", f"{path}: not valid YAML: {e}") from None
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    cfg = _build(TrainConfig, data, "")
+    cfg.validate()
+    return cfg
+
+
+def _deepcopy(x: Any) -> Any:
+    import copy
+
+    return copy.deepcopy(x)
+
+
+def config_to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)

@@ -1,0 +1,173 @@
+"""Generation engines: token ids in, token ids and their log-probabilities out.
+
+One interface, :class:`GenerationEngine`: ``generate(prompts_token_ids, sampling)`` returns,
+for every prompt, the sampled token ids and the log-probability of each under the
+distribution it was sampled from (temperature applied) -- the *behaviour* policy of the
+trainer's off-policy corrections. ``load_weights(state_dict, version)`` is the weight sync.
+Engines never see text: the rollout keeps exact token ids, so nothing is re-tokenised.
+
+- :class:`TransformersEngine`: a Hugging Face model on CPU (or one GPU), batched, KV cache.
+- :class:`VLLMEngine`: vLLM, for GPU runs; imported lazily.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 4
+    stop_token_ids: list[int] = field(default_factory=list)
+    # One seed per prompt makes a request's sample independent of how requests were batched.
+    seeds: list[int] | None = None
+
+
+@dataclass
+class GenOutput:
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" (a stop token was generated, and kept) or "length"
+
+
+class GenerationEngine(Protocol):
+    version: int
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> list[GenOutput]: ...
+
+    def load_weights(self, state_dict: dict[str, Any], version: int) -> None: ...
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine's optional dependency is missing (the message names the extra)."""
+
+
+class TransformersEngine:
+    """Batched sampling with a Hugging Face causal LM and its KV cache.
+
+    Prompts are left-padded into one batch; each step feeds only the newly sampled token
+    (the cache holds the rest). Each row samples with its own ``torch.Generator`` seeded
+    from ``sampling.seeds``, so a request's tokens do not depend on its batch-mates.
+    """
+
+    def __init__(self, model: Any, pad_token_id: int, version: int = 0):
+        self.model = model.eval()
+        self.pad_token_id = int(pad_token_id)
+        self.version = version
+        self._lock = threading.Lock()  # generate and load_weights never interleave
+
+    def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        with self._lock:
+            self.model.load_state_dict(state_dict)
+            self.version = version
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> list[GenOutput]:
+        import torch
+
+        with self._lock, torch.no_grad():
+            return self._generate(prompts, sampling)
+
+    def _generate(self, prompts, sampling: SamplingParams) -> list[GenOutput]:
+        import torch
+
+        B = len(prompts)
+        if B == 0:
+            return []
+        device = next(self.model.parameters()).device
+        width = max(len(p) for p in prompts)
+        ids = torch.full((B, width), self.pad_token_id, dtype=torch.long)
+        attn = torch.zeros(B, width, dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
+            attn[i, width - len(p):] = 1
+        ids, attn = ids.to(device), attn.to(device)
+        seeds = sampling.seeds or [int(torch.randint(0, 2**62, ()).item()) for _ in range(B)]
+        gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
+        stop = set(sampling.stop_token_ids)
+        out_ids: list[list[int]] = [[] for _ in range(B)]
+        out_lp: list[list[float]] = [[] for _ in range(B)]
+        done = [False] * B
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        past, step_ids, step_pos = None, ids, pos
+        for _ in range(sampling.max_new_tokens):
+            out = self.model(input_ids=step_ids, attention_mask=attn, position_ids=step_pos,
+                             past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            logits = out.logits[:, -1, :].float() / sampling.temperature
+            logp = torch.log_softmax(logits, -1).cpu()
+            probs = logp.exp()
+            if sampling.top_p < 1.0:
+                probs = _top_p(probs, sampling.top_p)
+            nxt = torch.full((B,), self.pad_token_id, dtype=torch.long)
+            for i in range(B):
+                if done[i]:
+                    continue
+                tok = int(torch.multinomial(probs[i], 1, generator=gens[i]).item())
+                nxt[i] = tok
+                out_ids[i].append(tok)
+                # log-prob under the distribution actually sampled from (renormalised by top-p)
+                out_lp[i].append(float(torch.log(probs[i, tok] / probs[i].sum())))
+                if tok in stop:
+                    done[i] = True
+            if all(done):
+                break
+            step_ids = nxt.view(B, 1).to(device)
+            step_pos = step_pos[:, -1:] + 1
+            attn = torch.cat([attn, torch.ones(B, 1, dtype=attn.dtype, device=device)], dim=1)
+        return [GenOutput(out_ids[i], out_lp[i], "stop" if out_ids[i] and out_ids[i][-1] in stop else "length")
+                for i in range(B)]
+
+
+def _top_p(probs, top_p: float):
+    import torch
+
+    sorted_p, idx = probs.sort(-1, descending=True)
+    keep = sorted_p.cumsum(-1) - sorted_p < top_p
+    sorted_p = torch.where(keep, sorted_p, 0.0)
+    return torch.zeros_like(probs).scatter(-1, idx, sorted_p)
+
+
+class VLLMEngine:
+    """vLLM behind the same interface (GPU runs). Imported lazily; needs the ``vllm`` extra."""
+
+    def __init__(self, model_path: str, *, gpu_memory_utilization: float = 0.5, seed: int = 0, version: int = 0):
+        try:
+            import vllm
+        except ImportError as e:
+            raise EngineUnavailable(
+                "generation.backend=vllm needs vLLM: pip install 'rockroll[vllm]' on a GPU machine "
+                "(or use generation.backend=transformers on CPU)"
+            ) from e
+        self._vllm = vllm
+        self.llm = vllm.LLM(model=model_path, gpu_memory_utilization=gpu_memory_utilization, seed=seed,
+                            enable_prefix_caching=True)
+        self.version = version
+
+    def generate(self, prompts, sampling: SamplingParams) -> list[GenOutput]:
+        vllm = self._vllm
+        params = [
+            vllm.SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p,
+                                max_tokens=sampling.max_new_tokens, logprobs=0,
+                                stop_token_ids=list(sampling.stop_token_ids),
+                                seed=None if sampling.seeds is None else int(sampling.seeds[i] % 2**31),
+                                detokenize=False)
+            for i in range(len(prompts))
+        ]
+        reqs = [{"prompt_token_ids": list(p)} for p in prompts]
+        outs = self.llm.generate(reqs, params, use_tqdm=False)
+        result = []
+        for o in outs:
+            c = o.outputs[0]
+            lps = [float(lp[t].logprob) for t, lp in zip(c.token_ids, c.logprobs)]
+            result.append(GenOutput(list(c.token_ids), lps, "stop" if c.finish_reason == "stop" else "length"))
+        return result
+
+    def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        model = self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
+        model.load_weights(state_dict.items())
+        self.llm.reset_prefix_cache()
+        self.version = version

@@ -1,0 +1,114 @@
+"""Policy model and tokenizer: Hugging Face checkpoints, or tiny ones built from a config.
+
+No weights can be downloaded on the CPU machines, so a run without ``model.name_or_path``
+gets a tiny Llama (random init) and a word-level tokenizer built over the words the
+environments print. Both are ordinary Hugging Face objects saved to folders, so the same
+``from_pretrained(folder)`` path serves tiny CPU runs and real checkpoints on GPU.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from pathlib import Path
+from typing import Any
+
+from .config import EnvConfig, ModelConfig, TokenizerConfig
+
+SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|end|>", "<|user|>", "<|assistant|>", "<|unk|>"]
+# Lower-case words, Capitalised words, or any single other character (board cells, spaces,
+# punctuation): the board "P_O_" is four tokens, "FrozenLake" is "Frozen" + "Lake".
+PRETOKENIZE = r"<\|[a-z]+\|>|[a-z]+|[A-Z][a-z]+|[\s\S]"
+
+
+def _env_texts(envs: list[EnvConfig], episodes: int = 8) -> list[str]:
+    """Text the envs print: a few episodes of each, stepped with every direction and garbage."""
+    import gymnasium
+
+    import rockroll  # noqa: F401  (registers rock/* ids)
+
+    texts = []
+    for spec in envs:
+        env = gymnasium.make(spec.id, **spec.kwargs).unwrapped
+        for i in range(episodes):
+            task = spec.task_ids[i % len(spec.task_ids)] if spec.task_ids else i
+            obs, _ = env.reset(seed=i, options={"task_id": task})
+            texts.append(obs)
+            for action in ["Right", "Down", "blah", "Left", "Up", "Down", "Right", "Down", "Right"]:
+                try:
+                    obs, _, term, trunc, _ = env.step(action)
+                except Exception:  # noqa: BLE001  (ResetNeeded after the end)
+                    break
+                texts.append(obs)
+                if term or trunc:
+                    break
+        env.close()
+    return texts
+
+
+def build_word_tokenizer(envs: list[EnvConfig], folder: str | Path) -> Any:
+    """Build, save to ``folder`` and return a word-level ``PreTrainedTokenizerFast``."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    pattern = re.compile(PRETOKENIZE)
+    vocab: dict[str, int] = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    words = set(string.printable) | {"Up", "Down", "Left", "Right", "answer", "\u221a"}
+    for text in _env_texts(envs):
+        words.update(pattern.findall(text))
+    for w in sorted(words):
+        vocab.setdefault(w, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|unk|>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(PRETOKENIZE), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<|pad|>", bos_token="<|bos|>", eos_token="<|end|>",
+        unk_token="<|unk|>", additional_special_tokens=["<|user|>", "<|assistant|>"],
+    )
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    hf.save_pretrained(folder)
+    return hf
+
+
+def load_tokenizer(cfg: TokenizerConfig, envs: list[EnvConfig], default_dir: str | Path) -> Any:
+    from transformers import AutoTokenizer
+
+    if cfg.name_or_path:
+        tok = AutoTokenizer.from_pretrained(cfg.name_or_path)
+    else:
+        folder = Path(cfg.build_dir or default_dir)
+        if not (folder / "tokenizer.json").is_file():
+            build_word_tokenizer(envs, folder)
+        tok = AutoTokenizer.from_pretrained(folder)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def _dtype(name: str):
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def build_model(cfg: ModelConfig, tokenizer: Any, seed: int) -> Any:
+    """The policy: ``from_pretrained(name_or_path)``, or a tiny randomly initialised Llama."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    if cfg.name_or_path:
+        model = AutoModelForCausalLM.from_pretrained(cfg.name_or_path, dtype=_dtype(cfg.dtype))
+    else:
+        torch.manual_seed(seed)
+        mc = LlamaConfig(
+            vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
+            num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_heads,
+            intermediate_size=cfg.intermediate_size, max_position_embeddings=cfg.max_position_embeddings,
+            pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=True, attention_dropout=0.0,
+        )
+        model = LlamaForCausalLM(mc).to(_dtype(cfg.dtype))
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    return model

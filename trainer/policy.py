@@ -1,0 +1,144 @@
+"""Training engines for the policy: plain PyTorch, or DeepSpeed ZeRO, behind one interface.
+
+``PolicyEngine``: ``module`` (the :class:`ActorModule`), ``forward(input_ids, attn)`` ->
+(logits, values), ``step(loss)`` (backward, clip, optimizer step; returns the grad norm),
+``sync_state_dict()`` (the LM's weights for the generator, on CPU), ``save(dir)`` / ``load(dir)``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .config import EngineConfig
+
+
+class ActorModule(nn.Module):
+    """The causal LM, plus a scalar value head when the algorithm needs a critic (PPO)."""
+
+    def __init__(self, lm: nn.Module, with_value: bool):
+        super().__init__()
+        self.lm = lm
+        self.value_head = nn.Linear(lm.config.hidden_size, 1) if with_value else None
+        if self.value_head is not None:
+            nn.init.zeros_(self.value_head.weight)
+            nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, input_ids, attention_mask):
+        out = self.lm(input_ids=input_ids, attention_mask=attention_mask,
+                      output_hidden_states=self.value_head is not None, use_cache=False)
+        values = None
+        if self.value_head is not None:
+            values = self.value_head(out.hidden_states[-1].float()).squeeze(-1)
+        return out.logits, values
+
+
+def _cpu_clone(sd: dict[str, Any]) -> dict[str, Any]:
+    return {k: v.detach().to("cpu", copy=True) for k, v in sd.items()}
+
+
+class TorchPolicy:
+    def __init__(self, module: ActorModule, cfg: EngineConfig):
+        self.module, self.cfg = module, cfg
+        self.optimizer = torch.optim.AdamW(module.parameters(), lr=cfg.lr, betas=tuple(cfg.betas),
+                                           weight_decay=cfg.weight_decay)
+
+    def forward(self, input_ids, attention_mask):
+        return self.module(input_ids, attention_mask)
+
+    def step(self, loss) -> float:
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(),
+                                              self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf"))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    def sync_state_dict(self) -> dict[str, Any]:
+        return _cpu_clone(self.module.lm.state_dict())
+
+    def save(self, folder: Path) -> None:
+        torch.save({"module": self.module.state_dict(), "optimizer": self.optimizer.state_dict()},
+                   folder / "policy.pt")
+
+    def load(self, folder: Path) -> None:
+        state = torch.load(folder / "policy.pt", map_location="cpu", weights_only=False)
+        self.module.load_state_dict(state["module"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class DeepSpeedPolicy:
+    """DeepSpeed ZeRO (stage 0-3). On CPU: gloo, world size 1, a torch AdamW client optimizer
+    (DeepSpeed's fused optimizers need compiled ops). Multi-GPU runs start under the
+    ``deepspeed`` launcher, which sets RANK/WORLD_SIZE/MASTER_ADDR itself."""
+
+    def __init__(self, module: ActorModule, cfg: EngineConfig, batch_size: int):
+        try:
+            import deepspeed
+        except ImportError as e:
+            raise RuntimeError("engine.kind=deepspeed needs the train extra: pip install 'rockroll[train]'") from e
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("RANK", "0")
+        os.environ.setdefault("LOCAL_RANK", "0")
+        os.environ.setdefault("WORLD_SIZE", "1")
+        cpu = not torch.cuda.is_available()
+        if not torch.distributed.is_initialized():
+            deepspeed.init_distributed(dist_backend="gloo" if cpu else "nccl", auto_mpi_discovery=False)
+        self.cfg = cfg
+        ds_config = {
+            "train_micro_batch_size_per_gpu": max(batch_size, 1),
+            "gradient_accumulation_steps": 1,
+            "gradient_clipping": cfg.grad_clip,
+            "zero_optimization": {"stage": cfg.zero_stage},
+            "zero_allow_untested_optimizer": True,
+            "bf16": {"enabled": next(module.parameters()).dtype == torch.bfloat16},
+            "steps_per_print": 10**9,
+            "wall_clock_breakdown": False,
+        }
+        optimizer = torch.optim.AdamW(module.parameters(), lr=cfg.lr, betas=tuple(cfg.betas),
+                                      weight_decay=cfg.weight_decay)
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=module, optimizer=optimizer, config=ds_config, dist_init_required=False)
+        self.module = self.engine.module
+
+    def forward(self, input_ids, attention_mask):
+        return self.engine(input_ids, attention_mask)
+
+    def step(self, loss) -> float:
+        self.engine.backward(loss)
+        self.engine.step()
+        norm = self.engine.get_global_grad_norm()
+        return float(norm) if norm is not None else 0.0
+
+    def sync_state_dict(self) -> dict[str, Any]:
+        if self.cfg.zero_stage == 3:
+            import deepspeed
+
+            params = list(self.module.lm.parameters())
+            with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+                return _cpu_clone(self.module.lm.state_dict())
+        return _cpu_clone(self.module.lm.state_dict())
+
+    def save(self, folder: Path) -> None:
+        self.engine.save_checkpoint(str(folder / "deepspeed"), tag="ckpt")
+
+    def load(self, folder: Path) -> None:
+        self.engine.load_checkpoint(str(folder / "deepspeed"), tag="ckpt")
+
+
+def make_policy(module: ActorModule, cfg: EngineConfig, batch_size: int):
+    if cfg.kind == "deepspeed":
+        return DeepSpeedPolicy(module, cfg, batch_size)
+    return TorchPolicy(module, cfg)

@@ -1,0 +1,108 @@
+"""What a run leaves behind: metrics JSONL, TensorBoard events, a curve PNG, transcripts.
+
+``<logging.dir>/metrics.jsonl`` (one line per step), ``tb/`` (TensorBoard), ``curve.png``
+(reward and success per step), ``transcripts/step_000042.jsonl`` (a few decoded episodes).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+class RunLogger:
+    def __init__(self, folder: str | Path, *, tensorboard: bool, plot: bool, transcripts: int,
+                 progress: bool, total_steps: int, start_step: int, plot_every: int = 10):
+        self.dir = Path(folder)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.metrics_path = self.dir / "metrics.jsonl"
+        self.n_transcripts, self.plot, self.plot_every = transcripts, plot, plot_every
+        if start_step == 0 and self.metrics_path.exists():
+            self.metrics_path.unlink()  # a fresh run; a resumed one appends
+        elif self.metrics_path.exists():  # drop lines of steps after the checkpoint we resumed from
+            keep = [line for line in self.metrics_path.read_text().splitlines()
+                    if line.strip() and json.loads(line).get("step", 0) < start_step]
+            self.metrics_path.write_text("".join(k + "\n" for k in keep))
+        self.tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(str(self.dir / "tb"), purge_step=start_step or None)
+            except ImportError:
+                print("rockroll: tensorboard not installed; skipping TensorBoard logs", file=sys.stderr)
+        self.bar = None
+        if progress:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total_steps, initial=start_step, desc="train", file=sys.stderr, dynamic_ncols=True)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        row = {"step": step, **metrics}
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.tb is not None:
+            for k, v in metrics.items():
+                if isinstance(v, (int, float)):
+                    self.tb.add_scalar(k, v, step)
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(reward=f"{metrics.get('rollout/reward', 0):.2f}",
+                                 success=f"{metrics.get('rollout/success', 0):.2f}")
+        if self.plot and (step + 1) % self.plot_every == 0:
+            self.plot_curve()
+
+    def transcripts(self, step: int, groups: list, tokenizer: Any) -> None:
+        if not self.n_transcripts:
+            return
+        folder = self.dir / "transcripts"
+        folder.mkdir(exist_ok=True)
+        samples = [s for g in groups for s in g.samples][: self.n_transcripts]
+        with (folder / f"step_{step:06d}.jsonl").open("w") as f:
+            for s in samples:
+                f.write(json.dumps({
+                    "env_id": s.env_id, "task_id": s.task_id, "group_id": s.group_id, "version": s.version,
+                    "reward": s.reward, "success": s.success, "turns": s.num_turns, "transcript": s.transcript,
+                    "text": tokenizer.decode(s.token_ids),
+                }) + "\n")
+
+    def rows(self) -> list[dict]:
+        if not self.metrics_path.exists():
+            return []
+        return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
+
+    def plot_curve(self) -> Path | None:
+        rows = self.rows()
+        if not rows:
+            return None
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        steps = [r["step"] for r in rows]
+        fig, ax = plt.subplots(1, 2, figsize=(10, 3.5))
+        for i, key in enumerate(("rollout/reward", "rollout/success")):
+            ys = [r.get(key, float("nan")) for r in rows]
+            ax[i].plot(steps, ys, alpha=0.35, label="per step")
+            k = max(1, len(ys) // 10)
+            smooth = [sum(ys[max(0, j - k + 1): j + 1]) / len(ys[max(0, j - k + 1): j + 1]) for j in range(len(ys))]
+            ax[i].plot(steps, smooth, label=f"mean of {k}")
+            ax[i].set_xlabel("step")
+            ax[i].set_title(key)
+            ax[i].legend()
+        fig.tight_layout()
+        path = self.dir / "curve.png"
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        return path
+
+    def close(self) -> None:
+        if self.plot:
+            self.plot_curve()
+        if self.tb is not None:
+            self.tb.close()
+        if self.bar is not None:
+            self.bar.close()

@@ -1,0 +1,61 @@
+"""A synthetic text env for tests and benchmarks: long-tailed step latency, optional infra failures.
+
+``LatencyEnv`` asks for a word; replying with it (default ``Right``) earns 1.0 and ends the
+episode, anything else earns 0.0 and the episode goes on (truncated after ``max_turns``).
+With ``task_id="easy"`` every reply wins (a group whose rewards are all equal: what dynamic
+sampling drops). Each step sleeps a lognormal time (``asyncio.sleep`` in :meth:`astep`, so
+thousands of envs wait concurrently on one loop; :meth:`step` blocks, for thread pools),
+drawn from a per-instance RNG so that envs of one group differ in speed. ``infra_error_rate``
+makes a step fail as infrastructure (``info["infra_error"]``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from typing import Any
+
+from rockroll.gem.core import GemEnv, InfraError
+
+
+class LatencyEnv(GemEnv):
+    def __init__(self, *, latency_median_s: float = 0.0, latency_sigma: float = 1.0,
+                 infra_error_rate: float = 0.0, latency_seed: int | None = None,
+                 fixed_latency_s: float | None = None, max_turns: int = 4, format_penalty: float = 0.0,
+                 target: str = "Right"):
+        super().__init__(max_turns=max_turns, format_penalty=format_penalty)
+        self.median, self.sigma, self.fixed = latency_median_s, latency_sigma, fixed_latency_s
+        self.infra_error_rate, self.target = infra_error_rate, target
+        self._lat_rng = random.Random(latency_seed)
+        self.task: Any = None
+
+    def latency(self) -> float:
+        if self.fixed is not None:
+            return self.fixed
+        if self.median <= 0:
+            return 0.0
+        import math
+
+        return self._lat_rng.lognormvariate(math.log(self.median), self.sigma)
+
+    def _reset(self, task_id, options):
+        self.task = task_id
+        return f"Say {self.target}.", {"success": False}
+
+    def _step(self, action: str):
+        if self.infra_error_rate and self._lat_rng.random() < self.infra_error_rate:
+            raise InfraError("synthetic sandbox lost")
+        win = self.task == "easy" or self.target.lower() in action.lower()
+        return ("Correct." if win else f"No. Say {self.target}."), float(win), win, {"success": win}
+
+    def step(self, action):
+        time.sleep(self.latency())
+        return super().step(action)
+
+    async def astep(self, action):
+        await asyncio.sleep(self.latency())
+        return super().step(action)
+
+    async def areset(self, *, seed=None, options=None):
+        return self.reset(seed=seed, options=options)
