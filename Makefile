@@ -14,11 +14,14 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 demo: $(BIN)/python  ## create the virtualenv, install, run the demo on the local backend
-	$(PIP) install -c constraints.txt -e .
+	$(PIP) install -c constraints.txt -e '.[train]'
 	$(BIN)/python examples/sandbox_demo.py
+	rm -rf runs/demo
+	$(BIN)/rockroll train examples/frozenlake_cpu.yaml --steps 50 --set logging.dir=runs/demo --set checkpoint.dir=runs/demo/ckpt
+	$(BIN)/python examples/show_curve.py runs/demo
 
 test: $(BIN)/python  ## install what the tests need, start their services, run the whole suite
-	$(PIP) install -c constraints.txt -e '.[test,docker,s3,ray,service]'
+	$(PIP) install -c constraints.txt -e '.[test,docker,s3,ray,service,train]'
 	bash scripts/services.sh
 	$(BIN)/python -m pytest
 

@@ -1,0 +1,29 @@
+"""Print a training run's success/reward curve in the terminal (the PNG is beside it).
+
+    python examples/show_curve.py runs/demo
+"""
+
+import json
+import sys
+from pathlib import Path
+
+BARS = " ▁▂▃▄▅▆▇█"
+
+
+def main(run_dir: str, buckets: int = 10) -> None:
+    rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if line]
+    if not rows:
+        sys.exit(f"no metrics in {run_dir}")
+    size = max(1, len(rows) // buckets)
+    print(f"{'steps':>11}  {'success':>7}  {'reward':>7}")
+    for start in range(0, len(rows), size):
+        chunk = rows[start:start + size]
+        success = sum(r["rollout/success"] for r in chunk) / len(chunk)
+        reward = sum(r["rollout/reward"] for r in chunk) / len(chunk)
+        bar = BARS[min(len(BARS) - 1, round(success * (len(BARS) - 1)))] * 20
+        print(f"{start:>4}-{start + len(chunk) - 1:<6} {success:>7.2f}  {reward:>7.2f}  {bar}")
+    print(f"curve: {Path(run_dir) / 'curve.png'}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "runs/demo")
