@@ -251,3 +251,29 @@ def test_gc_keeps_what_is_named_or_mounted(file_hub, pkg, counter):
         assert not set(freed.removed) & {b.digest for b in counter.blobs()}  # named by cached manifests
     finally:
         cache_mod.GC_GRACE_S = old_grace
+
+
+def test_another_user_makes_the_env_from_the_same_bucket(s3_hub, counter, tmp_path):
+    """The issue's promise: one user publishes an env folder, another (a new process with an
+    empty state home and cache) gymnasium.makes it from the same S3 bucket."""
+    import subprocess
+    import sys
+    import textwrap
+
+    publish(counter, HubStore(s3_hub))
+    script = textwrap.dedent(f"""
+        import gymnasium, rockroll
+        from rockroll.registry.hub import register_hub
+        assert register_hub({s3_hub!r}) == ["rock/counter-v1"]
+        env = gymnasium.make("rock/counter-v1")
+        obs, info = env.reset(seed=0)
+        assert "alpha" in obs
+        print("reward", env.step("3")[1])
+        env.close()
+    """)
+    env = dict(os.environ, ROCKROLL_HOME=str(tmp_path / "another-user"))
+    env.pop("ROCKROLL_HUB", None)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "reward 1.0"
+    assert (tmp_path / "another-user" / "layers").is_dir()  # it pulled into its own store
