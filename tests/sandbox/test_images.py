@@ -52,9 +52,9 @@ def test_falls_back_to_first_debian_when_suite_differs():
 
 def test_non_debian_and_disabled_repos_are_ignored():
     third_party = (
-        "Types: deb\nURIs: https://deb.nodesource.com/node_20.x\nSuites: nodistro\nComponents: main\n\n"
+        "Types: deb\nURIs: https://nodejs.example/node_20.x\nSuites: nodistro\nComponents: main\n\n"
         "Types: deb\nURIs: http://off.example/debian\nSuites: bookworm\nEnabled: no\n")
-    assert parse_apt_sources([third_party, "deb https://packages.cloud.google.com/apt cloud main\n"],
+    assert parse_apt_sources([third_party, "deb https://vendor.example/apt cloud main\n"],
                              "bookworm") is None
 
 
