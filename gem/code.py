@@ -31,7 +31,7 @@ from rockroll.sandbox import AsyncSandbox
 
 from .actions import TOOL_FORMATS, Action
 from .core import truncate_observation
-from .tools import ENV_DIR, Evaluation, SandboxToolEnv, parse_records
+from .tools import ENV_DIR, Evaluation, SandboxToolEnv, parse_records, select_tasks
 
 __all__ = ["CodeEnv", "CodeProblem", "extract_submitted_code", "load_code_problems"]
 
@@ -148,10 +148,7 @@ class CodeEnv(SandboxToolEnv):
         per_test_timeout: float = 2.0,
         **kwargs: Any,
     ):
-        problems = list(load_code_problems() if problems is None else problems)
-        if task_ids is not None:
-            wanted = set(task_ids)
-            problems = [p for p in problems if p.id in wanted]
+        problems = select_tasks(load_code_problems() if problems is None else problems, task_ids)
         super().__init__(problems, **kwargs)
         self.test_timeout = float(test_timeout)
         self.per_test_timeout = float(per_test_timeout)

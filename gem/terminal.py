@@ -22,7 +22,7 @@ from rockroll.sandbox import AsyncSandbox
 
 from .actions import TOOL_FORMATS, Action
 from .core import InfraError, truncate_observation
-from .tools import Evaluation, SandboxToolEnv, parse_records
+from .tools import Evaluation, SandboxToolEnv, parse_records, select_tasks
 
 __all__ = ["TerminalEnv", "TerminalTask", "load_terminal_tasks"]
 
@@ -68,10 +68,7 @@ class TerminalEnv(SandboxToolEnv):
         check_timeout: float = 60.0,
         **kwargs: Any,
     ):
-        tasks = list(load_terminal_tasks() if tasks is None else tasks)
-        if task_ids is not None:
-            wanted = set(task_ids)
-            tasks = [task for task in tasks if task.id in wanted]
+        tasks = select_tasks(load_terminal_tasks() if tasks is None else tasks, task_ids)
         super().__init__(tasks, **kwargs)
         self.check_timeout = float(check_timeout)
 

@@ -165,6 +165,14 @@ class Task(Protocol):
     id: str
 
 
+def select_tasks(items: Sequence, task_ids: Sequence[str] | None) -> list:
+    """The items whose ``id`` is in ``task_ids`` (all of them when ``task_ids`` is None)."""
+    if task_ids is None:
+        return list(items)
+    wanted = set(task_ids)
+    return [item for item in items if item.id in wanted]
+
+
 def format_command_result(result: CommandResult, max_chars: int) -> str:
     """A command's outcome as the model reads it: exit code, stdout and stderr, labelled.
 

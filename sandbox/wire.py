@@ -90,14 +90,15 @@ def _strip_field(message: str, field: str) -> str:
 
 
 # --------------------------------------------------------------------------- requests
-def _spec_fields() -> dict[str, Any]:
-    """``SandboxSpec``'s fields as pydantic field definitions: one source of truth, so the
-    API and the dataclass cannot drift apart."""
-    hints = typing.get_type_hints(SandboxSpec)
+def model_fields_of(dc: type) -> dict[str, Any]:
+    """A dataclass's fields as pydantic field definitions: one source of truth, so the
+    API models and the dataclasses cannot drift apart."""
+    hints = typing.get_type_hints(dc)
     out = {}
-    for f in dataclasses.fields(SandboxSpec):
+    for f in dataclasses.fields(dc):
         default = Field(default_factory=f.default_factory) if f.default is dataclasses.MISSING else f.default
-        out[f.name] = (hints[f.name], default)
+        out[f.name] = (hints[f.name], default if f.default is not dataclasses.MISSING
+                       or f.default_factory is not dataclasses.MISSING else ...)
     return out
 
 
@@ -105,7 +106,7 @@ class _SpecInBase(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-SpecInFields = create_model("SpecInFields", __base__=_SpecInBase, **_spec_fields())
+SpecInFields = create_model("SpecInFields", __base__=_SpecInBase, **model_fields_of(SandboxSpec))
 
 
 class SpecIn(SpecInFields):
@@ -143,14 +144,8 @@ class RestoreIn(BaseModel):
 
 
 # --------------------------------------------------------------------------- responses
-class ResultOut(BaseModel):
-    exit_code: int
-    stdout: str
-    stderr: str
-    duration_s: float
-    timed_out: bool = False
-    truncated: bool = False
-    oom_killed: bool = False
+class ResultOut(create_model("ResultFields", **model_fields_of(CommandResult))):
+    """``CommandResult`` on the wire."""
 
     @classmethod
     def of(cls, r: CommandResult) -> "ResultOut":
