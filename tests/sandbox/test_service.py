@@ -304,22 +304,28 @@ def test_load_200_sandboxes_20000_commands_no_errors_no_leaks():
     n_boxes, per_box = 200, 100
     srv = Server("--max-sandboxes", str(n_boxes))
 
-    async def one(i: int, gate: asyncio.Semaphore) -> int:
+    async def create(gate: asyncio.Semaphore) -> RemoteSandbox:
         async with gate:  # creation is the expensive part: a bounded number at once
-            sb = await RemoteSandbox.create(SandboxSpec(backend="remote", memory_mb=64, pids=64),
-                                            url=srv.url, token=srv.token)
-        try:
-            ok = 0
-            for k in range(per_box):
-                r = await sb.run(f"echo {i}-{k}")
-                ok += r.exit_code == 0 and r.stdout == f"{i}-{k}\n" and r.stderr == ""
-            return ok
-        finally:
-            await sb.close()
+            return await RemoteSandbox.create(SandboxSpec(backend="remote", memory_mb=64, pids=64),
+                                              url=srv.url, token=srv.token)
+
+    async def work(i: int, sb: RemoteSandbox) -> int:
+        ok = 0
+        for k in range(per_box):
+            r = await sb.run(f"echo {i}-{k}")
+            ok += r.exit_code == 0 and r.stdout == f"{i}-{k}\n" and r.stderr == ""
+        return ok
 
     async def main() -> list[int]:
         gate = asyncio.Semaphore(16)
-        return await asyncio.wait_for(asyncio.gather(*(one(i, gate) for i in range(n_boxes))), 900)
+        boxes = await asyncio.wait_for(asyncio.gather(*(create(gate) for _ in range(n_boxes))), 900)
+        try:
+            # all 200 are alive at once before a single command runs
+            alive = await asyncio.to_thread(lambda: srv.http.get("/v1/sandboxes").json())
+            assert len(alive) == n_boxes
+            return await asyncio.wait_for(asyncio.gather(*(work(i, sb) for i, sb in enumerate(boxes))), 900)
+        finally:
+            await asyncio.gather(*(sb.close() for sb in boxes), return_exceptions=True)
 
     try:
         started = time.monotonic()
