@@ -15,6 +15,9 @@ $(BIN)/python:
 
 demo: $(BIN)/python  ## create the virtualenv, install, run the demo on the local backend
 	$(PIP) install -c constraints.txt -e '.[train]'
+	bash scripts/services.sh --swe
+	$(BIN)/rockroll envs build-swe --default
+	$(BIN)/python examples/swe_demo.py
 	$(BIN)/python examples/sandbox_demo.py
 	rm -rf runs/demo
 	$(BIN)/rockroll train examples/frozenlake_cpu.yaml --steps 50 --set logging.dir=runs/demo --set checkpoint.dir=runs/demo/ckpt
@@ -23,6 +26,7 @@ demo: $(BIN)/python  ## create the virtualenv, install, run the demo on the loca
 test: $(BIN)/python  ## install what the tests need, start their services, run the whole suite
 	$(PIP) install -c constraints.txt -e '.[test,docker,s3,ray,service,train]'
 	bash scripts/services.sh
+	$(BIN)/rockroll envs build-swe --default
 	$(BIN)/python -m pytest
 
 services:  ## install and start the services the tests use (Docker engine)

@@ -9,6 +9,8 @@
    the same inputs give the same digest, so re-building and re-publishing is a no-op.
 3. Each named snapshot: back to the post-setup state, run its commands, ``snapshot()``;
    packed the same way (sessions kept, minus the per-sandbox HOSTNAME).
+4. The ``private`` folder, if any, is packed on its own (reproducibly): a blob the host
+   side of the env reads, never a layer of a sandbox.
 
 The manifest is kept in ``<home>/hub-builds/<name>/<version>.json`` with the digest of
 the inputs, so ``hub publish DIR`` reuses an up-to-date build instead of running setup again.
@@ -101,11 +103,16 @@ def build(folder: str | Path, *, cache: LocalCache | None = None, hub: str | Non
             if snap.digest not in keep:
                 cache.layers.tarball(snap.digest).unlink(missing_ok=True)
                 shutil.rmtree(cache.layers.layer_root / snap.digest.split(":", 1)[1], ignore_errors=True)
+    private = None
+    if pkg.private:
+        info = pack_layer(pkg.root / pkg.private, cache.layers.tar_root, reproducible=True)
+        cache.mark_owned(info.digest)
+        private = LayerRef(info.digest, info.size)
     manifest = EnvManifest(
         name=pkg.name, version=pkg.version, description=pkg.description, license=pkg.license,
         base=base, system=system, layers=(*base_layers, env_layer), entry_point=pkg.entry_point,
         kwargs=pkg.kwargs, gym_id=pkg.gym_id, tasks=pkg.tasks_dest, python=pkg.python_dest,
-        snapshots=snapshots, source_digest=source)
+        snapshots=snapshots, source_digest=source, private=private)
     _write_atomic(record, manifest.to_json())
     return BuildResult(manifest, record, False, time.perf_counter() - t0)
 

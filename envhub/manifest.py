@@ -45,6 +45,9 @@ class EnvManifest:
     python: str | None = None  # sandbox path of the entry point's code
     snapshots: dict[str, tuple[LayerRef, ...]] = field(default_factory=dict)  # name -> layers above the env
     source_digest: str = ""
+    # Host-only files of the env's code (hidden tests, reference solutions), packed like a
+    # layer but never mounted into a sandbox: what an agent must not be able to read.
+    private: LayerRef | None = None
 
     @property
     def ref(self) -> str:
@@ -53,7 +56,8 @@ class EnvManifest:
     def blobs(self) -> list[LayerRef]:
         """Every blob the manifest needs, each once, env layers first."""
         seen, out = set(), []
-        for layer in [*self.layers, *(l for snap in self.snapshots.values() for l in snap)]:
+        private = [self.private] if self.private else []
+        for layer in [*self.layers, *(l for snap in self.snapshots.values() for l in snap), *private]:
             if layer.digest not in seen:
                 seen.add(layer.digest)
                 out.append(layer)
@@ -62,6 +66,8 @@ class EnvManifest:
     def to_json(self) -> bytes:
         data = asdict(self)
         data["schema"] = SCHEMA
+        if data["private"] is None:
+            del data["private"]  # manifests of envs without private files stay byte-identical
         return (json.dumps(data, sort_keys=True, indent=1) + "\n").encode()
 
     @classmethod
@@ -94,6 +100,8 @@ class EnvManifest:
             if not isinstance(snaps, dict):
                 raise ManifestError(where, "snapshots", "must be an object")
             data["snapshots"] = {k: layers(f"snapshots.{k}", v) for k, v in snaps.items()}
+            if data.get("private") is not None:
+                data["private"] = layers("private", [data["private"]])[0]
             if data.get("system") not in ("host", "rootfs"):
                 raise ManifestError(where, "system", "must be 'host' or 'rootfs'")
             return cls(**data)

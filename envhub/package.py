@@ -12,6 +12,8 @@
     setup_timeout_s = 900
     tasks = "tasks.jsonl"                 # copied to /rockenv/<file name>; passed as tasks_file=
     python = "src"                        # host-side code of the entry point, shipped in the env
+    private = "grading"                   # host-only files (hidden tests, reference solutions):
+                                          # a blob of their own, never in a sandbox; passed as private_dir=
 
     [files]                               # package-relative source -> absolute path in the sandbox
     "data" = "/opt/data"
@@ -44,7 +46,7 @@ from .version import NAME, EnvRef, Version
 MANIFEST_FILE = "rockenv.toml"
 ENV_DIR = "/rockenv"  # where the package's own things (tasks, python code) live in the sandbox
 _KEYS = {"name", "version", "description", "license", "base", "gym_id", "setup", "setup_timeout_s",
-         "tasks", "python", "files", "env", "snapshots"}
+         "tasks", "python", "private", "files", "env", "snapshots"}
 _GYM_ID = re.compile(r"(?:[\w:.-]+/)?[\w:.-]+-v\d+")
 
 
@@ -69,6 +71,7 @@ class Package:
     setup_timeout_s: float = 900.0
     tasks: str | None = None  # package-relative path
     python: str | None = None  # package-relative folder
+    private: str | None = None  # package-relative folder, packed apart: never enters a sandbox
     files: tuple[tuple[str, str], ...] = ()  # (package-relative source, sandbox dest)
     entry_point: str = ""
     kwargs: dict[str, Any] = field(default_factory=dict)
@@ -99,7 +102,8 @@ class Package:
         """sha256 over the manifest and every copied file (names, modes, bytes): the build's
         inputs, so an unchanged package can reuse its last build."""
         h = hashlib.sha256((self.root / MANIFEST_FILE).read_bytes())
-        for host, dest in self.copies():
+        private = [(self.root / self.private, "(private)")] if self.private else []
+        for host, dest in [*self.copies(), *private]:
             paths = [host] if host.is_file() else sorted(p for p in host.rglob("*"))
             for p in paths:
                 rel = p.relative_to(host).as_posix() if p != host else ""
@@ -194,6 +198,7 @@ def parse_package(data: dict, root: Path, file: str) -> Package:
 
     tasks = inside("tasks", string("tasks"), want_dir=False) if "tasks" in data else None
     python = inside("python", string("python"), want_dir=True) if "python" in data else None
+    private = inside("private", string("private"), want_dir=True) if "private" in data else None
 
     files = []
     raw_files = data.get("files", {})
@@ -219,7 +224,7 @@ def parse_package(data: dict, root: Path, file: str) -> Package:
     kwargs = env.get("kwargs", {})
     if not isinstance(kwargs, dict):
         raise err("env.kwargs", "must be a table")
-    for reserved in ("image", "tasks_file"):
+    for reserved in ("image", "tasks_file", "private_dir"):
         if reserved in kwargs:
             raise err(f"env.kwargs.{reserved}", "is set by the hub at make time")
 
@@ -237,5 +242,5 @@ def parse_package(data: dict, root: Path, file: str) -> Package:
 
     return Package(root=root, name=name, version=version, description=string("description", ""),
                    license=string("license", ""), base=base, gym_id=gym_id, setup=setup,
-                   setup_timeout_s=float(timeout), tasks=tasks, python=python, files=tuple(files),
+                   setup_timeout_s=float(timeout), tasks=tasks, python=python, private=private, files=tuple(files),
                    entry_point=entry, kwargs=dict(kwargs), snapshots=tuple(snaps))

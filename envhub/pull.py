@@ -39,6 +39,7 @@ class PulledEnv:
     manifest: EnvManifest
     layer_dirs: tuple[Path, ...]  # top first: overlay lowerdir order
     yanked: bool = False
+    private_dir: Path | None = None  # the host-only files, unpacked (in no sandbox layer)
 
     @property
     def image(self) -> str:
@@ -141,8 +142,9 @@ def pull(ref: str | EnvRef, *, hub: str | HubStore | None = None, cache: LocalCa
     manifest, yanked = resolve(ref, store, cache)
     for layer in manifest.blobs():
         fetch_layer(layer, store, cache)
+    private = cache.layers.layer_dir(manifest.private.digest) if manifest.private else None
     env = PulledEnv(store.url, manifest, tuple(cache.layers.layer_dir(l.digest) for l in reversed(manifest.layers)),
-                    yanked)
+                    yanked, private)
     with _LOCK:
         for spec in {ref.spec, manifest.version}:
             _MEMO[(str(cache.home), store.url, ref.name, spec)] = env

@@ -317,4 +317,7 @@ class GemEnv(gymnasium.Env[str, str]):
         self._turn, self._done, self._started = int(state["turn"]), bool(state["done"]), True
         self._transcript = [list(entry) for entry in state["transcript"]]
         last_obs = next((text for role, text in reversed(self._transcript) if role == "env"), "")
-        return last_obs, {"turn": self._turn, "resumed": True}
+        info = {"turn": self._turn, "resumed": True}
+        if isinstance(state["env_state"], dict) and "task_id" in state["env_state"]:
+            info["task_id"] = state["env_state"]["task_id"]  # as a fresh reset says it
+        return last_obs, info

@@ -94,13 +94,14 @@ def parse_records(text: str) -> list[dict[str, str]]:
 _POOLS: dict[str, AsyncSandboxPool] = {}
 
 
-async def shared_pool(spec: SandboxSpec, size: int) -> AsyncSandboxPool:
+async def shared_pool(spec: SandboxSpec, size: int, snapshot: str | None = None) -> AsyncSandboxPool:
     """The process's pool for ``spec`` (created on first use), holding at least ``size``
-    idle sandboxes. Must be awaited on the engine's loop, where the pool lives."""
-    key = json.dumps(spec.to_dict(), sort_keys=True)
+    idle sandboxes, at ``snapshot`` if given. Must be awaited on the engine's loop, where
+    the pool lives."""
+    key = json.dumps([spec.to_dict(), snapshot], sort_keys=True)
     pool = _POOLS.get(key)
     if pool is None or pool._closed:
-        pool = _POOLS[key] = AsyncSandboxPool(spec, size)
+        pool = _POOLS[key] = AsyncSandboxPool(spec, size, snapshot=snapshot)
         await pool.start(wait=False)  # warm up in the background; the first acquire creates
     pool.size = max(pool.size, size)  # a vector env of n wants n warm sandboxes, not 2
     return pool
@@ -330,19 +331,29 @@ class SandboxToolEnv(GemEnv):
             raise prepared
         return prepared
 
-    async def _acquire(self) -> AsyncSandbox:
-        pool = await shared_pool(self.sandbox_spec, self.pool_size)
+    def _spec_for(self, task: Any) -> SandboxSpec:
+        """The sandbox a task runs in (one spec for all tasks unless a subclass says otherwise)."""
+        return self.sandbox_spec
+
+    def _pool_for(self, task: Any) -> tuple[SandboxSpec, int, str | None]:
+        """(spec, warm size, snapshot) of the pool a task's sandboxes come from. A subclass
+        whose tasks start at a snapshot names it here: its sandboxes then wait, ready, at
+        that state."""
+        return self._spec_for(task), self.pool_size, None
+
+    async def _acquire(self, task: Any) -> AsyncSandbox:
+        pool = await shared_pool(*self._pool_for(task))
         self._lease.pool = pool
         self._lease.sandbox = await pool.acquire()
         return self._lease.sandbox
 
     async def _start(self, task: Any) -> tuple[str, dict[str, Any]]:
-        sandbox = await self._acquire()
+        sandbox = await self._acquire(task)
         self.task = task
         return await self._setup(sandbox, task), {"task_id": task.id}
 
     async def _resume(self, env_state: dict[str, Any]) -> bool:
-        sandbox = await self._acquire()
+        sandbox = await self._acquire(self._task_by_id(env_state["task_id"]))
         await sandbox.restore(env_state["snapshot"]["digest"])
         return True
 

@@ -15,6 +15,7 @@ import gymnasium
 __all__ = ["BUILTIN_ENVS", "VECTOR_ENVS", "register_builtin"]
 
 BUILTIN_ENVS: dict[str, str] = {
+    "rock/SWE-v0": "rockroll.gem.swe:SWEEnv",
     "rock/Math-v0": "rockroll.gem.mathenv:MathEnv",
     "rock/Sokoban-v0": "rockroll.gem.grid:SokobanEnv",
     "rock/FrozenLake-v0": "rockroll.gem.grid:FrozenLakeEnv",
@@ -24,7 +25,7 @@ BUILTIN_ENVS: dict[str, str] = {
 
 #: Ids whose ``gymnasium.make_vec(..., vectorization_mode="vector_entry_point")`` builds a
 #: ``rockroll.gem.vector.GemVectorEnv`` (sandboxes stepped concurrently on one loop).
-VECTOR_ENVS = ("rock/Terminal-v0", "rock/Code-v0")
+VECTOR_ENVS = ("rock/SWE-v0", "rock/Terminal-v0", "rock/Code-v0")
 
 
 def _make_vec(env_id: str, num_envs: int, **kwargs: Any):

@@ -5,7 +5,8 @@ Registration only lists (names and versions) and reads one small manifest per id
 ``gymnasium.make`` pulls lazily: the entry point is ``make_hub_env``, which pulls the env,
 imports its entry point class (from the env's shipped python folder if the host lacks
 it) and calls it with the manifest's kwargs, ``image="hub:<name>@<version>"`` and
-``tasks_file`` (the host path of the env's tasks file) if it has one.
+``tasks_file`` (the host path of the env's tasks file) and ``private_dir`` (the host path
+of its host-only files) if it has them.
 
 Entry points are code from the hub, run in your process: register only hubs you trust,
 as you would a package index.
@@ -33,6 +34,8 @@ def make_hub_env(*, hub_url: str, hub_env: str, hub_version: str, **kwargs):
     args = {**env.manifest.kwargs, **kwargs, "image": env.image}
     if env.tasks_file is not None:
         args.setdefault("tasks_file", str(env.tasks_file))
+    if env.private_dir is not None:
+        args.setdefault("private_dir", str(env.private_dir))
     return cls(**args)
 
 

@@ -347,10 +347,18 @@ def hub_gc(evict, dry_run):
                f"kept {len(result.in_use)} in use or recent; evicted {len(result.evicted)} manifest(s)")
 
 
-@main.command("envs")
+@main.group("envs", invoke_without_command=True)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def envs(as_json):
-    """List the gymnasium ids rockroll registers, with source, version and description."""
+@click.pass_context
+def envs(ctx, as_json):
+    """List the gymnasium ids rockroll registers, with source, version and description.
+
+    \b
+    Subcommands:
+      build-swe   make SWE repair tasks from real packages and publish them to a hub
+    """
+    if ctx.invoked_subcommand is not None:
+        return
     import rockroll  # noqa: F401 - registers the built-in and default-hub ids
     from rockroll.registry.hub import list_envs
 
@@ -361,6 +369,52 @@ def envs(as_json):
     click.echo(f"{'ID':<28} {'SOURCE':<36} {'VERSION':<10} DESCRIPTION")
     for r in rows:
         click.echo(f"{r.id:<28} {r.source:<36} {r.version:<10} {r.description}")
+
+
+@envs.command("build-swe")
+@click.option("--package", "packages", multiple=True, metavar="NAME==VERSION",
+              help="A pure-Python package whose sdist ships its tests (repeatable).")
+@click.option("--default", "default_set", is_flag=True,
+              help="The default task set, what make demo builds (three small pure-Python packages).")
+@click.option("--tasks", type=click.IntRange(min=1), default=10, show_default=True, help="Tasks per package.")
+@click.option("--max-candidates", type=click.IntRange(min=1), default=150, show_default=True,
+              help="Give up on a package after screening this many candidate bugs.")
+@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Sandboxes running test suites at once.")
+@_hub_options
+@_hub_errors
+def envs_build_swe(packages, default_set, tasks, max_candidates, workers, hub_url, s3_endpoint):
+    """Build SWE repair tasks from real packages and publish them as hub envs.
+
+    Each package's sdist is downloaded from the package index, bugs are injected by AST
+    mutation (flipped comparisons, off-by-one, swapped arguments, removed branches, wrong
+    constants) and kept when they break some of its tests and leave the others passing; the
+    problem statement is written from the failing tests' output. Each package becomes the hub
+    env swe-<name>@<version> (pre-installed repository, one snapshot per task, hidden task
+    data), makeable as rock/swe-<name>-v<major>; rock/SWE-v0 serves the tasks of all of them.
+    A version already on the hub is skipped.
+
+    \b
+    Example:  rockroll envs build-swe --package cachetools==5.3.3 --tasks 10
+    """
+    import os
+
+    from rockroll.gem.swe_build import DEFAULT_PACKAGES, BuildSWEError, build_swe
+
+    if s3_endpoint:
+        os.environ["ROCKROLL_S3_ENDPOINT"] = s3_endpoint
+    chosen = list(packages) + (list(DEFAULT_PACKAGES) if default_set else [])
+    if not chosen:
+        raise click.UsageError("name at least one --package NAME==VERSION, or --default")
+    try:
+        built = build_swe(chosen, tasks=tasks, hub=hub_url, workers=workers, max_candidates=max_candidates,
+                          log=lambda msg: click.echo(msg, err=True))
+    except BuildSWEError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    for b in built:
+        what = f"published {b.tasks} tasks (screened {b.tried} candidate bugs)" if b.created else "already published"
+        click.echo(f"{b.ref}: {what}")
 
 
 @main.command("train")

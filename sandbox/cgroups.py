@@ -324,9 +324,11 @@ class Cgroup:
         else:
             self._write("freezer", "freezer.state", "THAWED")
 
-    def kill_all(self, timeout: float = 5.0) -> None:
+    def kill_all(self, timeout: float = 30.0) -> None:
         """SIGKILL every process in the group until it is empty; ``SandboxError`` if
-        it is not empty after ``timeout`` s. A group that is gone counts as empty."""
+        it is not empty after ``timeout`` s (long: a task in uninterruptible disk sleep dies
+        only when its I/O completes, which takes seconds on a busy disk). A group that is
+        gone counts as empty."""
         if not any(os.path.isdir(d) for d in self._unique_dirs()):
             return
         if self.mode == "v2" and self._exists("freezer", "cgroup.kill"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+from typing import Any
 
 from .client import AsyncSandbox
 from .errors import SandboxError, SpecError
@@ -24,6 +25,10 @@ class AsyncSandboxPool:
     ``acquire()`` returns an idle sandbox (creating one if none is ready, so it never
     fails for lack of warm ones); ``release(sb)`` resets it and puts it back, or closes
     it if the pool is full or closed. ``close()`` closes every sandbox it owns.
+
+    With ``snapshot``, sandboxes start from that snapshot and are restored to it on release
+    instead of reset to the image: an episode that begins at a saved state (a task's buggy
+    repository, a branch point) then costs an acquire, not a restore.
     """
 
     def __new__(cls, spec: SandboxSpec | None = None, *args, **kwargs):
@@ -32,10 +37,12 @@ class AsyncSandboxPool:
             return AsyncRaySandboxPool(spec, *args, **kwargs)
         return super().__new__(cls)
 
-    def __init__(self, spec: SandboxSpec | None = None, size: int = 4, *, health_interval_s: float = 5.0):
+    def __init__(self, spec: SandboxSpec | None = None, size: int = 4, *, health_interval_s: float = 5.0,
+                 snapshot: Any = None):
         if not isinstance(size, int) or size < 0:
             raise SpecError("size", "must be a non-negative integer")
         self.spec, self.size, self.health_interval_s = spec or SandboxSpec(), size, health_interval_s
+        self.snapshot = snapshot
         self._idle: collections.deque[AsyncSandbox] = collections.deque()
         self._busy: set[AsyncSandbox] = set()
         self._creating = 0
@@ -71,7 +78,7 @@ class AsyncSandboxPool:
                 self._busy.add(sb)
                 return sb
             await self._discard(sb)
-        sb = await AsyncSandbox.create(self.spec)
+        sb = await self._create()
         self._busy.add(sb)
         self._kick()
         return sb
@@ -89,7 +96,7 @@ class AsyncSandboxPool:
     async def _recycle(self, sb: AsyncSandbox) -> None:
         self._creating += 1
         try:
-            await sb.reset()
+            await (sb.restore(self.snapshot) if self.snapshot is not None else sb.reset())
             if self._closed:
                 await sb.close()
             else:
@@ -101,6 +108,9 @@ class AsyncSandboxPool:
         finally:
             self._creating -= 1
 
+    def _create(self) -> Any:
+        return AsyncSandbox.create(self.spec, snapshot=self.snapshot)
+
     def _kick(self) -> None:
         if self._wake is not None:
             self._wake.set()
@@ -111,7 +121,7 @@ class AsyncSandboxPool:
             return
         self._creating += missing
         try:
-            results = await asyncio.gather(*(AsyncSandbox.create(self.spec) for _ in range(missing)),
+            results = await asyncio.gather(*(self._create() for _ in range(missing)),
                                            return_exceptions=True)
         finally:
             self._creating -= missing
@@ -178,9 +188,9 @@ class SandboxPool:
     """Sync twin of ``AsyncSandboxPool``: ``with SandboxPool(spec, size=8) as pool:``."""
 
     def __init__(self, spec: SandboxSpec | None = None, size: int = 4, *, health_interval_s: float = 5.0,
-                 wait: bool = True):
+                 wait: bool = True, snapshot: Any = None):
         install_exit_handlers()
-        self._inner = AsyncSandboxPool(spec, size, health_interval_s=health_interval_s)
+        self._inner = AsyncSandboxPool(spec, size, health_interval_s=health_interval_s, snapshot=snapshot)
         self._wrappers: dict[int, Sandbox] = {}
         background_loop()
         run_sync(self._inner.start(wait=wait))

@@ -641,9 +641,12 @@ class AsyncRaySandboxPool:
     (proportional to its CPUs). A background task watches the hosts; when one is lost
     its sandboxes raise ``SandboxLost`` and its share is re-split over the others."""
 
-    def __init__(self, spec: SandboxSpec | None = None, size: int = 4, *, health_interval_s: float = 5.0):
+    def __init__(self, spec: SandboxSpec | None = None, size: int = 4, *, health_interval_s: float = 5.0,
+                 snapshot: Any = None):
         if not isinstance(size, int) or size < 0:
             raise SpecError("size", "must be a non-negative integer")
+        if snapshot is not None:  # the host actors' pools start from the image only
+            raise SpecError("snapshot", "a Ray pool starts sandboxes from the image; restore() after acquire()")
         self.spec, self.size, self.health_interval_s = spec or SandboxSpec(backend="ray"), size, health_interval_s
         self.pool_id = "pool-" + uuid.uuid4().hex[:10]
         self._busy: set[RaySandbox] = set()

@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
 # Install and start what the test suite talks to: a Docker engine (Debian's docker.io),
-# debootstrap for base images, and Chromium for the dashboard's screenshot test. Idempotent; only acts as root. Under CI=true a
-# missing service is an error, never a reason to skip tests.
+# debootstrap for base images (the SWE envs' Debian base too), and Chromium for the
+# dashboard's screenshot test. Idempotent; only acts as root. Under CI=true a missing
+# service is an error, never a reason to skip tests.
 set -euo pipefail
 
 log() { echo "[services] $*" >&2; }
 
+# --swe: only what building the SWE envs needs (make demo): debootstrap for their Debian base.
+swe_only=false
+[ "${1:-}" = --swe ] && swe_only=true
+
 need_apt=()
-command -v dockerd >/dev/null 2>&1 || need_apt+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || need_apt+=(debootstrap)
-command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+if ! $swe_only; then
+  command -v dockerd >/dev/null 2>&1 || need_apt+=(docker.io)
+  command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+fi
 
 if [ "${#need_apt[@]}" -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
@@ -21,6 +28,8 @@ if [ "${#need_apt[@]}" -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
+
+$swe_only && exit 0
 
 if ! docker info >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then

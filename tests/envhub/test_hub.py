@@ -277,3 +277,25 @@ def test_another_user_makes_the_env_from_the_same_bucket(s3_hub, counter, tmp_pa
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "reward 1.0"
     assert (tmp_path / "another-user" / "layers").is_dir()  # it pulled into its own store
+
+
+def test_private_files_reach_the_host_side_but_never_a_sandbox(pkg, file_hub, cache):
+    folder = pkg(name="secretive", snapshots=False)
+    (folder / "answers").mkdir()
+    (folder / "answers" / "key.txt").write_text("the-hidden-answer\n")
+    toml = (folder / "rockenv.toml").read_text()
+    (folder / "rockenv.toml").write_text('private = "answers"\n' + toml)
+    manifest = build(folder).manifest
+    assert manifest.private is not None and manifest.private in manifest.blobs()
+    assert all(manifest.private.digest != layer.digest for layer in manifest.layers)
+    publish(manifest, HubStore(file_hub))
+    env = pull("secretive@1", hub=file_hub, cache=cache)
+    assert (env.private_dir / "key.txt").read_text() == "the-hidden-answer\n"
+    pull("secretive@1", hub=file_hub)  # into this process's home, where sandboxes find it
+    with open_sandbox(SandboxSpec(image="hub:secretive@1.0.0")) as sb:
+        found = sb.run("grep -rIl the-hidden-answer /rockenv /opt /workspace /tmp 2>/dev/null; echo end").stdout
+    assert found == "end\n"
+    # envs without private files keep manifests without the key (byte-identical to before)
+    plain = build(pkg(name="plain", snapshots=False)).manifest
+    assert plain.private is None and b'"private"' not in plain.to_json()
+    assert EnvManifest.from_json(manifest.to_json(), "x") == manifest

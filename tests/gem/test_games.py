@@ -91,8 +91,10 @@ def play(env, moves: list[str], per_turn: int):
 
 # ---- gymnasium conformance -----------------------------------------------------------------
 @pytest.mark.parametrize("env_id", IDS)
-def test_check_env_via_make(env_id):
-    env = gymnasium.make(env_id)
+def test_check_env_via_make(env_id, request):
+    # rock/SWE-v0 serves the tasks of a hub: the one holding the default set.
+    kwargs = {"hub": request.getfixturevalue("swe_hub")} if env_id == "rock/SWE-v0" else {}
+    env = gymnasium.make(env_id, **kwargs)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         check_env(env.unwrapped)
