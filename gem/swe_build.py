@@ -250,33 +250,42 @@ async def _screen(layout: RepoLayout, image: str, want: int, *, seed: str, worke
         sources = {rel: (layout.root / rel).read_text() for rel in layout.sources}
         candidates = _order([m for rel, text in sources.items() for m in find_mutations(rel, text)], seed)
         kept: list[_Kept] = []
-        used: set[str] = set()
-        tried = 0
-        queue = iter(candidates)
+        used: set[str] = set()  # file:function of the bugs kept: one bug per function
+        pending, tried = list(candidates), 0
 
-        async def worker(sb: AsyncSandbox) -> None:
-            nonlocal tried
-            while len(kept) < want and tried < max_candidates:
-                m = next((c for c in queue if f"{c.file}:{c.function}" not in used), None)
-                if m is None:
-                    return
-                used.add(f"{m.file}:{m.function}")
-                tried += 1
-                mutated = {m.file: m.apply(sources[m.file])}
-                run = await screen.run(sb, mutated)
-                broken = [t for t in baseline if run.outcomes.get(t) != "passed"]
-                if run.timed_out or not broken or len(broken) * 2 > len(baseline):
-                    used.discard(f"{m.file}:{m.function}")  # the function may still yield a good bug
-                    continue
-                again = await screen.run(sb, mutated)
-                if [t for t in baseline if again.outcomes.get(t) != "passed"] != broken:
-                    continue  # flaky: the same bug must break the same tests every time
-                if len(kept) < want:
-                    kept.append(_Kept(m, broken, [t for t in baseline if t not in broken], run.messages))
+        def where(m: Mutation) -> str:
+            return f"{m.file}:{m.function}"
+
+        async def check(sb: AsyncSandbox, m: Mutation) -> _Kept | None:
+            mutated = {m.file: m.apply(sources[m.file])}
+            run = await screen.run(sb, mutated)
+            broken = [t for t in baseline if run.outcomes.get(t) != "passed"]
+            if run.timed_out or not broken or len(broken) * 2 > len(baseline):
+                return None
+            again = await screen.run(sb, mutated)
+            if [t for t in baseline if again.outcomes.get(t) != "passed"] != broken:
+                return None  # flaky: the same bug must break the same tests every time
+            return _Kept(m, broken, [t for t in baseline if t not in broken], run.messages)
+
+        # Rounds of one candidate per sandbox, decided in candidate order: the tasks depend
+        # on the seed and the test outcomes only, never on which sandbox finished first.
+        while len(kept) < want and tried < max_candidates:
+            batch: list[Mutation] = []
+            for m in pending:
+                if len(batch) == len(screen.boxes):
+                    break
+                if where(m) not in used and all(where(b) != where(m) for b in batch):
+                    batch.append(m)
+            if not batch:
+                break
+            pending = [m for m in pending if m not in batch]
+            tried += len(batch)
+            for m, k in zip(batch, await asyncio.gather(*(check(sb, m) for sb, m in zip(screen.boxes, batch)))):
+                if k is not None and len(kept) < want and where(m) not in used:
+                    used.add(where(m))
+                    kept.append(k)
                     say(f"  kept {len(kept)}/{want}: {m.kind} in {m.file}:{m.line} ({m.function or 'module'}) "
-                        f"breaks {len(broken)} test(s)")
-
-        await asyncio.gather(*(worker(sb) for sb in screen.boxes))
+                        f"breaks {len(k.fail_to_pass)} test(s)")
         return kept, tried
     finally:
         await screen.close()
