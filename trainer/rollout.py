@@ -13,7 +13,9 @@ Pieces, bottom up:
   seed on an asyncio loop in a background thread, admits new groups under the staleness
   bound ``async_ratio`` (alpha), and hands the trainer whole groups with
   :meth:`RolloutManager.get_batch`. Infra failures, stale samples and (with dynamic sampling)
-  zero-advantage groups are dropped, counted, and replaced by new groups.
+  zero-advantage groups are dropped, counted, and replaced by new groups. With
+  ``rollout.curriculum`` enabled, groups of a task start from states saved along one of its
+  successful episodes (:mod:`.curriculum`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .config import EnvConfig, TokenizerConfig, TrainConfig
+from .curriculum import Curriculum, Start, Trajectory, initialized_metrics, task_key
 from .engines import GenOutput, SamplingParams
 
 __all__ = ["Group", "PromptTemplate", "RolloutManager", "Sample", "make_env", "run_episode", "filter_stale"]
@@ -63,6 +66,7 @@ class Group:
     task_id: Any
     seed: int
     samples: list[Sample]
+    start_level: int = 0  # curriculum level it started at (turns before the goal); 0: from the beginning
 
     @property
     def version(self) -> int:
@@ -216,20 +220,36 @@ async def _env_call(env: Any, name: str, executor, *args, **kwargs):
 
 async def run_episode(env: Any, template: PromptTemplate, gen: BatchingGenerator, *, seed: int,
                       task_id: Any, sample_seed: int, max_turns: int, max_seq_len: int,
-                      max_new_tokens: int, executor=None) -> Sample:
-    """Play one episode token-in/token-out and return it as a :class:`Sample`."""
+                      max_new_tokens: int, executor=None, start: Start | None = None,
+                      trace: list | None = None) -> Sample:
+    """Play one episode token-in/token-out and return it as a :class:`Sample`.
+
+    ``start``: resume a saved state, after the exact tokens the recorded episode had there
+    (mask 0). ``trace``: a list that receives ``(env.save_state(), len(token_ids),
+    len(transcript))`` before each turn, from which a :class:`Trajectory` is made.
+    """
     s = Sample(task_id=task_id)
     gen.active += 1
     try:
-        options = {"task_id": task_id} if task_id is not None else None
+        if start is None:
+            options = {"task_id": task_id} if task_id is not None else None
+        else:
+            options = {"state": start.state}
         obs, info = await _env_call(env, "reset", executor, seed=seed, options=options)
-        s.transcript.append(["env", obs])
+        s.transcript = [["env", obs]] if start is None else [list(e) for e in start.transcript]
         if info.get("infra_error"):
             s.infra_error = str(info["infra_error"])
             return s
-        ids = template.first(obs)
+        if start is not None and obs != start.transcript[-1][1]:
+            # the prefix's last observation is what the policy acts on: it must be the env's
+            s.infra_error = "curriculum: the resumed state's observation differs from the recorded one"
+            return s
+        ids = template.first(obs) if start is None else start.token_ids
         s.token_ids, s.mask, s.behav_logp = list(ids), [0] * len(ids), [0.0] * len(ids)
         for turn in range(max_turns):
+            if trace is not None:
+                state = await _env_call(env, "save_state", executor)
+                trace.append((state, len(s.token_ids), len(s.transcript)))
             gen.active -= 1  # waiting on generation counts as "not about to send a request"
             try:
                 out, version = await gen.generate(s.token_ids, _mix(sample_seed, turn))
@@ -297,6 +317,8 @@ class RolloutManager:
                                        max_new_tokens=cfg.generation.max_new_tokens,
                                        stop_token_ids=[template.stop_id])
         self.rng = random.Random(cfg.seed)
+        cur = r.curriculum
+        self.curriculum = Curriculum(cur.promote_at, cur.window) if cur.enabled else None
         self.version = 0
         self.started = 0
         self.replaced = 0
@@ -369,6 +391,10 @@ class RolloutManager:
         metrics = {f"rollout/{k}": float(v - self._reported.get(k, 0)) for k, v in now.items()}
         self._reported = now
         metrics.update(batch_metrics(batch, step))
+        if self.curriculum is not None:
+            with self._cond:
+                metrics.update(self.curriculum.metrics())
+            metrics.update(initialized_metrics(batch))
         return batch, metrics
 
     def pause(self) -> None:
@@ -387,7 +413,8 @@ class RolloutManager:
         with self._cond:
             return {"ready": [dataclasses.asdict(g) for g in self.ready], "rng": self.rng.getstate(),
                     "started": self.started, "replaced": self.replaced, "next_gid": self.next_gid,
-                    "counters": dict(self.counters), "reported": dict(self._reported), "version": self.version}
+                    "counters": dict(self.counters), "reported": dict(self._reported), "version": self.version,
+                    "curriculum": self.curriculum.state_dict() if self.curriculum else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         with self._cond:
@@ -397,6 +424,8 @@ class RolloutManager:
             self.counters = defaultdict(int, state["counters"])
             self._reported = dict(state.get("reported", state["counters"]))
             self.version = state["version"]
+            if self.curriculum is not None and state.get("curriculum"):
+                self.curriculum.load_state_dict(state["curriculum"])
         self._notify()
 
     # ------------------------------------------------------------------ rollout thread
@@ -427,7 +456,7 @@ class RolloutManager:
         try:
             while not self._stop:
                 while self._can_start():
-                    t = asyncio.get_running_loop().create_task(self._guard(self._run_group(*self._next_group())))
+                    t = asyncio.get_running_loop().create_task(self._guard(self._run_group(**self._next_group())))
                     tasks.add(t)
                     t.add_done_callback(tasks.discard)
                 self._wake.clear()
@@ -456,7 +485,7 @@ class RolloutManager:
             allowed = (self.version + self.alpha + 1) * self.bg + self.replaced
             return (not self.paused and self.in_flight < self.max_groups and self.started < allowed)
 
-    def _next_group(self) -> tuple[int, EnvConfig, Any, int]:
+    def _next_group(self) -> dict[str, Any]:
         with self._cond:
             envs = self.cfg.envs
             spec = self.rng.choices(envs, weights=[e.weight for e in envs])[0] if len(envs) > 1 else envs[0]
@@ -466,22 +495,39 @@ class RolloutManager:
             self.next_gid += 1
             self.started += 1
             self.in_flight += 1
-        return gid, spec, task, seed
+            level, start, trace = 0, None, False
+            if self.curriculum is not None and task is not None:
+                key = task_key(spec.id, task)
+                level, start = self.curriculum.start(key)
+                trace = self.curriculum.tracing(key)
+        return {"gid": gid, "spec": spec, "task": task, "seed": seed, "level": level, "start": start,
+                "trace": trace}
 
-    async def _run_group(self, gid: int, spec: EnvConfig, task: Any, seed: int) -> None:
+    async def _run_group(self, gid: int, spec: EnvConfig, task: Any, seed: int, level: int = 0,
+                         start: Start | None = None, trace: bool = False) -> None:
         cfg = self.cfg
+
+        async def episode(i: int, env: Any) -> tuple[Sample, list | None]:
+            turns = [] if trace else None
+            s = await run_episode(
+                env, self.template, self.gen, seed=seed, task_id=task, sample_seed=_mix(cfg.seed, gid, i),
+                max_turns=cfg.rollout.max_turns, max_seq_len=cfg.rollout.max_seq_len,
+                max_new_tokens=cfg.generation.max_new_tokens, executor=self._env_exec, start=start, trace=turns)
+            return s, turns
+
         envs = [self.env_factory(spec) for _ in range(self.G + self.r)]
-        tasks = [asyncio.get_running_loop().create_task(run_episode(
-            env, self.template, self.gen, seed=seed, task_id=task, sample_seed=_mix(cfg.seed, gid, i),
-            max_turns=cfg.rollout.max_turns, max_seq_len=cfg.rollout.max_seq_len,
-            max_new_tokens=cfg.generation.max_new_tokens, executor=self._env_exec)) for i, env in enumerate(envs)]
+        tasks = [asyncio.get_running_loop().create_task(episode(i, env)) for i, env in enumerate(envs)]
         valid: list[Sample] = []
         try:
             for fut in asyncio.as_completed(tasks):
-                s = await fut
+                s, turns = await fut
                 if s.infra_error:
                     self.counters["infra_samples_dropped"] += 1
                     continue
+                if turns and s.success:  # copies: the sample goes on to the trainer
+                    traj = Trajectory(list(s.token_ids), [list(e) for e in s.transcript], turns)
+                    with self._cond:
+                        self.curriculum.record(task_key(spec.id, task), traj)
                 s.env_id, s.group_id = spec.id, gid
                 valid.append(s)
                 if len(valid) == self.G:
@@ -500,6 +546,11 @@ class RolloutManager:
                     pass
             self.gen.poke()
         self.counters["redundant_cancelled"] += cancelled
+        if level and valid:  # before dynamic sampling: an all-success group is what moves the level
+            success = sum(s.success for s in valid) / len(valid)
+            with self._cond:
+                moved = self.curriculum.observe(task_key(spec.id, task), level, success)
+            self.counters["curriculum_promotions"] += int(moved)
         keep = len(valid) >= min(self.G, 2)
         if keep and cfg.algorithm.dynamic_sampling and len({round(s.reward, 9) for s in valid}) == 1:
             self.counters["zero_adv_groups_dropped"] += 1
@@ -509,7 +560,7 @@ class RolloutManager:
         with self._cond:
             self.in_flight -= 1
             if keep:
-                self.ready.append(Group(gid, spec.id, task, seed, valid))
+                self.ready.append(Group(gid, spec.id, task, seed, valid, start_level=level))
                 self.counters["groups_done"] += 1
             else:
                 self.replaced += 1

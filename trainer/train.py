@@ -168,10 +168,13 @@ def _seed_everything(seed: int, deterministic: bool) -> None:
 
 def make_generator(cfg: TrainConfig, lm, tokenizer):
     if cfg.generation.backend == "vllm":
-        if not cfg.model.name_or_path:
-            raise ValueError("generation.backend=vllm needs model.name_or_path (a checkpoint vLLM can load)")
-        return VLLMEngine(cfg.model.name_or_path, gpu_memory_utilization=cfg.generation.gpu_memory_utilization,
-                          seed=cfg.seed)
+        path = cfg.model.name_or_path
+        if not path:  # a tiny model built from the config: vLLM loads models from a folder
+            path = str(Path(cfg.logging.dir) / "generator_model")
+            lm.save_pretrained(path)
+            tokenizer.save_pretrained(path)
+        return VLLMEngine(path, gpu_memory_utilization=cfg.generation.gpu_memory_utilization, seed=cfg.seed,
+                          dtype=cfg.model.dtype)
     gen_model = copy.deepcopy(lm)  # its own copy: weights move only at sync points
     return TransformersEngine(gen_model, tokenizer.pad_token_id)
 
@@ -191,9 +194,11 @@ def train(config: TrainConfig | dict | str | Path, *, env_factory=None) -> dict[
     if cfg.algorithm.kl_coef > 0:
         ref = copy.deepcopy(lm).eval().requires_grad_(False)
         ref_forward = lambda ids, attn: (ref(input_ids=ids, attention_mask=attn, use_cache=False).logits, None)  # noqa: E731
+    # The generator copies ``lm`` before the policy engine wraps it: ZeRO-3 partitions the
+    # parameters in place (each becomes an empty placeholder), so a later copy has no weights.
+    generator = make_generator(cfg, lm, tokenizer)
     batch_size = cfg.rollout.batch_groups * cfg.rollout.group_size
     policy = make_policy(module, cfg.engine, batch_size // cfg.algorithm.mini_batches)
-    generator = make_generator(cfg, lm, tokenizer)
     template = PromptTemplate(tokenizer, cfg.tokenizer)
     rollout = RolloutManager(cfg, generator, template, env_factory=env_factory)
 

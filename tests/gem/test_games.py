@@ -90,11 +90,16 @@ def play(env, moves: list[str], per_turn: int):
 
 
 # ---- gymnasium conformance -----------------------------------------------------------------
+def make(env_id, request, **kwargs):
+    # rock/SWE-v0 serves the tasks of a hub: the one holding the default set.
+    if env_id == "rock/SWE-v0":
+        kwargs["hub"] = request.getfixturevalue("swe_hub")
+    return gymnasium.make(env_id, **kwargs)
+
+
 @pytest.mark.parametrize("env_id", IDS)
 def test_check_env_via_make(env_id, request):
-    # rock/SWE-v0 serves the tasks of a hub: the one holding the default set.
-    kwargs = {"hub": request.getfixturevalue("swe_hub")} if env_id == "rock/SWE-v0" else {}
-    env = gymnasium.make(env_id, **kwargs)
+    env = make(env_id, request)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         check_env(env.unwrapped)
@@ -115,8 +120,8 @@ def test_register_builtin_is_idempotent():
 
 
 @pytest.mark.parametrize("env_id", IDS)
-def test_random_sample_is_a_format_error(env_id):
-    env = gymnasium.make(env_id)
+def test_random_sample_is_a_format_error(env_id, request):
+    env = make(env_id, request)
     env.reset(seed=0)
     env.action_space.seed(0)
     for _ in range(3):
@@ -127,8 +132,8 @@ def test_random_sample_is_a_format_error(env_id):
 
 
 @pytest.mark.parametrize("env_id", IDS)
-def test_render_ansi(env_id):
-    env = gymnasium.make(env_id, render_mode="ansi")
+def test_render_ansi(env_id, request):
+    env = make(env_id, request, render_mode="ansi")
     obs, _ = env.reset(seed=4)
     text = env.render()
     assert isinstance(text, str) and text

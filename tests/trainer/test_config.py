@@ -9,7 +9,7 @@ from rockroll.trainer.config import ConfigError, load_config
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-@pytest.mark.parametrize("name", ["frozenlake_cpu.yaml", "qwen_gpu.yaml"])
+@pytest.mark.parametrize("name", ["frozenlake_cpu.yaml", "frozenlake_curriculum_cpu.yaml", "qwen_gpu.yaml"])
 def test_examples_load(name):
     cfg = load_config(EXAMPLES / name)
     assert cfg.rollout.group_size >= 1 and cfg.envs
@@ -41,6 +41,13 @@ def test_defaults_and_nested():
     ({"stepz": 3}, "stepz: unknown key"),
     ({"rollout": 5}, "rollout: must be a mapping"),
     ({"deterministic": "yes"}, "deterministic: must be true or false"),
+    ({"rollout": {"curriculum": {"promote_at": 0}}}, "rollout.curriculum.promote_at: must be in (0, 1]"),
+    ({"rollout": {"curriculum": {"window": 0}}}, "rollout.curriculum.window: must be >= 1"),
+    ({"rollout": {"curriculum": {"enable": True}}}, "rollout.curriculum.enable: unknown key"),
+    ({"rollout": {"curriculum": {"enabled": True}}}, "rollout.curriculum.enabled: needs an env with task_ids"),
+    ({"rollout": {"curriculum": {"enabled": True}},
+      "envs": [{"id": "rock/FrozenLake-v0", "task_ids": [0]}, {"id": "rock/FrozenLake-v0", "task_ids": [1]}]},
+     "rollout.curriculum.enabled: needs distinct env ids"),
 ])
 def test_errors_name_the_key(data, key):
     with pytest.raises(ConfigError) as e:

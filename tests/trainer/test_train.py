@@ -1,34 +1,14 @@
-"""End to end: tiny GRPO runs on FrozenLake with the torch engine and with real DeepSpeed
-ZeRO-1 on CPU (gloo), artifacts of a run, and checkpoint/resume equality."""
+"""End to end: tiny GRPO runs on FrozenLake with the torch engine, artifacts of a run, every
+algorithm's update, and checkpoint/resume equality (DeepSpeed: test_deepspeed.py)."""
 
 import json
 
 import pytest
 import torch
 
-from rockroll.trainer.config import load_config
 from rockroll.trainer.train import train
 
-
-def _cfg(tmp_path, **over):
-    data = {
-        "steps": 2, "seed": 3, "deterministic": True,
-        "model": {"hidden_size": 64, "num_layers": 1, "num_heads": 1, "intermediate_size": 64},
-        "tokenizer": {"build_dir": str(tmp_path.parent / "tok")},
-        "envs": [{"id": "rock/FrozenLake-v0", "kwargs": {"max_actions_per_turn": 1}, "task_ids": [0, 1]}],
-        "rollout": {"group_size": 3, "batch_groups": 2, "max_turns": 3, "batch_wait_ms": 10_000},
-        "algorithm": {"name": "grpo", "format_penalty": -0.1},
-        "engine": {"lr": 0.01},
-        "generation": {"max_new_tokens": 1},
-        "logging": {"dir": str(tmp_path / "run"), "progress": False, "plot_every": 1},
-    }
-    for dotted, v in over.items():
-        node = data
-        *parents, leaf = dotted.split("__")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = v
-    return load_config(data)
+from _tiny import TinyTok, multi_turn_groups, run_config as _cfg  # noqa: E402
 
 
 def _weights(out):
@@ -60,53 +40,23 @@ def test_torch_engine_run_and_artifacts(tmp_path):
 def test_every_algorithm_updates_the_policy(algo):
     """update_policy on a hand-made multi-turn batch: finite loss, weights move, and only
     through response tokens (observation tokens carry no gradient signal)."""
-    import random
-
-    from rockroll.trainer.config import AlgorithmConfig, IPAConfig, ModelConfig
+    from rockroll.trainer.config import AlgorithmConfig, EngineConfig, IPAConfig, ModelConfig
     from rockroll.trainer.models import build_model
     from rockroll.trainer.policy import ActorModule, TorchPolicy
-    from rockroll.trainer.rollout import Group, Sample
     from rockroll.trainer.train import collate, update_policy
-    from rockroll.trainer.config import EngineConfig
 
-    class Tok:
-        pad_token_id, bos_token_id, eos_token_id = 0, 1, 2
-
-        def __len__(self):
-            return 32
-
-    rng = random.Random(0)
-    groups = []
-    for gid in range(2):
-        samples = []
-        for i in range(3):
-            mask = [0] * 5 + [1] * 2 + [0] * 3 + [1] * (1 + i)
-            samples.append(Sample(token_ids=[rng.randrange(3, 32) for _ in mask], mask=mask,
-                                  behav_logp=[-3.0 * m for m in mask], reward=float(i == gid),
-                                  group_id=gid, version=0))
-        groups.append(Group(gid, "e", None, 0, samples))
+    groups = multi_turn_groups()
     name = "grpo" if algo == "grpo_ipa" else algo
     acfg = AlgorithmConfig(name=name, ipa=IPAConfig(enabled=algo == "grpo_ipa", gamma=0.9),
                            kl_coef=0.01 if algo in ("reinforce_pp", "ppo") else 0.0,
                            mini_batches=2 if algo == "ppo" else 1, ppo_epochs=2 if algo == "ppo" else 1)
-    lm = build_model(ModelConfig(hidden_size=64, num_layers=1, num_heads=1, intermediate_size=64), Tok(), 0)
+    lm = build_model(ModelConfig(hidden_size=64, num_layers=1, num_heads=1, intermediate_size=64), TinyTok(), 0)
     policy = TorchPolicy(ActorModule(lm, with_value=name == "ppo"), EngineConfig(lr=0.01))
     before = {k: v.clone() for k, v in lm.state_dict().items()}
     ref = lambda ids, a: (lm(input_ids=ids, attention_mask=a).logits.detach(), None)  # noqa: E731
     met = update_policy(policy, acfg, collate(groups, 0), 1.0, ref if acfg.kl_coef else None)
     assert torch.isfinite(torch.tensor(met["loss/total"]))
     assert any(not torch.equal(before[k], v) for k, v in lm.state_dict().items())
-
-
-def test_deepspeed_zero1_cpu(tmp_path):
-    out = train(_cfg(tmp_path, steps=2, engine__kind="deepspeed", engine__zero_stage=1,
-                     logging__tensorboard=False))
-    assert [h["step"] for h in out["history"]] == [0, 1]
-    assert all(torch.isfinite(torch.tensor(h["loss/total"])) for h in out["history"])
-    from rockroll.trainer.policy import DeepSpeedPolicy
-
-    assert isinstance(out["policy"], DeepSpeedPolicy)
-    assert out["policy"].engine.zero_optimization_stage() == 1
 
 
 def test_checkpoint_resume_matches_straight_run(tmp_path):

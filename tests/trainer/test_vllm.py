@@ -1,0 +1,108 @@
+"""vLLM generation engine (the optional ``vllm`` extra; skipped where vLLM is not installed).
+
+One training run with ``generation.backend: vllm`` on a tiny Llama (head dimension 64, what
+vLLM's CPU kernels need) starts one engine; the tests then check that engine against the
+trained policy: token ids in, token ids and behaviour log-probs (temperature applied) out,
+per-request seeds, stop tokens, and the weight sync after a further training step.
+"""
+
+import random
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from rockroll.trainer.config import AlgorithmConfig, load_config  # noqa: E402
+from rockroll.trainer.engines import SamplingParams, VLLMEngine  # noqa: E402
+from rockroll.trainer.rollout import Group, PromptTemplate, Sample  # noqa: E402
+from rockroll.trainer.train import collate, train, update_policy  # noqa: E402
+
+T = 0.8  # a temperature != 1: the reported log-probs must be those of the sampled distribution
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("vllm")
+    cfg = load_config({
+        "steps": 2, "seed": 0,
+        "model": {"hidden_size": 64, "num_layers": 1, "num_heads": 1, "intermediate_size": 64},
+        "envs": [{"id": "rock/FrozenLake-v0", "kwargs": {"max_actions_per_turn": 1}, "task_ids": [0, 1]}],
+        "rollout": {"group_size": 2, "batch_groups": 2, "max_turns": 2},
+        "engine": {"lr": 0.05},
+        "generation": {"backend": "vllm", "gpu_memory_utilization": 0.3, "temperature": T,
+                       "max_new_tokens": 2},
+        "logging": {"dir": str(tmp / "run"), "progress": False, "tensorboard": False, "plot": False},
+    })
+    out = train(cfg)
+    out["template"] = PromptTemplate(out["tokenizer"], cfg.tokenizer)
+    return out
+
+
+def _policy_logp(lm, prompt: list[int], out_ids: list[int]) -> list[float]:
+    """log pi(out_ids | prompt) at temperature T, recomputed by the trainer's model."""
+    with torch.no_grad():
+        logits = lm(input_ids=torch.tensor([prompt + out_ids])).logits[0, len(prompt) - 1: -1].float() / T
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(out_ids)[:, None]).squeeze(-1).tolist()
+
+
+def _prompts(run) -> list[list[int]]:
+    tpl, tok = run["template"], run["tokenizer"]
+    right = tok.encode("Right", add_special_tokens=False)
+    return [tpl.first("FrozenLake. Reply with your moves."),
+            tpl.first("P_G\n___") + right + tpl.next("Moves: Right.", reply_stopped=False),
+            tpl.first("x")]
+
+
+def _generate(run, prompts, seeds):
+    sampling = SamplingParams(temperature=T, max_new_tokens=4, stop_token_ids=[run["template"].stop_id],
+                              seeds=seeds)
+    return run["generator"].generate(prompts, sampling)
+
+
+def _check_against_policy(run, prompts, outs):
+    lm = run["policy"].module.lm
+    stop = run["template"].stop_id
+    for p, o in zip(prompts, outs):
+        assert 1 <= len(o.token_ids) <= 4 and len(o.logprobs) == len(o.token_ids)
+        assert all(isinstance(t, int) and 0 <= t < len(run["tokenizer"]) for t in o.token_ids)
+        assert o.finish_reason == ("stop" if o.token_ids[-1] == stop else "length")
+        assert stop not in o.token_ids[:-1]
+        assert o.logprobs == pytest.approx(_policy_logp(lm, p, o.token_ids), abs=2e-4)
+
+
+def test_training_run_with_vllm_generator(run):
+    assert isinstance(run["generator"], VLLMEngine)
+    assert [h["step"] for h in run["history"]] == [0, 1]
+    assert run["generator"].version == 2
+    assert all(h["rollout/samples"] == 4 and h["rollout/staleness_max"] == 0 for h in run["history"])
+
+
+def test_token_ids_and_logprobs_match_the_policy(run):
+    prompts, seeds = _prompts(run), [11, 12, 13]
+    outs = _generate(run, prompts, seeds)
+    _check_against_policy(run, prompts, outs)
+    # a request's sample depends on its seed, not on its batch-mates
+    again = _generate(run, prompts[1:2], seeds[1:2])[0]
+    assert again.token_ids == outs[1].token_ids and again.logprobs == pytest.approx(outs[1].logprobs, abs=1e-5)
+
+
+def test_load_weights_after_a_training_step(run):
+    prompts, seeds = _prompts(run), [21, 22, 23]
+    before = _generate(run, prompts, seeds)
+    # one more optimizer step of the trainer on a hand-made batch
+    rng = random.Random(0)
+    vocab = len(run["tokenizer"])
+    groups = [Group(g, "e", None, 0, [
+        Sample(token_ids=[rng.randrange(6, vocab) for _ in range(8)], mask=[0] * 5 + [1] * 3,
+               behav_logp=[0.0] * 8, reward=float(i == g), group_id=g, version=2) for i in range(2)])
+        for g in range(2)]
+    policy = run["policy"]
+    update_policy(policy, AlgorithmConfig(), collate(groups, run["tokenizer"].pad_token_id), T)
+    run["generator"].load_weights(policy.sync_state_dict(), version=3)
+    assert run["generator"].version == 3
+    after = _generate(run, prompts, seeds)
+    _check_against_policy(run, prompts, after)  # the new weights, not a stale prefix cache
+    old_lp = [_policy_logp(policy.module.lm, p, o.token_ids) for p, o in zip(prompts, before)]
+    moved = max(abs(a - b) for o, lp in zip(before, old_lp) for a, b in zip(o.logprobs, lp))
+    assert moved > 1e-3, "the step did not change the policy enough for this test to mean anything"
