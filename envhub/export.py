@@ -37,7 +37,7 @@ def export_docker(image: str, tag: str, *, snapshot: str | None = None, workdir:
         raise HubError("the docker CLI is not installed")
     spec = SandboxSpec(image=image, workdir=workdir, memory_mb=2048, timeout_s=timeout)
     with tempfile.TemporaryDirectory(prefix="rockroll-export-") as tmp, open_sandbox(spec, snapshot=snapshot) as sb:
-        if sb.read_file("/etc/os-release") is None:
+        if not sb.exists("/etc/os-release"):
             raise HubError(f"{image!r} has no /etc/os-release: not a whole root filesystem")
         for cmd in prepare:
             r = sb.run(cmd, timeout=timeout)

@@ -31,6 +31,7 @@ Where tasks come from:
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -153,7 +154,14 @@ def task_from_record(record: dict[str, Any], where: str = "task") -> SWETask:
 
 
 def load_swe_tasks(path: str | os.PathLike) -> tuple[SWETask, ...]:
-    """Tasks from a JSONL file of SWE-bench records."""
+    """Tasks from a JSONL file of SWE-bench records (parsed once per file version: a vector
+    env of n SWE envs reads a hub's task files once, not n times)."""
+    st = os.stat(path)
+    return _load_swe_tasks(os.fspath(path), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _load_swe_tasks(path: str, mtime_ns: int, size: int) -> tuple[SWETask, ...]:
     tasks = []
     with open(path) as f:
         for lineno, line in enumerate(f, 1):

@@ -218,6 +218,16 @@ class _Screen:
         outcomes, messages = read_report(raw)
         return _Run(outcomes, messages, r.timed_out)
 
+    async def commit(self, sb: AsyncSandbox, files: dict[str, str]) -> str:
+        """The hash the buggy state's reproducible commit gets (the task's base_commit)."""
+        await sb.restore(self.clean)
+        for path, text in files.items():
+            await sb.write_file(f"{WORKDIR}/{path}", text)
+        r = await sb.run(f"{git_init_script()} && git rev-parse HEAD", timeout=120)
+        if not r.ok:
+            raise BuildSWEError(f"git commit of the buggy state failed: {r.stderr.strip()[-300:]}")
+        return r.stdout.strip().splitlines()[-1]
+
     async def close(self) -> None:
         for sb in self.boxes:
             await sb.close()
@@ -286,6 +296,8 @@ async def _screen(layout: RepoLayout, image: str, want: int, *, seed: str, worke
                     kept.append(k)
                     say(f"  kept {len(kept)}/{want}: {m.kind} in {m.file}:{m.line} ({m.function or 'module'}) "
                         f"breaks {len(k.fail_to_pass)} test(s)")
+        for k in kept:
+            k.base_commit = await screen.commit(screen.boxes[0], {k.mutation.file: k.mutation.apply(sources[k.mutation.file])})
         return kept, tried
     finally:
         await screen.close()
@@ -322,7 +334,7 @@ def write_package(folder: Path, *, name: str, version: str, layout: RepoLayout, 
                   kept: list[_Kept], license: str) -> list[dict]:
     """The hub env package of ``kept`` tasks; returns the task records."""
     ename, ever = env_name(name), env_version(version)
-    image = f"hub:{ename}@{ever}"
+    image, major = f"hub:{ename}@{ever}", ever.split(".")[0]
     shutil.copytree(layout.root, folder / "repo", symlinks=True)
     (folder / "private").mkdir(parents=True)
     records, snapshot_tables = [], []
@@ -348,7 +360,7 @@ def write_package(folder: Path, *, name: str, version: str, layout: RepoLayout, 
         f"name = {_toml(ename)}", f"version = {_toml(ever)}",
         f"description = {_toml(f'{len(records)} repair tasks: bugs injected into {name} {version} (sdist), its tests grade')}",
         f"license = {_toml(license)}", f"base = {_toml('hub:' + base_ref)}",
-        f"gym_id = {_toml(f'rock/{ename}-v{ever.split(chr(46))[0]}')}",
+        f"gym_id = {_toml(f'rock/{ename}-v{major}')}",
         f"setup = {_toml(layout.setup_commands())}", "setup_timeout_s = 600", 'private = "private"', "",
         "[files]", f'"repo" = {_toml(WORKDIR)}', "",
         "[env]", f"entry_point = {_toml('rockroll.gem.swe:SWEEnv')}", "", *snapshot_tables,
@@ -428,7 +440,6 @@ def build_swe(packages: Sequence[str], *, tasks: int = 10, hub: str | None = Non
                 raise BuildSWEError(f"{name}=={version}: only {len(kept)} of {tasks} bugs kept after "
                                     f"{tried} candidates (try fewer --tasks or another package)")
             kept.sort(key=lambda k: (k.mutation.file, k.mutation.start))
-            asyncio.run(_commits(f"hub:{base_ref}", layout, kept))
             folder = Path(tmp) / "package"
             records = write_package(folder, name=name, version=version, layout=layout, base_ref=base_ref,
                                     kept=kept, license=_license(root))
@@ -438,20 +449,3 @@ def build_swe(packages: Sequence[str], *, tasks: int = 10, hub: str | None = Non
             say(f"{ref}: published on {hub}")
             out.append(BuiltEnv(f"{name}=={version}", ref, created, len(records), tried, records))
     return out
-
-
-async def _commits(image: str, layout: RepoLayout, kept: list[_Kept]) -> None:
-    """Each task's base_commit: the hash the snapshot's reproducible commit gets."""
-    async with await AsyncSandbox.create(SandboxSpec(image=image, workdir=WORKDIR)) as sb:
-        await sb.upload(layout.root, WORKDIR)
-        for cmd in layout.setup_commands():
-            await sb.run(cmd, timeout=300)
-        clean = await sb.snapshot()
-        for k in kept:
-            await sb.restore(clean)
-            src = (layout.root / k.mutation.file).read_text()
-            await sb.write_file(f"{WORKDIR}/{k.mutation.file}", k.mutation.apply(src))
-            r = await sb.run(f"{git_init_script()} && git rev-parse HEAD", timeout=120)
-            if not r.ok:
-                raise BuildSWEError(f"git commit of the buggy state failed: {r.stderr.strip()[-300:]}")
-            k.base_commit = r.stdout.strip().splitlines()[-1]
