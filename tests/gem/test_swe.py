@@ -154,3 +154,19 @@ def test_unknown_task_and_empty_hub_are_clear_errors(swe_hub, tmp_path):
         SWEEnv(hub=swe_hub, task_ids=["nope"])
     with pytest.raises(ValueError, match="no SWE tasks on the hub .*build-swe"):
         SWEEnv(hub=str(tmp_path / "empty-hub"))
+
+
+def test_vector_envs_step_concurrently_from_per_task_pools(swe_hub, tasks):
+    from rockroll.gem import make_vec
+
+    picked = [tasks[0].id, tasks[10].id]
+    vec = make_vec("rock/SWE-v0", 4, hub=swe_hub, task_ids=picked)
+    try:
+        obs, info = vec.reset(seed=0)
+        assert set(info["task_id"]) <= set(picked) and all("Issue:" in o for o in obs)
+        obs, rewards, terminated, truncated, info = vec.step(['```bash\ngit status --porcelain | wc -l\n```'] * 4)
+        assert all("exit code: 0\nstdout:\n0\n" in o for o in obs) and not terminated.any()
+        obs, rewards, terminated, truncated, info = vec.step(["<submit/>"] * 4)
+        assert terminated.all() and (rewards == 0.0).all()
+    finally:
+        vec.close()

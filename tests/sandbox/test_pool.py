@@ -82,3 +82,26 @@ async def test_async_pool_acquire_many():
         assert len({b.id for b in boxes}) == 5
         for b in boxes:
             await pool.release(b)
+
+
+def test_a_snapshot_pool_hands_out_and_returns_to_that_state():
+    from rockroll.sandbox import open_sandbox
+
+    with open_sandbox(SPEC) as sb:
+        sb.run("mkdir -p /workspace/repo && cd /workspace/repo && echo base > state.txt && export STAGE=saved")
+        snap = sb.snapshot()
+    with SandboxPool(SPEC, size=2, snapshot=snap) as pool:
+        assert pool.idle == 2
+        a = pool.acquire()
+        assert a.run("pwd; cat state.txt; echo $STAGE").stdout == "/workspace/repo\nbase\nsaved\n"
+        a.run("echo dirty > state.txt; touch junk; cd /tmp")
+        pool.release(a)
+        assert _wait(lambda: pool.idle == 2 and pool.busy == 0)
+        for sb in [pool.acquire() for _ in range(3)]:  # recycled ones and one created on demand
+            assert sb.run("pwd; ls; cat state.txt").stdout == "/workspace/repo\nstate.txt\nbase\n"
+            pool.release(sb)
+
+
+def test_a_ray_pool_refuses_a_snapshot_clearly():
+    with pytest.raises(SpecError, match="snapshot"):
+        AsyncSandboxPool(SandboxSpec(backend="ray"), 2, snapshot="sha256:" + "0" * 64)
