@@ -11,8 +11,10 @@ per episode driven through the Docker CLI (the gem-llm / SWE-ReX way), in the sa
    exec`` per command, N/8 episodes at a time in threads.
 
 Needs the default SWE set on the default hub (``rockroll envs build-swe --default``).
-gem-llm itself is not run: its terminal env pulls its images from a registry this
-machine cannot reach; the docker CLI rows measure the same design with the same image.
+gem-llm itself is not run: its terminal env (gem-llm 0.1.0, gem/envs/terminal/docker_env.py)
+drives terminal-bench tasks through docker compose, building per-task images from Dockerfiles
+whose bases come from a registry this machine cannot reach; the docker CLI rows measure the
+same design (a container per episode, one exec per command) with the same image.
 Prints a table, writes bench/results/envs.json; removes every container and image it made.
 """
 
