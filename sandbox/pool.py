@@ -105,6 +105,8 @@ class AsyncSandboxPool:
             self.replaced += 1
             await self._discard(sb)
             self._kick()
+        except RuntimeError:
+            pass  # the interpreter is shutting down: executors refuse new work, the exit reaper closes sb
         finally:
             self._creating -= 1
 
@@ -146,11 +148,11 @@ class AsyncSandboxPool:
     async def _maintain(self) -> None:
         while not self._closed:
             try:
-                await asyncio.wait_for(self._wake.wait(), self.health_interval_s)
-            except asyncio.TimeoutError:
-                await self._health_check()
-            self._wake.clear()
-            try:
+                try:
+                    await asyncio.wait_for(self._wake.wait(), self.health_interval_s)
+                except asyncio.TimeoutError:
+                    await self._health_check()
+                self._wake.clear()
                 await self._fill()
             except SandboxError:
                 await asyncio.sleep(1.0)  # cannot create right now: retry, don't spin

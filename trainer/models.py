@@ -31,8 +31,9 @@ def _env_texts(envs: list[EnvConfig], episodes: int = 8) -> list[str]:
     for spec in envs:
         env = gymnasium.make(spec.id, **spec.kwargs).unwrapped
         for i in range(episodes):
-            task = spec.task_ids[i % len(spec.task_ids)] if spec.task_ids else i
-            obs, _ = env.reset(seed=i, options={"task_id": task})
+            # without task_ids the seed picks the task: tool envs' ids are names, not 0..n
+            options = {"task_id": spec.task_ids[i % len(spec.task_ids)]} if spec.task_ids else None
+            obs, _ = env.reset(seed=i, options=options)
             texts.append(obs)
             for action in ["Right", "Down", "blah", "Left", "Up", "Down", "Right", "Down", "Right"]:
                 try:

@@ -9,7 +9,7 @@ from rockroll.trainer.config import ConfigError, load_config
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-@pytest.mark.parametrize("name", ["frozenlake_cpu.yaml", "frozenlake_curriculum_cpu.yaml", "qwen_gpu.yaml"])
+@pytest.mark.parametrize("name", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
 def test_examples_load(name):
     cfg = load_config(EXAMPLES / name)
     assert cfg.rollout.group_size >= 1 and cfg.envs
