@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "AlgorithmConfig", "CheckpointConfig", "ConfigError", "CurriculumConfig", "EngineConfig", "EnvConfig",
+    "AlgorithmConfig", "CheckpointConfig", "ConfigError", "CurriculumConfig", "EngineConfig", "EnvConfig", "EvalConfig",
     "GenerationConfig", "IPAConfig", "LoggingConfig", "ModelConfig", "RolloutConfig",
     "TokenizerConfig", "TrainConfig", "config_to_dict", "load_config",
 ]
@@ -243,6 +243,21 @@ class LoggingConfig:
 
 
 @dataclass
+class EvalConfig:
+    """Evaluation with the current weights every ``every`` steps (0: never), before step 0 and
+    after the last step: ``episodes`` per env from each task's first observation, on a fixed
+    list of seeds, at the generation temperature. Written to ``<logging.dir>/eval.jsonl``."""
+
+    every: int = 0
+    episodes: int = 32
+    seed: int = 1_000_003
+
+    def validate(self, p: str) -> None:
+        _check(self.every >= 0, f"{p}.every", "must be >= 0")
+        _check(self.episodes >= 1, f"{p}.episodes", "must be >= 1")
+
+
+@dataclass
 class TrainConfig:
     steps: int = 100
     seed: int = 0
@@ -256,6 +271,7 @@ class TrainConfig:
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def validate(self, p: str = "") -> None:
         _check(self.steps >= 0, "steps", "must be >= 0")
@@ -263,7 +279,7 @@ class TrainConfig:
         for i, env in enumerate(self.envs):
             env.validate(f"envs[{i}]")
         for name in ("model", "tokenizer", "rollout", "algorithm", "engine", "generation",
-                     "checkpoint", "logging"):
+                     "checkpoint", "logging", "eval"):
             getattr(self, name).validate(name)
         if self.rollout.curriculum.enabled:  # a saved trajectory belongs to one task of one env
             key = "rollout.curriculum.enabled"

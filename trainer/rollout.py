@@ -428,6 +428,44 @@ class RolloutManager:
                 self.curriculum.load_state_dict(state["curriculum"])
         self._notify()
 
+    def evaluate(self, episodes: int, seed: int) -> dict[str, float]:
+        """Play ``episodes`` fresh episodes per env with the generator's current weights and
+        return ``eval/...`` metrics (per env too when there are several).
+
+        Every episode starts at its task's first observation (never at a curriculum state),
+        tasks cycle through the env's ``task_ids``, and the env and sampling seeds come from
+        ``seed`` alone: evaluations at different steps play the same episodes, so their success
+        rates compare. Training rollouts keep running meanwhile and share the generator's
+        batches; episodes that hit an infrastructure error are left out and counted."""
+        if self._loop is None:
+            raise RuntimeError("evaluate() needs a started RolloutManager")
+        return asyncio.run_coroutine_threadsafe(self._evaluate(episodes, seed), self._loop).result()
+
+    async def _evaluate(self, episodes: int, seed: int) -> dict[str, float]:
+        cfg = self.cfg
+
+        async def episode(spec: EnvConfig, j: int) -> Sample:
+            env = self.env_factory(spec)
+            try:
+                task = spec.task_ids[j % len(spec.task_ids)] if spec.task_ids else None
+                s = await run_episode(
+                    env, self.template, self.gen, seed=_mix(seed, j), task_id=task, sample_seed=_mix(seed + 1, j),
+                    max_turns=cfg.rollout.max_turns, max_seq_len=cfg.rollout.max_seq_len,
+                    max_new_tokens=cfg.generation.max_new_tokens, executor=self._env_exec)
+                s.env_id = spec.id
+                return s
+            finally:
+                env.close()
+
+        done = await asyncio.gather(*(episode(spec, j) for spec in cfg.envs for j in range(episodes)))
+        valid = [s for s in done if not s.infra_error]
+        out = {**sample_means(valid, "eval"), "eval/episodes": float(len(valid)),
+               "eval/infra_errors": float(len(done) - len(valid))}
+        if len(cfg.envs) > 1:
+            for spec in cfg.envs:
+                out.update(sample_means([s for s in valid if s.env_id == spec.id], f"eval/{spec.id}"))
+        return out
+
     # ------------------------------------------------------------------ rollout thread
     def _notify(self) -> None:
         if self._loop is not None and self._wake is not None:
@@ -577,12 +615,7 @@ def batch_metrics(groups: list[Group], step: int) -> dict[str, float]:
         if len({g.env_id for g in groups}) > 1:
             by_env[g.env_id].extend(g.samples)
     for env_id, ss in by_env.items():
-        p = "rollout" if env_id == "all" else f"env/{env_id}"
-        n = max(len(ss), 1)
-        out[f"{p}/reward"] = sum(s.reward for s in ss) / n
-        out[f"{p}/success"] = sum(s.success for s in ss) / n
-        out[f"{p}/turns"] = sum(s.num_turns for s in ss) / n
-        out[f"{p}/format_errors"] = sum(s.format_errors for s in ss) / n
+        out.update(sample_means(ss, "rollout" if env_id == "all" else f"env/{env_id}"))
     ss = by_env["all"]
     if ss:
         out["rollout/samples"] = float(len(ss))
@@ -590,3 +623,12 @@ def batch_metrics(groups: list[Group], step: int) -> dict[str, float]:
         out["rollout/seq_len"] = sum(len(s.token_ids) for s in ss) / len(ss)
         out["rollout/staleness_max"] = float(max(step - s.version for s in ss))
     return out
+
+
+def sample_means(samples: list[Sample], prefix: str) -> dict[str, float]:
+    """Mean reward, success, turns and format errors of some samples, as ``prefix/<name>``."""
+    n = max(len(samples), 1)
+    return {f"{prefix}/reward": sum(s.reward for s in samples) / n,
+            f"{prefix}/success": sum(s.success for s in samples) / n,
+            f"{prefix}/turns": sum(s.num_turns for s in samples) / n,
+            f"{prefix}/format_errors": sum(s.format_errors for s in samples) / n}

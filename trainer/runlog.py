@@ -1,7 +1,9 @@
 """What a run leaves behind: metrics JSONL, TensorBoard events, a curve PNG, transcripts.
 
-``<logging.dir>/metrics.jsonl`` (one line per step), ``tb/`` (TensorBoard), ``curve.png``
-(reward and success per step), ``transcripts/step_000042.jsonl`` (a few decoded episodes).
+``<logging.dir>/metrics.jsonl`` (one line per step), ``eval.jsonl`` (one line per evaluation,
+``step`` = the policy version evaluated), ``tb/`` (TensorBoard), ``curve.png`` (reward and
+success per step, evaluations as points), ``transcripts/step_000042.jsonl`` (a few decoded
+episodes).
 """
 
 from __future__ import annotations
@@ -18,13 +20,15 @@ class RunLogger:
         self.dir = Path(folder)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.dir / "metrics.jsonl"
+        self.eval_path = self.dir / "eval.jsonl"
         self.n_transcripts, self.plot, self.plot_every = transcripts, plot, plot_every
-        if start_step == 0 and self.metrics_path.exists():
-            self.metrics_path.unlink()  # a fresh run; a resumed one appends
-        elif self.metrics_path.exists():  # drop lines of steps after the checkpoint we resumed from
-            keep = [line for line in self.metrics_path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) < start_step]
-            self.metrics_path.write_text("".join(k + "\n" for k in keep))
+        for path in (self.metrics_path, self.eval_path):
+            if start_step == 0 and path.exists():
+                path.unlink()  # a fresh run; a resumed one appends
+            elif path.exists():  # drop lines of steps after the checkpoint we resumed from
+                keep = [line for line in path.read_text().splitlines()
+                        if line.strip() and json.loads(line).get("step", 0) < start_step]
+                path.write_text("".join(k + "\n" for k in keep))
         self.tb = None
         if tensorboard:
             try:
@@ -54,6 +58,16 @@ class RunLogger:
         if self.plot and (step + 1) % self.plot_every == 0:
             self.plot_curve()
 
+    def log_eval(self, version: int, metrics: dict[str, float]) -> None:
+        with self.eval_path.open("a") as f:
+            f.write(json.dumps({"step": version, **metrics}) + "\n")
+        if self.tb is not None:
+            for k, v in metrics.items():
+                self.tb.add_scalar(k, v, version)
+        if self.bar is not None:
+            self.bar.write(f"eval at version {version}: success {metrics.get('eval/success', 0):.3f}, "
+                           f"reward {metrics.get('eval/reward', 0):.3f}")
+
     def transcripts(self, step: int, groups: list, tokenizer: Any) -> None:
         if not self.n_transcripts:
             return
@@ -68,10 +82,11 @@ class RunLogger:
                     "text": tokenizer.decode(s.token_ids),
                 }) + "\n")
 
-    def rows(self) -> list[dict]:
-        if not self.metrics_path.exists():
+    def rows(self, path: Path | None = None) -> list[dict]:
+        path = path or self.metrics_path
+        if not path.exists():
             return []
-        return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
     def plot_curve(self) -> Path | None:
         rows = self.rows()
@@ -90,6 +105,10 @@ class RunLogger:
             k = max(1, len(ys) // 10)
             smooth = [sum(ys[max(0, j - k + 1): j + 1]) / len(ys[max(0, j - k + 1): j + 1]) for j in range(len(ys))]
             ax[i].plot(steps, smooth, label=f"mean of {k}")
+            evals = [r for r in self.rows(self.eval_path) if key.replace("rollout/", "eval/") in r]
+            if evals:  # fresh episodes from the start, fixed seeds: the number to compare runs by
+                ax[i].plot([r["step"] for r in evals], [r[key.replace("rollout/", "eval/")] for r in evals],
+                           "o-", color="black", label="eval")
             ax[i].set_xlabel("step")
             ax[i].set_title(key)
             ax[i].legend()

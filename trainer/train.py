@@ -220,6 +220,8 @@ def train(config: TrainConfig | dict | str | Path, *, env_factory=None) -> dict[
     history = []
     try:
         for step in range(start, cfg.steps):
+            if cfg.eval.every and step % cfg.eval.every == 0:  # the weights of version `step`
+                log.log_eval(step, rollout.evaluate(cfg.eval.episodes, cfg.eval.seed))
             t0 = time.perf_counter()
             groups, metrics = rollout.get_batch(step)                        # 1. rollout
             t_roll = time.perf_counter() - t0
@@ -238,6 +240,8 @@ def train(config: TrainConfig | dict | str | Path, *, env_factory=None) -> dict[
                             "policy_version": step + 1})
             log.log(step, metrics)
             history.append({"step": step, **metrics})
+        if cfg.eval.every and cfg.steps > start:  # the final weights, wherever the interval ends
+            log.log_eval(cfg.steps, rollout.evaluate(cfg.eval.episodes, cfg.eval.seed))
         if cfg.checkpoint.dir and cfg.steps > start and (not cfg.checkpoint.every or cfg.steps % cfg.checkpoint.every):
             rollout.pause()
             save_checkpoint(cfg.checkpoint.dir, cfg.steps, policy, rollout.state_dict(), config_to_dict(cfg),

@@ -35,6 +35,8 @@ def test_defaults_and_nested():
     ({"generation": {"temperature": 0}}, "generation.temperature: must be > 0"),
     ({"generation": {"max_new_tokens": "many"}}, "generation.max_new_tokens: must be an integer"),
     ({"envs": [{"id": "rock/FrozenLake-v0", "weight": -1}]}, "envs[0].weight: must be > 0"),
+    ({"eval": {"episodes": 0}}, "eval.episodes: must be >= 1"),
+    ({"eval": {"every": -1}}, "eval.every: must be >= 0"),
     ({"envs": [{"id": "x", "bogus": 1}]}, "envs[0].bogus: unknown key"),
     ({"envs": []}, "envs: needs at least one"),
     ({"checkpoint": {"every": -2}}, "checkpoint.every: must be >= 0"),

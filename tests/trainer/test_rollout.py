@@ -10,7 +10,7 @@ import torch
 from rockroll.trainer.config import EnvConfig, load_config
 from rockroll.trainer.engines import TransformersEngine
 from rockroll.trainer.models import build_model, load_tokenizer
-from rockroll.trainer.rollout import Group, PromptTemplate, RolloutManager, Sample, filter_stale
+from rockroll.trainer.rollout import Group, PromptTemplate, RolloutManager, Sample, filter_stale, make_env
 from rockroll.trainer.synthetic import LatencyEnv
 from rockroll.trainer.testing import RecordingEngine, ScriptEngine
 from rockroll.trainer.train import collate, token_logp
@@ -198,3 +198,45 @@ def test_mixture_and_per_env_metrics(tok):
     ids = {g.env_id for g in groups}
     assert ids == {LAT, "rock/FrozenLake-v0"}
     assert f"env/{LAT}/success" in metrics and "env/rock/FrozenLake-v0/reward" in metrics
+
+
+def test_evaluate_plays_the_same_fresh_episodes_each_time(tok):
+    """Evaluation: a fixed list of seeds (same result twice with the same weights), per-env
+    metrics in a mixture, infrastructure failures left out and counted, FrozenLake tasks cycled
+    through its task_ids from their first observation."""
+    fail = itertools.cycle([True, False, False, False])
+    seen = []
+
+    def factory(spec):
+        if spec.id == LAT:
+            return LatencyEnv(infra_error_rate=1.0 if next(fail) else 0.0, max_turns=3)
+        env = make_env(spec)
+        reset = env.reset
+
+        def recording_reset(*, seed=None, options=None):
+            seen.append(options)
+            return reset(seed=seed, options=options)
+
+        env.reset = recording_reset
+        return env
+
+    data = {**_cfg(group_size=2, batch_groups=1),
+            "envs": [{"id": LAT}, {"id": "rock/FrozenLake-v0", "kwargs": {"max_actions_per_turn": 1},
+                                   "task_ids": [0, 1, 2]}]}
+    mgr, engine, _ = _manager(tok, data, env_factory=factory, words=("Right", "Down", "Left", "Up"))
+    mgr.start()
+    mgr.pause()  # no training groups: the env factory is called by the evaluations alone
+    try:
+        first = mgr.evaluate(episodes=8, seed=7)
+        calls = len(engine.calls)
+        second = mgr.evaluate(episodes=8, seed=7)
+        other = mgr.evaluate(episodes=8, seed=8)
+    finally:
+        mgr.close()
+    assert len(engine.calls) > calls
+    assert first == second and first != other
+    assert first["eval/infra_errors"] == 2 and first["eval/episodes"] == 14  # 2 of the 8 LatencyEnvs failed
+    assert {f"eval/{LAT}/success", "eval/rock/FrozenLake-v0/success", "eval/success"} <= set(first)
+    # the FrozenLake evaluation episodes cycled through task_ids 0, 1, 2 and started fresh
+    assert sorted(o["task_id"] for o in seen[:8]) == [0, 0, 0, 1, 1, 1, 2, 2]
+    assert all(set(o) == {"task_id"} for o in seen)  # never a saved state

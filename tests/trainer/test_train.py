@@ -61,7 +61,7 @@ def test_every_algorithm_updates_the_policy(algo):
 
 def test_checkpoint_resume_matches_straight_run(tmp_path):
     common = {"steps": 4, "checkpoint__every": 2, "logging__tensorboard": False, "logging__plot": False,
-              "rollout__async_ratio": 0}
+              "rollout__async_ratio": 0, "eval__every": 2, "eval__episodes": 4}
     straight = train(_cfg(tmp_path / "a", checkpoint__dir=str(tmp_path / "a" / "ckpt"), **common))
     ckpt = str(tmp_path / "b" / "ckpt")
     first = train(_cfg(tmp_path / "b", checkpoint__dir=ckpt, **{**common, "steps": 2}))
@@ -78,3 +78,9 @@ def test_checkpoint_resume_matches_straight_run(tmp_path):
         torch.testing.assert_close(wa[k], wb[k], atol=1e-6, rtol=1e-5)
     rows = [json.loads(x) for x in (tmp_path / "b" / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2, 3]  # the resumed run continues the same curve
+    # evaluations of versions 0, 2 (before the checkpoint's step) and 4 (final), same as straight;
+    # the resumed run re-evaluated version 2 in place of the first run's final evaluation
+    evals = {r: [json.loads(x) for x in (tmp_path / r / "run" / "eval.jsonl").read_text().splitlines()]
+             for r in ("a", "b")}
+    assert [e["step"] for e in evals["a"]] == [e["step"] for e in evals["b"]] == [0, 2, 4]
+    assert evals["a"] == evals["b"] and all(e["eval/episodes"] == 4 for e in evals["a"])
