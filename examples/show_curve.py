@@ -22,6 +22,12 @@ def main(run_dir: str, buckets: int = 10) -> None:
         reward = sum(r["rollout/reward"] for r in chunk) / len(chunk)
         bar = BARS[min(len(BARS) - 1, round(success * (len(BARS) - 1)))] * 20
         print(f"{start:>4}-{start + len(chunk) - 1:<6} {success:>7.2f}  {reward:>7.2f}  {bar}")
+    eval_path = Path(run_dir) / "eval.jsonl"
+    evals = [json.loads(line) for line in eval_path.read_text().splitlines() if line] if eval_path.exists() else []
+    if evals:  # the same fresh episodes at each evaluated policy version
+        print(f"{'evaluated':>11}  {'success':>7}  {'reward':>7}   ({int(evals[0]['eval/episodes'])} fresh episodes)")
+        for e in evals:
+            print(f"{'version ' + str(e['step']):>11}  {e['eval/success']:>7.2f}  {e['eval/reward']:>7.2f}")
     print(f"curve: {Path(run_dir) / 'curve.png'}")
 
 

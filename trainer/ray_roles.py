@@ -84,6 +84,9 @@ class _EnvWorkerImpl:
     def get_batch(self, step: int):
         return self.mgr.get_batch(step)
 
+    def evaluate(self, episodes: int, seed: int) -> dict[str, float]:
+        return self.mgr.evaluate(episodes, seed)
+
     def set_version(self, version: int) -> None:
         self.engine.version = version
         self.mgr.set_version(version)
@@ -138,9 +141,13 @@ def train_with_ray(cfg: TrainConfig, tokenizer_dir: str, *, num_env_workers: int
     history = []
     try:
         for step in range(cfg.steps):
+            evaluated = {}
+            if cfg.eval.every and step % cfg.eval.every == 0:  # the weights of version `step`
+                evaluated = ray.get(workers[0].evaluate.remote(cfg.eval.episodes, cfg.eval.seed))
             results = ray.get([w.get_batch.remote(step) for w in workers])         # rollout
             groups = [g for gs, _ in results for g in gs]
             metrics = ray.get(trainer.update.remote(groups))                        # advantages, loss, step
+            metrics.update(evaluated)
             weights = ray.put(ray.get(trainer.weights.remote()))                    # one copy in the object store
             ray.get(generator.load_weights.remote(weights, step + 1))               # weight sync
             ray.get([w.set_version.remote(step + 1) for w in workers])              # version += 1

@@ -1,5 +1,6 @@
 """Ray roles smoke test on a real local Ray (127.0.0.1): trainer, generator and env-worker
-actors run two training steps; weights reach the generator through the object store."""
+actors run two training steps; weights reach the generator through the object store; the env
+worker evaluates the starting weights."""
 
 import pytest
 
@@ -17,6 +18,7 @@ def test_ray_roles_two_steps(tmp_path):
         "envs": [{"id": "rock/FrozenLake-v0", "kwargs": {"max_actions_per_turn": 1}, "task_ids": [0]}],
         "rollout": {"group_size": 2, "batch_groups": 1, "max_turns": 2},
         "generation": {"max_new_tokens": 1},
+        "eval": {"every": 2, "episodes": 3},
     })
     tok_dir = tmp_path / "tok"
     load_tokenizer(cfg.tokenizer, cfg.envs, tok_dir)
@@ -29,3 +31,4 @@ def test_ray_roles_two_steps(tmp_path):
     assert hist[-1]["policy_version"] == 2
     assert all(h["rollout/samples"] == 2 for h in hist)
     assert hist[1]["rollout/staleness_max"] == 0  # step 1 was generated with the synced weights
+    assert hist[0]["eval/episodes"] == 3 and "eval/success" in hist[0] and "eval/success" not in hist[1]
