@@ -7,9 +7,10 @@ Every function is a pure function of tensors. Shared conventions:
   0 on prompt, padding and environment-observation tokens. Values of any other tensor at
   unmasked positions are ignored (they may be garbage, even ``inf``: they are selected
   away with ``torch.where``, never multiplied by 0, so they cannot turn the loss into NaN);
-- ``logp`` current policy, ``old_logp`` policy at rollout time (the *proximal* policy),
-  ``ref_logp`` reference policy, ``behav_logp`` the generator that actually sampled
-  (e.g. vLLM): all (B, T) per-token log-probabilities of the sampled tokens;
+- ``logp`` current policy, ``old_logp`` the trainer's policy before this update (the
+  *proximal* policy), ``ref_logp`` reference policy, ``behav_logp`` the generator that
+  actually sampled (e.g. vLLM, possibly older weights in async rollout): all (B, T)
+  per-token log-probabilities of the sampled tokens;
 - ``rewards`` (B,) outcome reward per sequence; ``group_ids`` (B,) int, one GRPO group
   per distinct id;
 - losses are minimised and return ``(loss, metrics)``: a scalar tensor and a dict of
@@ -48,7 +49,22 @@ def _per_token(adv: Tensor, like: Tensor) -> Tensor:
     return adv
 
 
-def aggregate(loss_tok: Tensor, mask: Tensor, mode: str = "token-mean") -> Tensor:
+def _check_mode(mode: str) -> None:
+    if mode not in AGG_MODES:
+        raise ValueError(f"unknown aggregation mode {mode!r}; expected one of {AGG_MODES}")
+
+
+def agg_denominator(mask: Tensor, mode: str = "token-mean") -> Tensor:
+    """What :func:`aggregate` divides by for ``mask``: its number of masked tokens
+    (``"token-mean"``) or of sequences with at least one masked token (``"seq-mean-*"``),
+    clamped to >= 1."""
+    _check_mode(mode)
+    m = _bool(mask)
+    n = m.sum() if mode == "token-mean" else (m.sum(-1) > 0).sum()
+    return n.clamp(min=1)
+
+
+def aggregate(loss_tok: Tensor, mask: Tensor, mode: str = "token-mean", denom: Tensor | float | None = None) -> Tensor:
     """Reduce a (B, T) per-token loss to a scalar over the masked tokens.
 
     - ``"token-mean"``:  sum_{b,t} m*l / sum_{b,t} m  (every token weighs the same;
@@ -58,19 +74,20 @@ def aggregate(loss_tok: Tensor, mask: Tensor, mode: str = "token-mean") -> Tenso
 
     The sequence means run over sequences with at least one masked token: a sequence whose
     mask was zeroed (e.g. dropped after an environment failure) must not dilute the others.
+    ``denom`` replaces that count (:func:`agg_denominator` of this mask): a micro-batch of a
+    larger mini-batch passes the mini-batch's, so that the micro-batch losses (and their
+    gradients) add up exactly to the mini-batch's.
     """
-    if mode not in AGG_MODES:
-        raise ValueError(f"unknown aggregation mode {mode!r}; expected one of {AGG_MODES}")
+    _check_mode(mode)
     if loss_tok.shape != mask.shape:
         raise ValueError(f"loss shape {tuple(loss_tok.shape)} != mask shape {tuple(mask.shape)}")
     m = _bool(mask)
-    if mode == "token-mean":
-        return masked_mean(loss_tok, m)
-    tok_sum = torch.where(m, loss_tok, 0.0).sum(-1)
-    n_tok = m.sum(-1)
-    per_seq = tok_sum / n_tok.clamp(min=1) if mode == "seq-mean-token-mean" else tok_sum
-    n_seq = (n_tok > 0).sum().clamp(min=1)
-    return per_seq.sum() / n_seq
+    if denom is None:
+        denom = agg_denominator(m, mode)
+    tok = torch.where(m, loss_tok, 0.0)
+    if mode == "seq-mean-token-mean":
+        return (tok.sum(-1) / m.sum(-1).clamp(min=1)).sum() / denom
+    return tok.sum() / denom  # token-mean and seq-mean-token-sum: a plain sum, divided differently
 
 
 # --------------------------------------------------------------------------- advantages
@@ -151,18 +168,6 @@ def gae(rewards_tok: Tensor, values: Tensor, mask: Tensor, *, gamma: float,
     return adv, returns
 
 
-def discounted_turn_returns(turn_rewards: list[list[float]], gamma: float) -> list[list[float]]:
-    """Per-turn discounted returns of each episode: G_k = r_k + gamma * G_{k+1}, G_K+1 = 0."""
-    out = []
-    for episode in turn_rewards:
-        g, rets = 0.0, []
-        for r in reversed(episode):
-            g = r + gamma * g
-            rets.append(g)
-        out.append(rets[::-1])
-    return out
-
-
 # --------------------------------------------------------------------------- off-policy weights
 
 
@@ -198,7 +203,8 @@ def clipped_surrogate(ratio: Tensor, adv: Tensor, *, clip_low: float, clip_high:
 
 def ppo_clip_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
                   clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: float | None = None,
-                  is_weight: Tensor | None = None, agg: str = "token-mean") -> tuple[Tensor, dict]:
+                  is_weight: Tensor | None = None, agg: str = "token-mean",
+                  denom: Tensor | float | None = None) -> tuple[Tensor, dict]:
     """PPO clipped surrogate (GRPO, PPO, REINFORCE++, decoupled PPO), scalar loss + metrics.
 
     r_t = exp(logp - old_logp);  l_t = max(-A r_t, -A clip(r_t, 1 - clip_low, 1 + clip_high))
@@ -207,6 +213,7 @@ def ppo_clip_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tens
     so a token whose ratio exploded cannot dominate the batch.
     ``is_weight`` (B, T), detached, multiplies l_t: decoupled PPO (Hilton et al. 2021) passes
     pi_prox / pi_behav with ``old_logp`` = the proximal policy; or pass :func:`tis_weights`.
+    ``denom``: see :func:`aggregate` (every loss here takes it, for micro-batches).
     Metrics: clip_frac (tokens where the clipped branch is taken), dual_clip_frac,
     approx_kl (k3 estimate of KL(pi_old || pi): r - 1 - log r), ratio_mean.
     """
@@ -225,7 +232,7 @@ def ppo_clip_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tens
         loss_tok = torch.where(dual, cap, loss_tok)
     if is_weight is not None:
         loss_tok = loss_tok * is_weight.detach()
-    loss = aggregate(loss_tok, m, agg)
+    loss = aggregate(loss_tok, m, agg, denom)
     with torch.no_grad():
         metrics = {
             "clip_frac": masked_mean(clipped.float(), m).item(),
@@ -236,17 +243,18 @@ def ppo_clip_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tens
     return loss, metrics
 
 
-def topr_loss(logp: Tensor, old_logp: Tensor, rewards_or_adv: Tensor, mask: Tensor, *,
-              agg: str = "seq-mean-token-sum") -> tuple[Tensor, dict]:
+def topr_loss(logp: Tensor, behav_logp: Tensor, rewards_or_adv: Tensor, mask: Tensor, *,
+              agg: str = "seq-mean-token-sum", denom: Tensor | float | None = None) -> tuple[Tensor, dict]:
     """Tapered Off-Policy REINFORCE (Le Roux et al. 2025), scalar loss + metrics.
 
-    With trajectories y ~ mu (``old_logp`` = log mu, the policy that sampled) and
+    With trajectories y ~ mu (``behav_logp`` = log mu, the policy that sampled: the
+    generator's log-probs, not a recomputation by the trainer) and
     R = ``rewards_or_adv`` (B,) (a reward, or a reward minus a baseline), the paper's
     gradient is
         sum_{R >= 0} R grad log pi(y)  +  sum_{R < 0} sg([pi(y)/mu(y)]_0^1) R grad log pi(y).
     Implemented per token:  l_t = -w * R * logp_t, with w = 1 for R >= 0 (plain REINFORCE,
     i.e. truncated IS at [1, 1]: no ratio at all) and, for R < 0,
-    w = sg(clip(rho, 0, 1)), rho = exp(sum_t m_t (logp_t - old_logp_t)) the *sequence* ratio.
+    w = sg(clip(rho, 0, 1)), rho = exp(sum_t m_t (logp_t - behav_logp_t)) the *sequence* ratio.
     Positives are pushed up like SFT whatever their probability; negatives are pushed down
     only as much as pi still assigns to them, which keeps the update stable off-policy.
     Default ``agg="seq-mean-token-sum"`` makes sum_t logp_t = log pi(y), exactly the paper;
@@ -255,12 +263,12 @@ def topr_loss(logp: Tensor, old_logp: Tensor, rewards_or_adv: Tensor, mask: Tens
     """
     m = _bool(mask)
     R = rewards_or_adv.detach().float()
-    log_rho = torch.where(m, logp - old_logp, 0.0).sum(-1).detach()
+    log_rho = torch.where(m, logp - behav_logp, 0.0).sum(-1).detach()
     neg = R < 0
     # clip(exp(x), 0, 1) == exp(min(x, 0)): no overflow for long sequences
     w = torch.where(neg, log_rho.clamp(max=0.0).exp(), torch.ones_like(R))
     loss_tok = -(w * R).unsqueeze(-1) * logp
-    loss = aggregate(loss_tok, m, agg)
+    loss = aggregate(loss_tok, m, agg, denom)
     with torch.no_grad():
         metrics = {
             "pos_frac": (~neg).float().mean().item() if R.numel() else 0.0,
@@ -270,22 +278,24 @@ def topr_loss(logp: Tensor, old_logp: Tensor, rewards_or_adv: Tensor, mask: Tens
     return loss, metrics
 
 
-def cispo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
-               eps_high: float, eps_low: float, agg: str = "token-mean") -> tuple[Tensor, dict]:
+def cispo_loss(logp: Tensor, behav_logp: Tensor, advantages: Tensor, mask: Tensor, *,
+               eps_high: float, eps_low: float, agg: str = "token-mean",
+               denom: Tensor | float | None = None) -> tuple[Tensor, dict]:
     """CISPO (MiniMax-M1, 2025), scalar loss + metrics.
 
-    l_t = -sg(clip(r_t, 1 - eps_low, 1 + eps_high)) * A * logp_t,  r_t = exp(logp_t - old_logp_t).
+    l_t = -sg(clip(r_t, 1 - eps_low, 1 + eps_high)) * A * logp_t,  r_t = exp(logp_t - behav_logp_t),
+    the importance ratio to the policy that sampled the tokens (``behav_logp``: the generator's).
     Unlike PPO, clipping the *weight* instead of the objective never zeroes a token's
     gradient: rare, high-ratio "fork" tokens still learn, just with a bounded weight.
     The loss value is a surrogate; its gradient  -clip(r) * A * grad logp  is what matters.
     Metrics: clip_frac (tokens whose ratio was clipped), approx_kl, ratio_mean.
     """
     m = _bool(mask)
-    log_ratio = torch.where(m, logp - old_logp, 0.0).detach()
+    log_ratio = torch.where(m, logp - behav_logp, 0.0).detach()
     ratio = log_ratio.exp()
     w = ratio.clamp(1 - eps_low, 1 + eps_high)
     adv = _per_token(advantages, ratio).detach()
-    loss = aggregate(-w * adv * logp, m, agg)
+    loss = aggregate(-w * adv * logp, m, agg, denom)
     with torch.no_grad():
         metrics = {
             "clip_frac": masked_mean((w != ratio).float(), m).item(),

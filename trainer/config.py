@@ -17,11 +17,12 @@ from typing import Any
 
 __all__ = [
     "AlgorithmConfig", "CheckpointConfig", "ConfigError", "CurriculumConfig", "EngineConfig", "EnvConfig", "EvalConfig",
-    "GenerationConfig", "IPAConfig", "LoggingConfig", "ModelConfig", "RolloutConfig",
+    "GenerationConfig", "IPAConfig", "LoggingConfig", "ModelConfig", "RayConfig", "RolloutConfig",
     "TokenizerConfig", "TrainConfig", "config_to_dict", "load_config",
 ]
 
 ALGORITHMS = ("grpo", "ppo", "reinforce_pp", "topr", "cispo")
+TURN_CREDIT = ("outcome", "discounted")
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 
 
@@ -156,13 +157,25 @@ class AlgorithmConfig:
     std_normalize: bool = True
     dynamic_sampling: bool = False
     format_penalty: float | None = None  # overrides each env's format_penalty when set
-    tis_cap: float = 2.0                 # truncated IS weight pi_old / pi_behav (0: off)
+    tis_cap: float = 2.0                 # PPO clip loss: truncated IS weight pi_old / pi_behav (0: off)
     ppo_epochs: int = 1
     mini_batches: int = 1
-    gamma: float = 1.0                   # ppo: GAE
+    # outcome: every token of an episode shares one advantage from its summed reward;
+    # discounted: each turn's tokens get the group-normalised discounted return-to-go of the
+    # per-turn rewards (gamma), see credit.turn_advantages
+    turn_credit: str = "outcome"
+    gamma: float = 1.0                   # ppo: GAE; turn_credit=discounted: per-turn discount
     lam: float = 0.95
     vf_coef: float = 0.5
     ipa: IPAConfig = field(default_factory=IPAConfig)
+
+    @property
+    def loss(self) -> str:
+        """The policy loss that runs: ``topr``, ``cispo``, ``ipa`` (grpo with ``ipa.enabled``)
+        or ``ppo_clip`` (grpo, ppo, reinforce_pp): PPO's clipped ratio to the proximal policy."""
+        if self.name in ("topr", "cispo"):
+            return self.name
+        return "ipa" if self.ipa.enabled else "ppo_clip"
 
     def validate(self, p: str) -> None:
         _check(self.name in ALGORITHMS, f"{p}.name", f"must be one of {', '.join(ALGORITHMS)}")
@@ -176,7 +189,29 @@ class AlgorithmConfig:
         _check(self.mini_batches >= 1, f"{p}.mini_batches", "must be >= 1")
         _check(0 < self.gamma <= 1, f"{p}.gamma", "must be in (0, 1]")
         _check(0 <= self.lam <= 1, f"{p}.lam", "must be in [0, 1]")
+        _check(self.turn_credit in TURN_CREDIT, f"{p}.turn_credit", f"must be one of {', '.join(TURN_CREDIT)}")
         self.ipa.validate(f"{p}.ipa")
+        # A combination the trainer would silently ignore is an error naming the ignored key.
+        _check(not self.ipa.enabled or self.name == "grpo", f"{p}.ipa.enabled",
+               f"IPA (chunk credit and loss) runs with algorithm.name=grpo only, not {self.name}")
+        _check(self.turn_credit == "outcome" or self.name in ("grpo", "cispo"), f"{p}.turn_credit",
+               f"discounted needs algorithm.name grpo or cispo (group-normalised advantages), not {self.name}")
+        _check(not (self.ipa.enabled and self.turn_credit == "discounted") or self.ipa.gamma == 1.0,
+               f"{p}.ipa.gamma", "unused with turn_credit=discounted (algorithm.gamma discounts the turns)")
+        # Keys only some losses/advantages read: a non-default value elsewhere would do nothing.
+        reads = {
+            "clip_low": self.loss != "topr", "clip_high": self.loss != "topr",
+            "dual_clip": self.loss == "ppo_clip",
+            "tis_cap": self.loss == "ppo_clip",  # TOPR, CISPO, IPA take their ratio to the generator directly
+            "std_normalize": self.name in ("grpo", "cispo"),
+            "gamma": self.name == "ppo" or self.turn_credit == "discounted",
+            "lam": self.name == "ppo", "vf_coef": self.name == "ppo",
+        }
+        defaults = AlgorithmConfig()
+        for key, used in reads.items():
+            _check(used or getattr(self, key) == getattr(defaults, key), f"{p}.{key}",
+                   f"not used by algorithm.name={self.name}{' with ipa.enabled' if self.ipa.enabled else ''}: "
+                   "remove it")
 
 
 @dataclass
@@ -189,7 +224,9 @@ class EngineConfig:
     weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
     grad_clip: float = 1.0
-    micro_batch_size: int = 0  # 0: the whole mini-batch in one forward
+    # sequences per forward/backward: a mini-batch's micro-batches accumulate their gradients
+    # into one optimizer step, exactly as one pass would (0: the whole mini-batch at once)
+    micro_batch_size: int = 0
 
     def validate(self, p: str) -> None:
         _check(self.kind in ("torch", "deepspeed"), f"{p}.kind", "must be torch or deepspeed")
@@ -258,6 +295,30 @@ class EvalConfig:
 
 
 @dataclass
+class RayConfig:
+    """Run the controller loop over Ray actors (:mod:`rockroll.trainer.ray_roles`): one policy
+    trainer, ``num_generators`` generation engines, ``num_env_workers`` env workers that split
+    ``rollout.batch_groups`` between them. ``address``: a running cluster to join; null starts
+    a local Ray on 127.0.0.1. ``weight_sync``: ``object_store`` (one state dict in Ray's object
+    store) or ``collective`` (torch.distributed broadcast: gloo on CPU, NCCL on GPU)."""
+
+    enabled: bool = False
+    num_env_workers: int = 1
+    num_generators: int = 1
+    address: str | None = None
+    weight_sync: str = "object_store"
+    num_gpus: float = 0.0  # GPUs for the trainer actor and for each generator actor
+
+    def validate(self, p: str) -> None:
+        _check(self.num_env_workers >= 1, f"{p}.num_env_workers", "must be >= 1")
+        _check(1 <= self.num_generators <= self.num_env_workers, f"{p}.num_generators",
+               "must be in [1, num_env_workers] (a generator serves one or more env workers)")
+        _check(self.weight_sync in ("object_store", "collective"), f"{p}.weight_sync",
+               "must be object_store or collective")
+        _check(self.num_gpus >= 0, f"{p}.num_gpus", "must be >= 0")
+
+
+@dataclass
 class TrainConfig:
     steps: int = 100
     seed: int = 0
@@ -272,6 +333,7 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
 
     def validate(self, p: str = "") -> None:
         _check(self.steps >= 0, "steps", "must be >= 0")
@@ -279,14 +341,15 @@ class TrainConfig:
         for i, env in enumerate(self.envs):
             env.validate(f"envs[{i}]")
         for name in ("model", "tokenizer", "rollout", "algorithm", "engine", "generation",
-                     "checkpoint", "logging", "eval"):
+                     "checkpoint", "logging", "eval", "ray"):
             getattr(self, name).validate(name)
+        if self.ray.enabled:  # every env worker fills its share of a step's groups
+            _check(self.ray.num_env_workers <= self.rollout.batch_groups, "ray.num_env_workers",
+                   "must be <= rollout.batch_groups")
         if self.rollout.curriculum.enabled:  # a saved trajectory belongs to one task of one env
             key = "rollout.curriculum.enabled"
             _check(any(e.task_ids for e in self.envs), key, "needs an env with task_ids")
             _check(len({e.id for e in self.envs}) == len(self.envs), key, "needs distinct env ids")
-        if self.algorithm.name == "ppo":
-            _check(not self.algorithm.ipa.enabled, "algorithm.ipa.enabled", "IPA credit is for the critic-free algorithms")
 
 
 # ----------------------------------------------------------------------------- loading
@@ -363,14 +426,32 @@ def load_config(source: str | Path | dict[str, Any], overrides: dict[str, Any] |
         except yaml.YAMLError as e:
             raise ConfigError("", f"{path}: not valid YAML: {e}") from None
     for dotted, value in (overrides or {}).items():
-        node = data
-        *parents, leaf = dotted.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
+        _set_dotted(data, dotted, value)
     cfg = _build(TrainConfig, data, "")
     cfg.validate()
     return cfg
+
+
+def _set_dotted(data: Any, dotted: str, value: Any) -> None:
+    """``data[a][b]... = value`` for ``dotted`` = "a.b...": missing sections are created, an
+    integer part indexes a list (``envs.0.id``); anything else is a ConfigError naming the key."""
+    parts = dotted.split(".")
+    node = data
+    for i, part in enumerate(parts):
+        key, last = ".".join(parts[: i + 1]), i == len(parts) - 1
+        if isinstance(node, list):
+            _check(part.isdigit() and int(part) < len(node), key,
+                   f"not an index of this list of {len(node)} items")
+            part = int(part)
+        else:
+            parent = ".".join(parts[:i]) or "config"
+            _check(isinstance(node, dict), parent, f"is {node!r}, not a section: cannot set {dotted}")
+        if last:
+            node[part] = value
+        elif isinstance(node, dict):
+            node = node.setdefault(part, {})
+        else:
+            node = node[part]
 
 
 def _deepcopy(x: Any) -> Any:

@@ -5,6 +5,8 @@ observations. A *chunk* is one agent turn: a maximal run of consecutive response
 (mask == 1) in a sequence, delimited by observation or prompt tokens (mask == 0).
 IPA assigns credit and importance ratios per chunk rather than per token or per sequence:
 a turn is the unit the environment reacts to, so it is the unit that earns the outcome.
+:func:`turn_advantages` gives each turn the discounted return-to-go of per-turn rewards
+(``algorithm.turn_credit: discounted``).
 
 Conventions are those of :mod:`rockroll.trainer.algorithms`: ``mask`` (B, T) marks trained
 response tokens, ``rewards`` (B,) outcome rewards, ``group_ids`` (B,) GRPO groups; chunk
@@ -51,14 +53,62 @@ def _discount_to_end(mask: Tensor, gamma: float) -> Tensor:
     return torch.where(m, torch.full_like(turns_left, gamma) ** turns_left, 0.0)
 
 
-def chunk_returns(rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
-    """Discounted outcome return of each chunk, broadcast to its tokens, (B, T).
+def turn_returns(turn_rewards: Tensor, gamma: float) -> Tensor:
+    """Discounted return-to-go of per-turn rewards, (B, K) -> (B, K) float.
 
-    With K chunks and the outcome R arriving after the last one, chunk k (1-based) gets
-    G_k = gamma^(K - k) * R: the last turn gets R, the one before gamma * R, ...
-    e.g. gamma = 0.5, K = 3 -> [0.25 R, 0.5 R, R]. 0 on non-response tokens.
+    G_k = r_k + gamma * G_{k+1}, G = 0 after the last turn; zero padding past a sequence's
+    last turn adds nothing. e.g. gamma = 0.5, r = [0, 0, 1] -> [0.25, 0.5, 1]: an outcome R
+    arriving after the last of K turns gives turn k (1-based) gamma^(K - k) * R.
     """
-    return _discount_to_end(mask, gamma) * rewards.float().unsqueeze(-1)
+    r = turn_rewards.float()
+    out = torch.zeros_like(r)
+    g = torch.zeros(r.shape[0], dtype=r.dtype, device=r.device)
+    for k in reversed(range(r.shape[1])):
+        g = r[:, k] + gamma * g
+        out[:, k] = g
+    return out
+
+
+def per_chunk(values: Tensor, mask: Tensor) -> Tensor:
+    """Per-turn values (B, K) on the tokens of each chunk, (B, T): chunk k gets ``values[:, k]``,
+    0 off the chunks. Every sequence must have at most K chunks."""
+    m = mask.bool()
+    k_max = int(num_chunks(m).max()) if m.shape[0] else 0
+    if k_max > values.shape[1]:
+        raise ValueError(f"a sequence has {k_max} chunks (turns) but only {values.shape[1]} turn values")
+    if k_max == 0:
+        return torch.zeros(m.shape, dtype=values.dtype, device=values.device)
+    return torch.where(m, values.gather(1, chunk_ids(m).clamp(min=0)), 0.0)
+
+
+def turn_advantages(turn_rewards: Tensor, mask: Tensor, group_ids: Tensor, gamma: float, *,
+                    eps: float = 1e-6, std_normalize: bool = True) -> Tensor:
+    """GRPO over per-turn discounted returns, broadcast to each turn's tokens, (B, T).
+
+    ``turn_rewards`` (B, K): the reward after each turn (chunk) of a sequence, zero-padded.
+    G_bk = :func:`turn_returns` for the K_b turns of sequence b (K_b = its number of chunks);
+    within a group g
+        A_bk = (G_bk - mean_g) / (std_g + eps)
+    where the group's mean and population std weigh every *episode* the same: turn k of
+    sequence b counts 1 / K_b. A long episode does not outweigh a short one in the baseline,
+    and with gamma = 1 and only an outcome reward (G_bk = R_b for every k) this is exactly
+    :func:`grpo_advantages`. ``std_normalize=False`` is the Dr.GRPO variant.
+    """
+    m = mask.bool()
+    K_b = num_chunks(m)
+    valid = torch.arange(turn_rewards.shape[1], device=m.device).unsqueeze(0) < K_b.unsqueeze(-1)
+    G = turn_returns(torch.where(valid, turn_rewards.float(), 0.0), gamma)
+    w = torch.where(valid, 1.0 / K_b.clamp(min=1).unsqueeze(-1).float(), 0.0)
+    _, g = torch.unique(group_ids, return_inverse=True)
+    n_groups = int(g.max()) + 1 if g.numel() else 0
+    zeros = torch.zeros(n_groups, dtype=G.dtype, device=G.device)
+    n = zeros.index_add(0, g, (K_b > 0).to(G.dtype)).clamp(min=1)  # episodes with a turn
+    mean = zeros.index_add(0, g, (w * G).sum(-1)) / n
+    adv = G - mean[g].unsqueeze(-1)
+    if std_normalize:
+        var = zeros.index_add(0, g, (w * adv * adv).sum(-1)) / n
+        adv = adv / (var.sqrt()[g].unsqueeze(-1) + eps)
+    return per_chunk(torch.where(valid, adv, 0.0), m)
 
 
 def _chunk_mean(x: Tensor, mask: Tensor) -> Tensor:
@@ -119,28 +169,31 @@ def ipa_advantages(rewards: Tensor, group_ids: Tensor, mask: Tensor, gamma: floa
     return _discount_to_end(mask, gamma) * adv_seq.unsqueeze(-1)
 
 
-def ipa_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
-             ratio_low: float, ratio_high: float, clip: float = 0.2,
-             agg: str = "token-mean") -> tuple[Tensor, dict]:
-    """PPO-style loss on chunk ratios, scalar loss + metrics.
+def ipa_loss(logp: Tensor, behav_logp: Tensor, advantages: Tensor, mask: Tensor, *,
+             ratio_low: float, ratio_high: float, clip_low: float = 0.2, clip_high: float = 0.2,
+             agg: str = "token-mean", denom: Tensor | float | None = None) -> tuple[Tensor, dict]:
+    """PPO-style loss on chunk ratios to the behaviour policy, scalar loss + metrics.
 
-    rho = :func:`chunk_ratios`; keep = :func:`chunk_ratio_mask` (rho in [ratio_low, ratio_high]);
-        l_t = max(-A_t rho_k, -A_t clip(rho_k, 1 - clip, 1 + clip))   on kept tokens,
-    aggregated over mask * keep: a dropped chunk is treated as if it had not been sampled
-    (it neither contributes nor counts in the denominator). ``advantages`` is (B, T),
-    e.g. :func:`ipa_advantages`. Metrics: chunk_mask_frac (response tokens dropped),
-    clip_frac, ratio_mean.
+    rho = :func:`chunk_ratios` of pi_theta against mu (``behav_logp``: the generator that
+    sampled the turn, as in ROLL); keep = :func:`chunk_ratio_mask` (rho in [ratio_low, ratio_high]);
+        l_t = max(-A_t rho_k, -A_t clip(rho_k, 1 - clip_low, 1 + clip_high))   on kept tokens,
+    0 on the tokens of dropped chunks, aggregated over ``mask``: a dropped chunk still counts in
+    the denominator, like a PPO token whose clipped branch carries no gradient. (Counting only
+    the kept tokens would raise the weight of the surviving tokens exactly when the batch is
+    most off-policy, and would make a micro-batch's share depend on the other micro-batches.)
+    ``advantages`` is (B, T), e.g. :func:`ipa_advantages`. Metrics: chunk_mask_frac (response
+    tokens dropped), clip_frac (over kept tokens), ratio_mean.
     """
     m = mask.bool()
-    rho = chunk_ratios(logp, old_logp, m)
+    rho = chunk_ratios(logp, behav_logp, m)
     keep = chunk_ratio_mask(rho, m, low=ratio_low, high=ratio_high).bool()
     adv = advantages.detach()
-    loss_tok = clipped_surrogate(rho, adv, clip_low=clip, clip_high=clip)
-    loss = aggregate(loss_tok, keep, agg)
+    surrogate = clipped_surrogate(rho, adv, clip_low=clip_low, clip_high=clip_high)
+    loss = aggregate(torch.where(keep, surrogate, 0.0), m, agg, denom)
     with torch.no_grad():
         metrics = {
             "chunk_mask_frac": masked_mean((~keep).float(), m).item(),
-            "clip_frac": masked_mean((loss_tok > -adv * rho).float(), keep).item(),
+            "clip_frac": masked_mean((surrogate > -adv * rho).float(), keep).item(),
             "ratio_mean": masked_mean(rho, m).item(),
         }
     return loss, metrics

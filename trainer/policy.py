@@ -1,8 +1,10 @@
 """Training engines for the policy: plain PyTorch, or DeepSpeed ZeRO, behind one interface.
 
-``PolicyEngine``: ``module`` (the :class:`ActorModule`), ``forward(input_ids, attn)`` ->
-(logits, values), ``step(loss)`` (backward, clip, optimizer step; returns the grad norm),
-``sync_state_dict()`` (the LM's weights for the generator, on CPU), ``save(dir)`` / ``load(dir)``.
+``PolicyEngine``: ``module`` (the :class:`ActorModule`), ``device`` (where its inputs go),
+``forward(input_ids, attn)`` -> (logits, values), ``backward(loss, last=...)`` (accumulate the
+gradients of one micro-batch; ``last``: the mini-batch's final one), ``step()`` (clip, optimizer
+step, zero the gradients; returns the grad norm), ``sync_state_dict()`` (the LM's weights for
+the generator, on CPU), ``save(dir)`` / ``load(dir)``.
 """
 
 from __future__ import annotations
@@ -44,15 +46,22 @@ def _cpu_clone(sd: dict[str, Any]) -> dict[str, Any]:
 
 class TorchPolicy:
     def __init__(self, module: ActorModule, cfg: EngineConfig):
-        self.module, self.cfg = module, cfg
+        # on the GPU when there is one (before the optimizer is built over its parameters)
+        self.module, self.cfg = module.to("cuda" if torch.cuda.is_available() else "cpu"), cfg
         self.optimizer = torch.optim.AdamW(module.parameters(), lr=cfg.lr, betas=tuple(cfg.betas),
                                            weight_decay=cfg.weight_decay)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.module.parameters()).device
 
     def forward(self, input_ids, attention_mask):
         return self.module(input_ids, attention_mask)
 
-    def step(self, loss) -> float:
-        loss.backward()
+    def backward(self, loss, *, last: bool = True) -> None:
+        loss.backward()  # gradients add up in .grad until step()
+
+    def step(self) -> float:
         norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(),
                                               self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf"))
         self.optimizer.step()
@@ -84,6 +93,7 @@ class DeepSpeedPolicy:
     ``deepspeed`` launcher, which sets RANK/WORLD_SIZE/MASTER_ADDR itself."""
 
     def __init__(self, module: ActorModule, cfg: EngineConfig, batch_size: int):
+        """``batch_size``: sequences per optimizer step (one mini-batch)."""
         try:
             import deepspeed
         except ImportError as e:
@@ -97,9 +107,13 @@ class DeepSpeedPolicy:
         if not torch.distributed.is_initialized():
             deepspeed.init_distributed(dist_backend="gloo" if cpu else "nccl", auto_mpi_discovery=False)
         self.cfg = cfg
+        # Nominal sizes for DeepSpeed's bookkeeping: the real number of micro-batches varies
+        # (groups may lose samples), so backward() marks the accumulation boundary itself.
+        batch_size = max(batch_size, 1)
+        micro = min(cfg.micro_batch_size or batch_size, batch_size)
         ds_config = {
-            "train_micro_batch_size_per_gpu": max(batch_size, 1),
-            "gradient_accumulation_steps": 1,
+            "train_micro_batch_size_per_gpu": micro,
+            "gradient_accumulation_steps": -(-batch_size // micro),
             "gradient_clipping": cfg.grad_clip,
             "zero_optimization": {"stage": cfg.zero_stage},
             "zero_allow_untested_optimizer": True,
@@ -113,11 +127,20 @@ class DeepSpeedPolicy:
             model=module, optimizer=optimizer, config=ds_config, dist_init_required=False)
         self.module = self.engine.module
 
+    @property
+    def device(self) -> torch.device:
+        return self.engine.device
+
     def forward(self, input_ids, attention_mask):
         return self.engine(input_ids, attention_mask)
 
-    def step(self, loss) -> float:
-        self.engine.backward(loss)
+    def backward(self, loss, *, last: bool = True) -> None:
+        # DeepSpeed reduces gradients (and ZeRO-2/3 partition them) at the boundary it is told;
+        # the loss is already normalised over the mini-batch, so no 1/gradient_accumulation_steps.
+        self.engine.set_gradient_accumulation_boundary(last)
+        self.engine.backward(loss, scale_wrt_gas=False)
+
+    def step(self) -> float:
         self.engine.step()
         norm = self.engine.get_global_grad_norm()
         return float(norm) if norm is not None else 0.0

@@ -11,9 +11,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from rockroll.trainer.algorithms import (  # noqa: E402
+    agg_denominator,
     aggregate,
     cispo_loss,
-    discounted_turn_returns,
     gae,
     grpo_advantages,
     kl_k3,
@@ -47,6 +47,27 @@ def test_aggregate_modes(mode, expected):
     loss3 = t(LOSS_2x3 + [[9.0, 9.0, 9.0]])
     mask3 = torch.tensor(MASK_2x3 + [[0, 0, 0]], dtype=torch.bool)
     close(aggregate(loss3, mask3, mode), expected)
+
+
+@pytest.mark.parametrize(
+    ("mode", "denom", "row0", "row1"),
+    [
+        # the mini-batch has 3 masked tokens: row 0 -> (1 + 2) / 3 = 1, row 1 -> 4 / 3; sum 7/3
+        ("token-mean", 3, 1.0, 4 / 3),
+        # 2 non-empty sequences: row 0 -> ((1 + 2) / 2) / 2 = 0.75, row 1 -> (4 / 1) / 2 = 2; sum 2.75
+        ("seq-mean-token-mean", 2, 0.75, 2.0),
+        # 2 non-empty sequences: row 0 -> (1 + 2) / 2 = 1.5, row 1 -> 4 / 2 = 2; sum 3.5
+        ("seq-mean-token-sum", 2, 1.5, 2.0),
+    ],
+)
+def test_aggregate_micro_batches_add_up_with_the_mini_batch_denominator(mode, denom, row0, row1):
+    loss, mask = t(LOSS_2x3), t(MASK_2x3)
+    assert agg_denominator(mask, mode).item() == denom
+    d = agg_denominator(mask, mode)
+    close(aggregate(loss[:1], mask[:1], mode, d), row0)
+    close(aggregate(loss[1:], mask[1:], mode, d), row1)
+    # an empty mask still divides by at least 1
+    assert agg_denominator(torch.zeros(2, 3), mode).item() == 1
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
@@ -143,13 +164,6 @@ def test_gae_skips_observation_tokens():
                    t([[1, 0, 1], [0, 1, 0]]), gamma=0.9, lam=0.95)
     close(adv, [[0.3685, 0.0, 0.7], [0.0, 1.5, 0.0]])
     close(ret, [[0.8685, 0.0, 1.0], [0.0, 2.0, 0.0]])
-
-
-def test_discounted_turn_returns():
-    # gamma 0.5: [0, 0, 1] -> [0 + 0.5*(0 + 0.5*1), 0 + 0.5*1, 1] = [0.25, 0.5, 1]
-    #            [1, 2]    -> [1 + 0.5*2, 2] = [2, 2]
-    out = discounted_turn_returns([[0.0, 0.0, 1.0], [1.0, 2.0], []], 0.5)
-    assert out == [[0.25, 0.5, 1.0], [2.0, 2.0], []]
 
 
 # --------------------------------------------------------------------------- weights

@@ -16,7 +16,7 @@ def test_examples_load(name):
 
 
 def test_defaults_and_nested():
-    cfg = load_config({"algorithm": {"name": "cispo", "ipa": {"enabled": True, "gamma": 0.9}},
+    cfg = load_config({"algorithm": {"name": "grpo", "ipa": {"enabled": True, "gamma": 0.9}},
                        "envs": [{"id": "rock/Sokoban-v0", "weight": 2, "kwargs": {"size": 6}}]})
     assert cfg.algorithm.ipa.gamma == 0.9 and cfg.envs[0].weight == 2.0
     assert cfg.engine.kind == "torch"
@@ -50,11 +50,39 @@ def test_defaults_and_nested():
     ({"rollout": {"curriculum": {"enabled": True}},
       "envs": [{"id": "rock/FrozenLake-v0", "task_ids": [0]}, {"id": "rock/FrozenLake-v0", "task_ids": [1]}]},
      "rollout.curriculum.enabled: needs distinct env ids"),
+    # combinations whose setting the trainer would ignore
+    ({"algorithm": {"name": "topr", "ipa": {"enabled": True}}}, "algorithm.ipa.enabled: IPA"),
+    ({"algorithm": {"name": "cispo", "ipa": {"enabled": True}}}, "algorithm.ipa.enabled: IPA"),
+    ({"algorithm": {"name": "reinforce_pp", "ipa": {"enabled": True}}}, "algorithm.ipa.enabled: IPA"),
+    ({"algorithm": {"name": "ppo", "ipa": {"enabled": True}}}, "algorithm.ipa.enabled: IPA"),
+    ({"algorithm": {"name": "cispo", "dual_clip": 3.0}}, "algorithm.dual_clip: not used by algorithm.name=cispo"),
+    ({"algorithm": {"ipa": {"enabled": True}, "dual_clip": 3.0}}, "algorithm.dual_clip: not used"),
+    ({"algorithm": {"name": "topr", "tis_cap": 0.0}}, "algorithm.tis_cap: not used by algorithm.name=topr"),
+    ({"algorithm": {"ipa": {"enabled": True}, "tis_cap": 1.5}}, "algorithm.tis_cap: not used"),
+    ({"algorithm": {"name": "topr", "clip_high": 0.5}}, "algorithm.clip_high: not used"),
+    ({"algorithm": {"name": "reinforce_pp", "std_normalize": False}}, "algorithm.std_normalize: not used"),
+    ({"algorithm": {"lam": 0.9}}, "algorithm.lam: not used by algorithm.name=grpo"),
+    ({"algorithm": {"gamma": 0.9}}, "algorithm.gamma: not used"),
+    ({"algorithm": {"turn_credit": "per_token"}}, "algorithm.turn_credit: must be one of outcome, discounted"),
+    ({"algorithm": {"name": "topr", "turn_credit": "discounted"}}, "algorithm.turn_credit: discounted needs"),
+    ({"algorithm": {"turn_credit": "discounted", "ipa": {"enabled": True, "gamma": 0.9}}},
+     "algorithm.ipa.gamma: unused with turn_credit=discounted"),
 ])
 def test_errors_name_the_key(data, key):
     with pytest.raises(ConfigError) as e:
         load_config(data)
     assert str(e.value).startswith(key) or key in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("algorithm", [
+    {"name": "ppo", "gamma": 0.99, "lam": 0.9, "vf_coef": 0.1, "dual_clip": 3.0},
+    {"name": "cispo", "turn_credit": "discounted", "gamma": 0.9, "std_normalize": False},
+    {"ipa": {"enabled": True, "gamma": 0.9}, "clip_high": 0.3, "turn_credit": "outcome"},
+    {"ipa": {"enabled": True}, "turn_credit": "discounted", "gamma": 0.8},
+    {"name": "topr", "kl_coef": 0.01, "ppo_epochs": 2},
+])
+def test_settings_the_algorithm_reads_are_accepted(algorithm):
+    assert load_config({"algorithm": algorithm}).algorithm.name == algorithm.get("name", "grpo")
 
 
 def test_yaml_file_and_overrides(tmp_path):
@@ -67,3 +95,20 @@ def test_yaml_file_and_overrides(tmp_path):
         load_config(p)
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "missing.yaml")
+
+
+def test_overrides_into_lists_and_bad_paths():
+    base = {"steps": 3, "envs": [{"id": "rock/FrozenLake-v0"}, {"id": "rock/Sokoban-v0", "weight": 2}]}
+    cfg = load_config(base, {"envs.1.weight": 0.5, "envs.0.kwargs": {"size": 6}})
+    assert (cfg.envs[1].weight, cfg.envs[0].kwargs) == (0.5, {"size": 6})
+    assert base["envs"][1]["weight"] == 2  # the caller's mapping is not modified
+    for over, key in [({"steps.x": 1}, "steps: is 3, not a section"),
+                      ({"envs.2.id": "x"}, "envs.2: not an index of this list of 2 items"),
+                      ({"envs.first.id": "x"}, "envs.first: not an index"),
+                      ({"envs.0.id.x": 1}, "envs.0.id: is 'rock/FrozenLake-v0', not a section"),
+                      ({"rollout.group_size": 0}, "rollout.group_size: must be >= 1")]:
+        with pytest.raises(ConfigError) as e:
+            load_config(base, over)
+        assert str(e.value).startswith(key), str(e.value)
+    with pytest.raises(ConfigError, match="^steps: must be an integer"):  # a new section where a number goes
+        load_config({}, {"steps.x": 1})

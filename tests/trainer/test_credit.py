@@ -10,10 +10,12 @@ from rockroll.trainer.credit import (  # noqa: E402
     chunk_ids,
     chunk_ratio_mask,
     chunk_ratios,
-    chunk_returns,
     ipa_advantages,
     ipa_loss,
     num_chunks,
+    per_chunk,
+    turn_advantages,
+    turn_returns,
 )
 
 from _tensors import LN, close, t  # noqa: E402
@@ -38,20 +40,54 @@ def test_chunk_ids_and_num_chunks():
         assert num_chunks(mask).tolist() == [3, 1, 0]
 
 
-def test_chunk_returns():
-    # gamma 0.5, seq 0: K=3, R=2 -> chunks [0.5^2 * 2, 0.5 * 2, 2] = [0.5, 1, 2]
-    # seq 1: K=1, R=-1 -> -1 on its chunk; seq 2: nothing
-    ret = chunk_returns(t([2.0, -1.0, 5.0]), t(MASK), 0.5)
-    close(ret, [
-        [0.5, 0.5, 0.0, 0.0, 1.0, 0.0, 2.0],
-        [0.0, 0.0, -1.0, -1.0, -1.0, 0.0, 0.0],
+def test_turn_returns():
+    # gamma 0.5: [0, 0, 1] -> [0 + 0.5 * (0 + 0.5 * 1), 0 + 0.5 * 1, 1] = [0.25, 0.5, 1]
+    #            [1, 2, 0] -> [1 + 0.5 * 2, 2 + 0, 0] = [2, 2, 0]  (zero padding adds nothing)
+    #            [-1, 0, 4] -> [-1 + 0.5 * (0 + 0.5 * 4), 0 + 0.5 * 4, 4] = [0, 2, 4]
+    close(turn_returns(t([[0.0, 0.0, 1.0], [1.0, 2.0, 0.0], [-1.0, 0.0, 4.0]]), 0.5),
+          [[0.25, 0.5, 1.0], [2.0, 2.0, 0.0], [0.0, 2.0, 4.0]])
+
+
+def test_per_chunk_puts_turn_values_on_their_tokens():
+    # MASK chunks: seq 0 {0,1} {4} {6}; seq 1 {2,3,4}; seq 2 none
+    values = t([[1.0, 2.0, 3.0], [7.0, 8.0, 9.0], [5.0, 5.0, 5.0]])
+    close(per_chunk(values, t(MASK)), [
+        [1.0, 1.0, 0.0, 0.0, 2.0, 0.0, 3.0],
+        [0.0, 0.0, 7.0, 7.0, 7.0, 0.0, 0.0],
         [0.0] * 7,
     ])
+    with pytest.raises(ValueError, match="3 chunks"):
+        per_chunk(values[:, :2], t(MASK))
 
 
-def test_chunk_returns_k3_is_quarter_half_one():
-    # K = 3, gamma = 0.5, R = 1: [0.25 R, 0.5 R, R]
-    close(chunk_returns(t([1.0]), t([[1, 0, 1, 0, 1]]), 0.5), [[0.25, 0.0, 0.5, 0.0, 1.0]])
+# group 0 of the turn-credit tests: A plays 2 turns with rewards [0, 1], B one turn with -0.1
+# (its second reward slot is padding: garbage that must be ignored)
+TURN_MASK = [[1, 1, 0, 1, 0], [0, 1, 1, 0, 0]]
+TURN_REWARDS = [[0.0, 1.0], [-0.1, 9.0]]
+
+
+def test_turn_advantages():
+    # gamma 0.5: G_A = [0 + 0.5 * 1, 1] = [0.5, 1]; G_B = [-0.1]
+    # each episode weighs 1 (A's turns 1/2 each): mean = (0.5 * 0.5 + 0.5 * 1 - 0.1) / 2 = 0.325
+    # deviations A [0.175, 0.675], B [-0.425]
+    # var = (0.5 * 0.175^2 + 0.5 * 0.675^2 + 0.425^2) / 2 = (0.0153125 + 0.2278125 + 0.180625) / 2
+    #     = 0.211875, std = 0.4602988
+    # A = [0.175, 0.675] / std = [0.3801878, 1.4664387] on A's chunks; B: -0.425 / std = -0.9233133
+    adv = turn_advantages(t(TURN_REWARDS), t(TURN_MASK), torch.tensor([0, 0]), 0.5)
+    close(adv, [[0.3801878, 0.3801878, 0.0, 1.4664387, 0.0], [0.0, -0.9233133, -0.9233133, 0.0, 0.0]])
+    # Dr.GRPO variant: the deviations themselves
+    adv = turn_advantages(t(TURN_REWARDS), t(TURN_MASK), torch.tensor([0, 0]), 0.5, std_normalize=False)
+    close(adv, [[0.175, 0.175, 0.0, 0.675, 0.0], [0.0, -0.425, -0.425, 0.0, 0.0]])
+
+
+def test_turn_advantages_outcome_only_gamma_one_is_grpo():
+    # E wins after 3 turns ([0, 0, 1]), F loses in 1 ([0], padding 9): gamma 1 -> G_E = [1, 1, 1],
+    # G_F = [0]; per-episode mean 0.5, std 0.5: E +1 on every token, F -1 (GRPO on R = [1, 0]).
+    # A group of one episode, G = [2]: mean 2, deviation 0 -> 0 (no NaN).
+    mask = t([[1, 0, 1, 0, 1], [1, 1, 1, 1, 0], [0, 0, 1, 1, 0]])
+    adv = turn_advantages(t([[0.0, 0.0, 1.0], [0.0, 9.0, 9.0], [2.0, 0.0, 0.0]]), mask,
+                          torch.tensor([4, 4, 7]), 1.0)
+    close(adv, [[1.0, 0.0, 1.0, 0.0, 1.0], [-1.0, -1.0, -1.0, -1.0, 0.0], [0.0] * 5])
 
 
 def test_chunk_ratios_geometric_mean_and_gradient():
@@ -94,19 +130,32 @@ def test_ipa_loss_clips_and_drops_chunks():
     # mask [1,1,0,1,1,0,1]: chunks {0,1}, {3,4}, {6}; ratio bounds [0.5, 2], clip 0.2
     # chunk 0: log ratios [ln 2, 0] -> rho = sqrt(2) = 1.4142136, A = +1
     #          loss max(-1.4142, -1.2) = -1.2 (clipped, no gradient)
-    # chunk 1: log ratios [ln 4, ln 4] -> rho = 4 > 2: dropped (not in loss, not in denominator)
+    # chunk 1: log ratios [ln 4, ln 4] -> rho = 4 > 2: dropped (loss 0, still in the denominator)
     # chunk 2: log ratio ln 1.1 -> rho 1.1, A = -1: loss max(1.1, 1.1) = 1.1
-    # token mean over the 3 kept tokens: (-1.2 - 1.2 + 1.1) / 3 = -0.4333333
+    # token mean over the 5 response tokens: (-1.2 - 1.2 + 0 + 0 + 1.1) / 5 = -0.26
     mask = t([[1, 1, 0, 1, 1, 0, 1]])
     logp = t([[LN(2.0), 0.0, 7.0, LN(4.0), LN(4.0), 7.0, LN(1.1)]], requires_grad=True)
     adv = t([[1.0, 1.0, 0.0, 1.0, 1.0, 0.0, -1.0]])
     loss, metrics = ipa_loss(logp, torch.zeros(1, 7), adv, mask, ratio_low=0.5, ratio_high=2.0)
-    close(loss, -0.4333333)
+    close(loss, -0.26)
     assert metrics["chunk_mask_frac"] == pytest.approx(2 / 5)  # 2 of 5 response tokens dropped
     assert metrics["clip_frac"] == pytest.approx(2 / 3)  # chunk 0's two tokens of 3 kept
     loss.backward()
-    # only chunk 2 carries gradient: d/dlogp_6 (-A rho / 3) = 1.1 / 3 = 0.3666667
-    close(logp.grad, [[0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.3666667]])
+    # only chunk 2 carries gradient: d/dlogp_6 (-A rho / 5) = 1.1 / 5 = 0.22
+    close(logp.grad, [[0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.22]])
+
+
+def test_ipa_loss_clip_low_and_clip_high():
+    # two one-token chunks, ratio bounds [0.5, 2]: rho 1.5 with A = +1, rho 0.6 with A = -1
+    # clip_low 0.2, clip_high 0.28: max(-1.5, -1.28) = -1.28; max(0.6, 0.8) = 0.8 -> (-1.28 + 0.8) / 2
+    logp = t([[LN(1.5), 0.0, LN(0.6)]])
+    mask, adv = t([[1, 0, 1]]), t([[1.0, 0.0, -1.0]])
+    kw = dict(ratio_low=0.5, ratio_high=2.0, clip_low=0.2)
+    close(ipa_loss(logp, torch.zeros(1, 3), adv, mask, clip_high=0.28, **kw)[0], (-1.28 + 0.8) / 2)
+    # clip_high 0.6 leaves 1.5 inside the band: (-1.5 + 0.8) / 2; clip_low 0.5 leaves 0.6: (-1.5 + 0.6) / 2
+    close(ipa_loss(logp, torch.zeros(1, 3), adv, mask, clip_high=0.6, **kw)[0], (-1.5 + 0.8) / 2)
+    close(ipa_loss(logp, torch.zeros(1, 3), adv, mask, ratio_low=0.5, ratio_high=2.0, clip_low=0.5,
+                   clip_high=0.6)[0], (-1.5 + 0.6) / 2)
 
 
 def test_ipa_loss_gradient_through_chunk_ratio():

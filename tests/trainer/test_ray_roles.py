@@ -1,34 +1,126 @@
-"""Ray roles smoke test on a real local Ray (127.0.0.1): trainer, generator and env-worker
-actors run two training steps; weights reach the generator through the object store; the env
-worker evaluates the starting weights."""
+"""Ray roles on a real local Ray (127.0.0.1) and real torch.distributed (gloo):
+
+- ``rockroll.trainer.train`` with ``ray.enabled`` runs the actor loop with two env workers:
+  metrics summed over both, a KL reference, the run folder, checkpoints and a resume;
+- the roles one step at a time with two env workers and two generators on collective weight
+  sync: the workers' groups are distinct, their group ids disjoint, and after a step both
+  generators hold the trainer's exact weights at the next version, which new samples carry.
+"""
+
+import json
 
 import pytest
+import torch
 
-ray = pytest.importorskip("ray")
+from rockroll.trainer.config import ConfigError, load_config
+from rockroll.trainer.models import load_tokenizer
 
-from rockroll.trainer.config import load_config  # noqa: E402
-from rockroll.trainer.models import load_tokenizer  # noqa: E402
-from rockroll.trainer.ray_roles import init_local_ray, train_with_ray  # noqa: E402
+from _tiny import multi_turn_groups, run_config  # noqa: E402
 
 
-def test_ray_roles_two_steps(tmp_path):
-    cfg = load_config({
-        "steps": 2, "seed": 0,
-        "model": {"hidden_size": 64, "num_layers": 1, "num_heads": 1, "intermediate_size": 64},
-        "envs": [{"id": "rock/FrozenLake-v0", "kwargs": {"max_actions_per_turn": 1}, "task_ids": [0]}],
-        "rollout": {"group_size": 2, "batch_groups": 1, "max_turns": 2},
-        "generation": {"max_new_tokens": 1},
-        "eval": {"every": 2, "episodes": 3},
-    })
-    tok_dir = tmp_path / "tok"
-    load_tokenizer(cfg.tokenizer, cfg.envs, tok_dir)
+@pytest.mark.parametrize("ray, key", [
+    ({"weight_sync": "nccl"}, "ray.weight_sync: must be object_store or collective"),
+    ({"num_env_workers": 0}, "ray.num_env_workers: must be >= 1"),
+    ({"num_env_workers": 1, "num_generators": 2}, "ray.num_generators: must be in [1, num_env_workers]"),
+    ({"enabled": True, "num_env_workers": 3}, "ray.num_env_workers: must be <= rollout.batch_groups"),
+    ({"workers": 2}, "ray.workers: unknown key"),
+])
+def test_ray_config_errors(ray, key):
+    with pytest.raises(ConfigError) as e:
+        load_config({"rollout": {"batch_groups": 2}, "ray": ray})
+    assert str(e.value).startswith(key), str(e.value)
+
+
+def test_worker_config_splits_the_batch_and_the_seed():
+    from rockroll.trainer.ray_roles import worker_config
+
+    cfg = load_config({"seed": 5, "rollout": {"batch_groups": 3}, "ray": {"enabled": True, "num_env_workers": 2}})
+    w0, w1 = worker_config(cfg, 0), worker_config(cfg, 1)
+    assert (w0.rollout.batch_groups, w1.rollout.batch_groups) == (2, 1)
+    assert w0.seed == 5 and w1.seed != 5  # worker 0 draws what the local loop draws
+    assert cfg.rollout.batch_groups == 3 and cfg.seed == 5  # the run's config is left as it was
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray = pytest.importorskip("ray")
+    from rockroll.trainer.ray_roles import init_local_ray
+
     init_local_ray(num_cpus=2)
-    try:
-        hist = train_with_ray(cfg, str(tok_dir))
-    finally:
-        ray.shutdown()
-    assert [h["step"] for h in hist] == [0, 1]
-    assert hist[-1]["policy_version"] == 2
-    assert all(h["rollout/samples"] == 2 for h in hist)
+    yield ray
+    ray.shutdown()
+
+
+def test_train_dispatches_to_ray_and_resumes(tmp_path, local_ray):
+    from rockroll.trainer import train
+
+    over = dict(ray={"enabled": True, "num_env_workers": 2}, algorithm__kl_coef=0.1,
+                eval={"every": 2, "episodes": 2}, checkpoint={"dir": str(tmp_path / "ckpt")},
+                logging__tensorboard=False)
+    out = train(run_config(tmp_path, **over))
+    hist = out["history"]
+    assert [h["step"] for h in hist] == [0, 1] and hist[-1]["policy_version"] == 2
+    for h in hist:  # one group from each worker: the metrics count both
+        assert h["rollout/samples"] == 2 * 3 and h["rollout/groups_done"] == 2
+        assert h["loss/kl"] >= 0  # the frozen reference in the trainer actor
+    assert hist[0]["loss/kl"] == 0  # step 0: the policy is still the reference
     assert hist[1]["rollout/staleness_max"] == 0  # step 1 was generated with the synced weights
-    assert hist[0]["eval/episodes"] == 3 and "eval/success" in hist[0] and "eval/success" not in hist[1]
+
+    run = tmp_path / "run"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]
+    evals = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in evals] == [0, 2] and evals[0]["eval/episodes"] == 2
+    assert (run / "curve.png").is_file() and (run / "transcripts" / "step_000001.jsonl").is_file()
+    ckpt = tmp_path / "ckpt"
+    assert (ckpt / "latest").read_text() == "step_000002"
+    state = torch.load(ckpt / "step_000002" / "state.pt", weights_only=False)
+    assert state["step"] == 2 and len(state["rollout"]["workers"]) == 2
+
+    out = train(run_config(tmp_path, steps=3, **over))  # resumes at step 2
+    assert out["start_step"] == 2 and [h["step"] for h in out["history"]] == [2]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+
+
+def test_two_workers_two_generators_collective_sync(tmp_path, local_ray):
+    ray = local_ray
+    from rockroll.trainer.ray_roles import (
+        GROUP_ID_BLOCK, merge_rollout_metrics, start_roles, stop_roles, sync_weights)
+
+    cfg = run_config(tmp_path, ray={"enabled": True, "num_env_workers": 2, "num_generators": 2,
+                                    "weight_sync": "collective"})
+    tokenizer = load_tokenizer(cfg.tokenizer, cfg.envs, tmp_path / "unused")
+    roles = start_roles(cfg, tokenizer)
+    try:
+        assert roles.sync_address[0] == "127.0.0.1"
+        sync_weights(roles, 0)
+        ray.get([w.start.remote(0) for w in roles.workers])
+        results = ray.get([w.get_batch.remote(0) for w in roles.workers])
+
+        # each worker: its own block of group ids, its own seeds; a group's samples are its own
+        for i, (groups, _) in enumerate(results):
+            assert len(groups) == 1
+            for g in groups:
+                assert g.group_id // GROUP_ID_BLOCK == i
+                assert {s.group_id for s in g.samples} == {g.group_id} and len(g.samples) == 3
+        (g0,), (g1,) = results[0][0], results[1][0]
+        assert g0.seed != g1.seed
+        merged = merge_rollout_metrics(results, 0)
+        assert merged["rollout/samples"] == 6 and merged["rollout/groups_done"] == 2
+
+        before = ray.get(roles.trainer.weights_checksum.remote())
+        ray.get(roles.trainer.update.remote(multi_turn_groups()))  # rewards that differ: the weights move
+        after = ray.get(roles.trainer.weights_checksum.remote())
+        assert after != before
+        assert ray.get([g.weights_checksum.remote() for g in roles.generators]) == [before, before]
+        sync_weights(roles, 1)  # broadcast from the trainer, rank 0
+        assert ray.get([g.weights_checksum.remote() for g in roles.generators]) == [after, after]
+        assert ray.get([g.version.remote() for g in roles.generators]) == [1, 1]
+
+        ray.get([w.advance.remote(1) for w in roles.workers])
+        results = ray.get([w.get_batch.remote(1) for w in roles.workers])
+        samples = [s for gs, _ in results for g in gs for s in g.samples]
+        assert len(samples) == 6 and all(s.version == 1 and set(s.versions) == {1} for s in samples)
+    finally:
+        stop_roles(roles)

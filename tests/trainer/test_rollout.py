@@ -3,6 +3,7 @@ failures, dynamic sampling. Real envs, real tokenizer; a scripted engine where a
 to control what the policy says, the real Transformers engine for the mask checks."""
 
 import itertools
+import time
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from rockroll.trainer.models import build_model, load_tokenizer
 from rockroll.trainer.rollout import Group, PromptTemplate, RolloutManager, Sample, filter_stale, make_env
 from rockroll.trainer.synthetic import LatencyEnv
 from rockroll.trainer.testing import RecordingEngine, ScriptEngine
-from rockroll.trainer.train import collate, token_logp
+from rockroll.trainer.controller import collate, token_logp
 
 LAT = "rockroll.trainer.synthetic:LatencyEnv"
 
@@ -240,3 +241,88 @@ def test_evaluate_plays_the_same_fresh_episodes_each_time(tok):
     # the FrozenLake evaluation episodes cycled through task_ids 0, 1, 2 and started fresh
     assert sorted(o["task_id"] for o in seen[:8]) == [0, 0, 0, 1, 1, 1, 2, 2]
     assert all(set(o) == {"task_id"} for o in seen)  # never a saved state
+
+
+class VersionedScript(ScriptEngine):
+    """A ScriptEngine whose log-probs tell which weights answered, -(version + 1), and whose
+    calls spend ``prepare_s`` before taking the engine's lock (as VLLMEngine builds its
+    sampling params first): a weight load can land between a call's start and its sampling."""
+
+    prepare_s = 0.02
+
+    def generate(self, prompts, sampling):
+        time.sleep(self.prepare_s)
+        return super().generate(prompts, sampling)
+
+    def load_weights(self, state_dict, version: int) -> None:
+        with self._lock:
+            self.version, self.logprob = version, -(version + 1.0)
+
+
+def test_every_turn_is_labelled_with_the_version_that_generated_it(tok):
+    """Weight loads land while generation runs (alpha 8: the rollout never waits for the
+    trainer): every turn must carry the version of the weights that generated it. Reading the
+    engine's version when a call starts, outside the lock that weight loads take, labels a
+    call that a load overtook one version too old."""
+    data = {**_cfg(group_size=2, batch_groups=2, async_ratio=8, max_concurrent_groups=4, max_turns=3),
+            "envs": [{"id": LAT, "kwargs": {"max_turns": 3}}]}
+    cfg = load_config(data)
+    template = PromptTemplate(tok, cfg.tokenizer)
+    engine = VersionedScript(tok, ["Left"], stop_id=template.stop_id)  # never wins: 3 turns each
+    engine.load_weights({}, 0)
+    mgr = RolloutManager(cfg, engine, template)
+    mgr.start()
+    turns, STEPS = 0, 12
+    try:
+        for step in range(STEPS):
+            groups, _ = mgr.get_batch(step, timeout=60)
+            time.sleep(VersionedScript.prepare_s / 2)  # let the next call start: the load overtakes it
+            mgr.load_weights({}, step + 1)
+            for s in (s for g in groups for s in g.samples):
+                runs, prev = [], 0  # the behaviour log-prob of each mask-1 run (one turn)
+                for m, lp in zip(s.mask, s.behav_logp):
+                    if m and not prev:
+                        runs.append(lp)
+                    prev = m
+                assert runs == [-(v + 1.0) for v in s.versions], (runs, s.versions)
+                turns += len(runs)
+    finally:
+        mgr.close()
+    assert turns == STEPS * 2 * 2 * 3 and engine.version == STEPS
+
+
+def test_format_penalty_overrides_the_envs_and_turn_rewards_add_up(tok):
+    """algorithm.format_penalty reaches the env built by the manager: every unparsable reply
+    ("blah") scores it instead of FrozenLake's default -0.1, turn by turn."""
+    env = {"id": "rock/FrozenLake-v0", "kwargs": {"max_actions_per_turn": 1}, "task_ids": [0]}
+    for penalty, expected in ((-0.37, -0.37), (None, -0.1)):
+        data = {**_cfg(group_size=2, max_turns=3), "envs": [env], "algorithm": {"format_penalty": penalty}}
+        mgr, _, _ = _manager(tok, data, words=("blah",))
+        mgr.start()
+        try:
+            groups, _ = mgr.get_batch(0, timeout=60)
+        finally:
+            mgr.close()
+        for s in groups[0].samples:
+            assert s.num_turns == s.format_errors == 3
+            assert s.turn_rewards == pytest.approx([expected] * 3)
+            assert s.reward == pytest.approx(sum(s.turn_rewards))
+
+
+def test_a_groups_samples_share_task_and_seed(tok):
+    """Without task_ids FrozenLake draws its map from the reset seed: every sample of a group
+    starts on the same board (same seed), while groups (other seeds) see different boards."""
+    data = {**_cfg(group_size=3, batch_groups=4, max_turns=2),
+            "envs": [{"id": "rock/FrozenLake-v0", "kwargs": {"max_actions_per_turn": 1}}]}
+    mgr, _, _ = _manager(tok, data, words=("Right", "Down", "Left"))
+    mgr.start()
+    try:
+        groups, _ = mgr.get_batch(0, timeout=60)
+    finally:
+        mgr.close()
+    boards = []
+    for g in groups:
+        assert {s.transcript[0][1] for s in g.samples} == {g.samples[0].transcript[0][1]}
+        assert {s.task_id for s in g.samples} == {g.task_id} and {s.group_id for s in g.samples} == {g.group_id}
+        boards.append(g.samples[0].transcript[0][1])
+    assert len({g.seed for g in groups}) == 4 and len(set(boards)) > 1

@@ -6,8 +6,17 @@ import json
 import pytest
 import torch
 
-from rockroll.trainer.train import train
+import rockroll.trainer
+from rockroll.trainer import credit as C
+from rockroll.trainer.config import AlgorithmConfig, EngineConfig, IPAConfig, ModelConfig
+from rockroll.trainer.controller import (
+    collate, compute_advantages, compute_loss, target_logp, token_logp, train, update_policy,
+)
+from rockroll.trainer.models import build_model
+from rockroll.trainer.policy import ActorModule, make_policy
+from rockroll.trainer.rollout import Group, Sample
 
+from _tensors import LN, close, t  # noqa: E402
 from _tiny import TinyTok, multi_turn_groups, run_config as _cfg  # noqa: E402
 
 
@@ -36,27 +45,48 @@ def test_torch_engine_run_and_artifacts(tmp_path):
     assert out["generator"].version == 3
 
 
+def _tiny_policy(engine=None, with_value=False):
+    """A one-layer Llama (seed 0: every call builds the same weights) in a policy engine."""
+    lm = build_model(ModelConfig(hidden_size=64, num_layers=1, num_heads=1, intermediate_size=64), TinyTok(), 0)
+    return make_policy(ActorModule(lm, with_value=with_value), engine or EngineConfig(lr=0.01), batch_size=6)
+
+
 @pytest.mark.parametrize("algo", ["grpo", "grpo_ipa", "cispo", "topr", "reinforce_pp", "ppo"])
 def test_every_algorithm_updates_the_policy(algo):
     """update_policy on a hand-made multi-turn batch: finite loss, weights move, and only
-    through response tokens (observation tokens carry no gradient signal)."""
-    from rockroll.trainer.config import AlgorithmConfig, EngineConfig, IPAConfig, ModelConfig
-    from rockroll.trainer.models import build_model
-    from rockroll.trainer.policy import ActorModule, TorchPolicy
-    from rockroll.trainer.train import collate, update_policy
-
+    through response tokens: the logits at every position that predicts a prompt, observation
+    or padding token get exactly zero gradient."""
     groups = multi_turn_groups()
     name = "grpo" if algo == "grpo_ipa" else algo
     acfg = AlgorithmConfig(name=name, ipa=IPAConfig(enabled=algo == "grpo_ipa", gamma=0.9),
                            kl_coef=0.01 if algo in ("reinforce_pp", "ppo") else 0.0,
                            mini_batches=2 if algo == "ppo" else 1, ppo_epochs=2 if algo == "ppo" else 1)
-    lm = build_model(ModelConfig(hidden_size=64, num_layers=1, num_heads=1, intermediate_size=64), TinyTok(), 0)
-    policy = TorchPolicy(ActorModule(lm, with_value=name == "ppo"), EngineConfig(lr=0.01))
+    policy = _tiny_policy(with_value=name == "ppo")
+    lm = policy.module.lm
     before = {k: v.clone() for k, v in lm.state_dict().items()}
     ref = lambda ids, a: (lm(input_ids=ids, attention_mask=a).logits.detach(), None)  # noqa: E731
-    met = update_policy(policy, acfg, collate(groups, 0), 1.0, ref if acfg.kl_coef else None)
+    logit_grads = []
+
+    def keep_logit_grad(module, inputs, logits):  # returns None: the output stays as it is
+        if logits.requires_grad:
+            logits.register_hook(logit_grads.append)
+
+    hook = lm.lm_head.register_forward_hook(keep_logit_grad)
+    batch = collate(groups, 0)
+    try:
+        met = update_policy(policy, acfg, batch, 1.0, ref if acfg.kl_coef else None)
+    finally:
+        hook.remove()
     assert torch.isfinite(torch.tensor(met["loss/total"]))
     assert any(not torch.equal(before[k], v) for k, v in lm.state_dict().items())
+    assert logit_grads  # one per gradient forward (ppo: 2 epochs x 2 mini-batches)
+    for i, g in enumerate(logit_grads):  # backward i follows forward i: mini-batches in turn
+        start = i % (batch.size // g.shape[0]) * g.shape[0]
+        rows = batch.mask[start: start + g.shape[0]]
+        # position t predicts target t (token t + 1); the last position predicts nothing
+        predicts_response = torch.cat([rows, torch.zeros(rows.shape[0], 1, dtype=torch.bool)], 1)
+        assert g[~predicts_response].abs().max() == 0
+        assert g[predicts_response].abs().sum() > 0
 
 
 def test_checkpoint_resume_matches_straight_run(tmp_path):
@@ -84,3 +114,210 @@ def test_checkpoint_resume_matches_straight_run(tmp_path):
              for r in ("a", "b")}
     assert [e["step"] for e in evals["a"]] == [e["step"] for e in evals["b"]] == [0, 2, 4]
     assert evals["a"] == evals["b"] and all(e["eval/episodes"] == 4 for e in evals["a"])
+
+
+# --------------------------------------------------------------------------- off-policy ratios
+
+
+def _hand_batch(masks, behav, rewards, group_ids=None, turn_rewards=None):
+    """A Batch from per-target lists: each sample gets a leading prompt token (mask 0), so
+    position t of ``batch.mask`` / ``batch.behav_logp`` is ``masks[i][t]`` / ``behav[i][t]``."""
+    samples = []
+    for i, (m, b) in enumerate(zip(masks, behav)):
+        samples.append(Sample(token_ids=list(range(3, 4 + len(m))), mask=[0, *m], behav_logp=[0.0, *b],
+                              reward=rewards[i], group_id=0 if group_ids is None else group_ids[i], version=0,
+                              turn_rewards=[] if turn_rewards is None else turn_rewards[i]))
+    return collate([Group(0, "e", None, 0, samples)], 0)
+
+
+def test_topr_weighs_negatives_by_the_behaviour_ratio():
+    # one group, R = [1, 0] -> Dr.GRPO advantages [+0.5, -0.5]; seq-mean-token-sum (the paper's form)
+    # logp = [[-1, -2], [-1, -1]]; old_logp = logp (a single update: the proximal policy is pi_theta)
+    # negative sample: log mu = logp + ln 2 per token -> log rho = -2 ln 2, rho = 0.25 = its weight
+    # loss = -(1/2) [0.5 (-1 - 2) + 0.25 (-0.5) (-1 - 1)] = -(1/2)(-1.5 + 0.25) = 0.625
+    # (with old_logp as the denominator rho = 1: -(1/2)(-1.5 + 1) = 0.25)
+    batch = _hand_batch([[1, 1], [1, 1]], [[-5.0, -5.0], [-1 + LN(2.0), -1 + LN(2.0)]], [1.0, 0.0])
+    logp = t([[-1.0, -2.0], [-1.0, -1.0]], requires_grad=True)
+    a = AlgorithmConfig(name="topr", loss_agg="seq-mean-token-sum")
+    adv, _ = compute_advantages(a, batch, logp.detach(), logp.detach(), None)
+    close(adv, [0.5, -0.5])
+    loss, met = compute_loss(a, logp, logp.detach(), adv, batch)
+    close(loss, 0.625)
+    assert met["loss/neg_weight_mean"] == pytest.approx(0.25)
+    assert "loss/tis_weight_mean" not in met  # TIS is for the PPO clip loss only
+    loss.backward()
+    # d loss / d logp = -w A / 2: positive sample -0.5 / 2 = -0.25; negative -(0.25)(-0.5) / 2 = 0.0625
+    close(logp.grad, [[-0.25, -0.25], [0.0625, 0.0625]])
+
+
+def _cispo_batch():
+    # one group, R = [1, 0] -> GRPO advantages [+1, -1]; logp = [[-1, -1], [-2, -2]]
+    # behaviour ratios pi / mu = [[1.5, 0.5], [1.0, 2.0]] (log mu = logp - ln r)
+    logp = t([[-1.0, -1.0], [-2.0, -2.0]], requires_grad=True)
+    behav = [[-1 - LN(1.5), -1 - LN(0.5)], [-2.0, -2 - LN(2.0)]]
+    return _hand_batch([[1, 1], [1, 1]], behav, [1.0, 0.0]), logp
+
+
+def test_cispo_clips_the_behaviour_ratio():
+    # w = clip(r, 1 - 0.2, 1 + 0.28) = [[1.28, 0.8], [1.0, 1.28]]
+    # loss = -(1/4) sum w A logp = -(1/4)[1.28 (-1) + 0.8 (-1) + 1.0 (-1)(-2) + 1.28 (-1)(-2)]
+    #      = -(1/4)(-1.28 - 0.8 + 2 + 2.56) = -0.62   (with r = 1: -(1/4)(-1 - 1 + 2 + 2) = -0.5)
+    batch, logp = _cispo_batch()
+    a = AlgorithmConfig(name="cispo")
+    adv, _ = compute_advantages(a, batch, logp.detach(), logp.detach(), None)
+    loss, met = compute_loss(a, logp, logp.detach(), adv, batch)
+    close(loss, -0.62, tol=1e-4)
+    assert met["loss/clip_frac"] == pytest.approx(0.75)  # 1.5, 0.5 and 2.0 were clipped
+    assert "loss/tis_weight_mean" not in met
+    loss.backward()
+    close(logp.grad, [[-0.32, -0.2], [0.25, 0.32]], tol=1e-4)  # -w A / 4
+
+
+def test_grpo_clips_against_the_proximal_policy_times_the_tis_weight():
+    # decoupled PPO: ratio pi / pi_old = 1 (one update), TIS weight min(pi_old / mu, 2) = the same
+    # behaviour ratios [[1.5, 0.5], [1.0, 2.0]]; loss = -(1/4)[1.5 + 0.5 - 1.0 - 2.0] = 0.25
+    batch, logp = _cispo_batch()
+    a = AlgorithmConfig(name="grpo")
+    adv, _ = compute_advantages(a, batch, logp.detach(), logp.detach(), None)
+    loss, met = compute_loss(a, logp, logp.detach(), adv, batch)
+    close(loss, 0.25, tol=1e-4)
+    assert met["loss/tis_weight_mean"] == pytest.approx((1.5 + 0.5 + 1.0 + 2.0) / 4, abs=1e-5)
+    loss, met = compute_loss(AlgorithmConfig(name="grpo", tis_cap=0.0), logp, logp.detach(), adv, batch)
+    close(loss, 0.0, tol=1e-6)  # without TIS: -(1/4)(1 + 1 - 1 - 1)
+    assert "loss/tis_weight_mean" not in met
+
+
+def test_ipa_drops_a_chunk_whose_behaviour_ratio_is_out_of_bounds_in_update_policy():
+    """A real update_policy call: the behaviour log-probs equal the policy's except on the
+    second turn of group 0's winner, where mu = pi / 4 (chunk ratio 4 > ratio_high 2)."""
+    policy = _tiny_policy()
+    batch = collate(multi_turn_groups(), 0)
+    with torch.no_grad():
+        logp, _ = token_logp(policy.forward, batch, 1.0)
+    second_turn = (C.chunk_ids(batch.mask) == 1) & (torch.arange(batch.size) == 0).unsqueeze(-1)
+    assert second_turn.sum() == 1
+    batch.behav_logp = torch.where(second_turn, logp - LN(4.0), logp)
+    met = update_policy(policy, AlgorithmConfig(ipa=IPAConfig(enabled=True)), batch, 1.0)
+    # GRPO advantages in both groups: winner (2/3) / sqrt(2/9) = 1.4142136, losers -0.7071068.
+    # Samples have 3, 4, 5 response tokens (24 in all); group 0's winner is sample 0, group 1's
+    # sample 1. Every kept chunk has ratio 1, so l_t = -A_t; the dropped token (A = 1.4142136)
+    # gives 0 but counts: sum A over kept tokens =
+    #   (2 * 1.4142136 - 9 * 0.7071068) + (4 * 1.4142136 - 8 * 0.7071068) = -3.5355339
+    # loss = 3.5355339 / 24 = 0.1473139   (nothing dropped: (3.5355339 - 1.4142136) / 24 = 0.0883883)
+    assert met["loss/chunk_mask_frac"] == pytest.approx(1 / 24)
+    assert met["loss/pg"] == pytest.approx(0.1473139, abs=1e-5)
+    assert "loss/tis_weight_mean" not in met
+
+
+# --------------------------------------------------------------------------- per-turn credit
+
+
+def test_discounted_turn_credit_from_the_samples_turn_rewards():
+    # the hand-computed case of test_credit.test_turn_advantages, through Batch and the config:
+    # A plays 2 turns with rewards [0, 1], B one turn with -0.1; gamma 0.5
+    batch = _hand_batch([[1, 1, 0, 1], [0, 1, 1, 0]], [[0.0] * 4] * 2, [1.0, -0.1],
+                        turn_rewards=[[0.0, 1.0], [-0.1]])
+    a = AlgorithmConfig(turn_credit="discounted", gamma=0.5)
+    adv, _ = compute_advantages(a, batch, None, None, None)
+    close(adv, [[0.3801878, 0.3801878, 0.0, 1.4664387], [0.0, -0.9233133, -0.9233133, 0.0]])
+    # outcome credit: one GRPO advantage per sample from the summed rewards [1, -0.1] -> [1, -1]
+    close(compute_advantages(AlgorithmConfig(), batch, None, None, None)[0], [1.0, -1.0])
+    bad = _hand_batch([[1, 0, 1]], [[0.0] * 3], [1.0], turn_rewards=[[1.0]])  # 2 chunks, 1 reward
+    with pytest.raises(ValueError, match="turn rewards"):
+        compute_advantages(a, bad, None, None, None)
+
+
+# --------------------------------------------------------------------------- micro-batches
+
+
+def test_target_logp_in_checkpointed_slices_matches_log_softmax():
+    # 8 positions in slices of 3 (3 + 3 + 2), temperature 0.7: values and gradients equal the
+    # plain full-vocabulary log_softmax, with and without autograd
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 8, 11, generator=g, requires_grad=True)
+    targets = torch.randint(0, 11, (2, 8), generator=g)
+    weights = torch.randn(2, 8, generator=g)
+    expected = torch.log_softmax(logits / 0.7, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    (grad_expected,) = torch.autograd.grad((expected * weights).sum(), logits)
+    got = target_logp(logits, targets, 0.7, chunk=3)
+    (grad_got,) = torch.autograd.grad((got * weights).sum(), logits)
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(grad_got, grad_expected)
+    with torch.no_grad():
+        torch.testing.assert_close(target_logp(logits, targets, 0.7, chunk=3), expected.detach())
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+@pytest.mark.parametrize("engine", ["torch", "deepspeed"])
+def test_micro_batches_take_the_same_step_as_one_pass(agg, engine):
+    """micro_batch_size=2 splits the 6 samples (3, 4, 5, 3, 4, 5 response tokens) into 3
+    micro-batches whose gradients accumulate into one optimizer step: the same loss, gradient
+    norm (before clipping) and parameters as one pass. A per-micro-batch normalisation would
+    weigh the micro-batches' tokens differently and change all three. DeepSpeed (ZeRO-1)
+    accumulates across micro-batches and is compared with the one-pass torch step."""
+    if engine == "deepspeed":
+        pytest.importorskip("deepspeed")
+    a = AlgorithmConfig(loss_agg=agg, kl_coef=0.05)
+    lm_ref = _tiny_policy().module.lm
+    ref = lambda ids, m: (lm_ref(input_ids=ids, attention_mask=m).logits, None)  # noqa: E731
+    whole = _tiny_policy(EngineConfig(lr=0.01, grad_clip=0.0))
+    split = _tiny_policy(EngineConfig(kind=engine, zero_stage=1, lr=0.01, grad_clip=0.0, micro_batch_size=2))
+    batch = collate(multi_turn_groups(), 0)
+    mets = [update_policy(p, a, batch, 1.0, ref) for p in (whole, split)]
+    for k in ("loss/total", "loss/pg", "loss/kl", "grad_norm"):
+        assert mets[1][k] == pytest.approx(mets[0][k], rel=1e-4, abs=1e-6), k
+    w0, w1 = whole.sync_state_dict(), split.sync_state_dict()
+    assert any(not torch.equal(w0[k], v) for k, v in _tiny_policy().sync_state_dict().items())  # it moved
+    for k in w0:
+        torch.testing.assert_close(w1[k], w0[k], atol=1e-5, rtol=1e-4)
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def test_package_entry_point_trains_from_a_dict_with_the_configured_format_penalty(tmp_path):
+    """``rockroll.trainer.train(dict)``; FrozenLake scores a reply without a move with
+    algorithm.format_penalty (-0.37, not the env's -0.1) and the goal with 1, nothing else, so
+    every step's mean reward is -0.37 * mean format errors + mean success."""
+    from rockroll.trainer.config import config_to_dict
+
+    data = config_to_dict(_cfg(tmp_path, algorithm__format_penalty=-0.37, logging__tensorboard=False,
+                               logging__plot=False))
+    out = rockroll.trainer.train(data)
+    hist = out["history"]
+    assert [h["step"] for h in hist] == [0, 1]
+    assert sum(h["rollout/format_errors"] for h in hist) > 0  # the untrained policy babbles
+    for h in hist:
+        assert h["rollout/reward"] == pytest.approx(-0.37 * h["rollout/format_errors"] + h["rollout/success"])
+
+
+def test_resume_with_async_rollout_trains_on_the_saved_buffer(tmp_path):
+    """alpha = 2: at the checkpoint the rollout has run ahead, so groups finished under the
+    old weights wait in the buffer. They are saved, and the resumed run's first step trains on
+    the first of them (exactly: its samples, and the loss of the checkpoint's weights on them).
+    Which groups finish first depends on thread timing, so two runs are not compared."""
+    from rockroll.trainer.models import load_tokenizer
+
+    ckpt = tmp_path / "ckpt"
+    common = {"checkpoint__dir": str(ckpt), "checkpoint__every": 2, "rollout__async_ratio": 2,
+              "rollout__batch_groups": 1, "logging__tensorboard": False, "logging__plot": False}
+    train(_cfg(tmp_path, steps=2, **common))
+    saved = torch.load(ckpt / "step_000002" / "state.pt", weights_only=False)["rollout"]["ready"]
+    assert saved  # started under versions 0 and 1 ((1 + 2 + 1) groups), 2 used by steps 0 and 1
+    resumed = train(_cfg(tmp_path, steps=3, **common))
+    assert resumed["start_step"] == 2 and [h["step"] for h in resumed["history"]] == [2]
+    step2 = resumed["history"][0]
+    first = saved[0]["samples"]
+    assert step2["rollout/samples"] == len(first)
+    assert step2["rollout/reward"] == pytest.approx(sum(s["reward"] for s in first) / len(first))
+    logged = [json.loads(x) for x in (tmp_path / "run" / "transcripts" / "step_000002.jsonl").read_text().splitlines()]
+    assert [(r["group_id"], r["transcript"], r["reward"]) for r in logged] == \
+        [(s["group_id"], s["transcript"], s["reward"]) for s in first[: len(logged)]]
+    # the step's loss is the checkpoint's weights updated on the saved group
+    cfg = _cfg(tmp_path, steps=3, **common)
+    tok = load_tokenizer(cfg.tokenizer, cfg.envs, tmp_path / "unused")
+    policy = make_policy(ActorModule(build_model(cfg.model, tok, cfg.seed), with_value=False), cfg.engine, 3)
+    policy.load(ckpt / "step_000002")
+    group = Group(**{**saved[0], "samples": [Sample(**s) for s in first]})
+    met = update_policy(policy, cfg.algorithm, collate([group], tok.pad_token_id), cfg.generation.temperature)
+    assert met["loss/total"] == pytest.approx(step2["loss/total"], abs=1e-6)
