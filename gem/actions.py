@@ -28,12 +28,19 @@ Answers (``kind="answer"``, for Q&A envs such as math and the grid games): ``\\b
 (braces balanced) or ``<answer>...</answer>``; when several appear, the *last* one counts
 (models revise themselves). Answers are only looked for when there is no tool action.
 
+Quoting: the reply is read left to right and the construct that starts first -- a fenced
+block, a ``<tool_call>``/``<bash>``/``<submit>`` tag, a JSON value -- takes its whole span;
+nothing inside a span is read again. So a JSON tool call whose command mentions
+``<bash>...</bash>`` or ``<submit/>`` is that one command, a ``<bash>`` command holding JSON
+text or a ```` ``` ```` line is that one command, and quoted code (other fences) and JSON that
+is not a tool call are neither actions nor searched for one.
+
 Ambiguity: one tool action per turn. Two or more (two bash blocks, a bash block and a
 submit, a ``tool_calls`` list of two) give ``kind="invalid"`` with an error saying so --
 silently running only the first would let the model believe the second ran too.
 
-Fenced blocks, tags and tool calls are found with linear scans (no backtracking regexes),
-so megabyte-sized generations parse quickly.
+Fenced blocks, tags and tool calls are found in one linear scan (no backtracking regexes,
+a bounded number of JSON decode attempts), so megabyte-sized generations parse quickly.
 """
 
 from __future__ import annotations
@@ -61,12 +68,9 @@ ANSWER_FORMATS = ["\\boxed{...}, e.g. \\boxed{3/4}", "<answer>...</answer>"]
 
 BASH_LANGS = frozenset({"bash", "sh", "shell", "console"})
 TOOL_NAMES = ("bash", "submit")
-_MAX_JSON_ATTEMPTS = 64
+_MAX_JSON_FAILURES = 64
 
 _FENCE_OPEN = re.compile(r"^([ \t]*)(`{3,}|~{3,})[ \t]*([^\s`]*)[^`\n]*$")
-_JSON_START = re.compile(r'[{\[]\s*"')
-_SUBMIT_LINE = re.compile(r"^[ \t]*submit[ \t]*$", re.IGNORECASE | re.MULTILINE)
-_SUBMIT_EMPTY_TAG = re.compile(r"<submit\s*/>|<submit>\s*</submit>", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -150,98 +154,125 @@ def _actions_from_json(obj: Any) -> list[Action]:
     return [_tool_call_action(call) for call in _tool_calls_of(obj)] or [_invalid("empty tool call list")]
 
 
-def _scan_json_calls(text: str) -> list[tuple[int, list[Action]]]:
-    """Tool calls embedded in prose: decode JSON at plausible starts, skip what decoded."""
-    if '"name"' not in text and '"tool_calls"' not in text and '"function"' not in text:
-        return []
-    decoder = json.JSONDecoder()
-    found: list[tuple[int, list[Action]]] = []
-    pos, attempts = 0, 0
-    while attempts < _MAX_JSON_ATTEMPTS:
-        match = _JSON_START.search(text, pos)
-        if match is None:
-            break
-        attempts += 1
+# ---- the scanner -------------------------------------------------------------------------
+# Where a construct may start; the earliest match wins and takes its whole span.
+_CONSTRUCT = re.compile(
+    r"(?P<fence>^[ \t]*(?:`{3,}|~{3,}))"
+    r"|(?P<tag><tool_call>|<bash>|<submit>)"
+    r"|(?P<empty_submit>(?i:<submit\s*/>|<submit>\s*</submit>))"
+    r"|(?P<submit_line>^[ \t]*(?i:submit)[ \t]*$)"
+    r'|(?P<json>[{\[]\s*")',
+    re.MULTILINE,
+)
+#: A construct's span ``(end, actions)``; no actions for quoted code and JSON data.
+_Span = tuple[int, list[Action]]
+
+
+def _fence(text: str, start: int) -> _Span | None:
+    """A fenced block opening on the line at ``start`` (None if the line opens no fence)."""
+    line_end = text.find("\n", start)
+    line_end = len(text) if line_end < 0 else line_end
+    match = _FENCE_OPEN.match(text[start:line_end])
+    if match is None:
+        return None
+    indent, fence, lang = match.group(1), match.group(2), match.group(3).lower()
+    closer = re.compile(rf"^[ \t]*{re.escape(fence[0])}{{{len(fence)},}}[ \t]*$", re.MULTILINE)
+    close = closer.search(text, line_end + 1) if line_end < len(text) else None
+    end = close.end() if close else len(text)
+    body = text[line_end + 1 : close.start() - 1] if close else text[line_end + 1 :]
+    content = "\n".join(b[len(indent) :] if b.startswith(indent) else b for b in body.split("\n"))
+    if lang in BASH_LANGS:
+        if close is None:
+            return end, [_invalid(f"unclosed {fence}{lang} block (missing the closing {fence})")]
+        if not content.strip():
+            return end, [_invalid(f"the {fence}{lang} block is empty")]
+        return end, [Action(kind="bash", command=content.strip("\n"))]
+    if lang in ("json", "") and close is not None:
         try:
-            obj, end = decoder.raw_decode(text, match.start())
+            obj = json.loads(content)
         except json.JSONDecodeError:
-            pos = match.start() + 1
-            continue
+            obj = None
         if _is_tool_call_like(obj):
-            found.append((match.start(), _actions_from_json(obj)))
+            return end, _actions_from_json(obj)
+    # Any other block is quoted code: it is neither an action nor searched for one.
+    return end, []
+
+
+def _tag(text: str, start: int, tag: str) -> _Span:
+    """``<tag>...</tag>`` at ``start``; an unclosed tag takes the rest of the text."""
+    content_start = start + len(tag) + 2
+    close = text.find(f"</{tag}>", content_start)
+    if close < 0:
+        if tag == "submit":  # the answer was cut off, the intent was not
+            return len(text), [Action(kind="submit")]
+        return len(text), [_invalid(f"unclosed <{tag}> tag" + (" (missing </bash>)" if tag == "bash" else ""))]
+    end, content = close + len(tag) + 3, text[content_start:close]
+    if tag == "submit":
+        return end, [Action(kind="submit", answer=content.strip() or None)]
+    if tag == "bash":
+        if not content.strip():
+            return end, [_invalid("the <bash></bash> tag is empty")]
+        return end, [Action(kind="bash", command=content.strip())]
+    try:
+        obj = json.loads(content)
+    except json.JSONDecodeError as exc:
+        return end, [_invalid(f"the <tool_call> content is not valid JSON ({exc.msg} at char {exc.pos})")]
+    return end, _actions_from_json(obj)
+
+
+def _scan(text: str) -> tuple[list[Action], str]:
+    """The tool actions in ``text``, in order, and its prose (the text outside every span).
+
+    Left to right, the construct that starts first takes its whole span -- a fenced block,
+    a ``<tool_call>``/``<bash>``/``<submit>`` tag, an empty submit tag, a submit line, a
+    JSON value -- and the search goes on after it, so nothing inside a span is read again:
+    a ``<bash>`` tag quoted in a JSON command is part of that command, and JSON quoted in a
+    ``<bash>`` command is part of it. A candidate that turns out not to be a construct (a
+    line of backticks with text after them, JSON that does not decode) is prose.
+    """
+    decoder = json.JSONDecoder()
+    # A failed decode can cost up to the rest of the text, so only so many may fail
+    # (megabyte-sized generations of stray braces stay linear); a value that decodes is a span.
+    json_failures_left = _MAX_JSON_FAILURES
+    actions: list[Action] = []
+    prose: list[str] = []
+    pos = search_from = 0
+    while (match := _CONSTRUCT.search(text, search_from)) is not None:
+        kind, start, span = match.lastgroup, match.start(), None
+        if kind == "fence":
+            span = _fence(text, start)
+        elif kind == "tag":
+            span = _tag(text, start, match.group()[1:-1])
+        elif kind in ("empty_submit", "submit_line"):
+            span = match.end(), [Action(kind="submit")]
+        elif json_failures_left > 0:
+            try:
+                obj, end = decoder.raw_decode(text, start)
+            except json.JSONDecodeError:
+                json_failures_left -= 1
+            else:  # JSON that is not a tool call is quoted data, like a code block
+                span = end, _actions_from_json(obj) if _is_tool_call_like(obj) else []
+        if span is None:
+            search_from = start + 1
+            continue
+        prose.append(text[pos:start])
+        pos = search_from = span[0]
+        actions += span[1]
+    prose.append(text[pos:])
+    return actions, "\n".join(prose)
+
+
+def _tag_contents(text: str, tag: str) -> list[tuple[int, str]]:
+    """Position and content of each closed ``<tag>...</tag>`` (for answers in prose)."""
+    found: list[tuple[int, str]] = []
+    pos = 0
+    while (start := text.find(f"<{tag}>", pos)) >= 0:
+        end = text.find(f"</{tag}>", start)
+        if end < 0:
+            break
+        found.append((start, text[start + len(tag) + 2 : end]))
         pos = end
     return found
-
-
-# ---- the scanner -------------------------------------------------------------------------
-def _scan_fences(text: str) -> tuple[list[tuple[int, list[Action]]], list[str]]:
-    """Tool actions from fenced blocks, and the text outside bash/json blocks (the prose)."""
-    actions: list[tuple[int, list[Action]]] = []
-    prose: list[str] = []
-    lines = text.split("\n")
-    i, offset = 0, 0
-    while i < len(lines):
-        line = lines[i]
-        match = _FENCE_OPEN.match(line) if ("`" in line or "~" in line) else None
-        if match is None:
-            prose.append(line)
-            offset += len(line) + 1
-            i += 1
-            continue
-        indent, fence, lang = match.group(1), match.group(2), match.group(3).lower()
-        start, j = offset, i + 1
-        offset += len(line) + 1
-        closer = re.compile(rf"^[ \t]*{re.escape(fence[0])}{{{len(fence)},}}[ \t]*$")
-        while j < len(lines) and not closer.match(lines[j]):
-            j += 1
-        body = [b[len(indent) :] if b.startswith(indent) else b for b in lines[i + 1 : j]]
-        content = "\n".join(body)
-        closed = j < len(lines)
-        offset += sum(len(b) + 1 for b in lines[i + 1 : j + 1])
-        i = j + 1
-        if lang in BASH_LANGS:
-            if not closed:
-                actions.append(
-                    (start, [_invalid(f"unclosed {fence}{lang} block (missing the closing {fence})")])
-                )
-            elif not content.strip():
-                actions.append((start, [_invalid(f"the {fence}{lang} block is empty")]))
-            else:
-                actions.append((start, [Action(kind="bash", command=content.strip("\n"))]))
-            continue
-        if lang in ("json", "") and closed:
-            try:
-                obj = json.loads(content)
-            except json.JSONDecodeError:
-                obj = None
-            if _is_tool_call_like(obj):
-                actions.append((start, _actions_from_json(obj)))
-                continue
-        # Any other block is quoted code: it is neither an action nor searched for one.
-        prose.append("")
-    return actions, prose
-
-
-def _cut_tags(text: str, tag: str) -> tuple[list[tuple[int, str | None]], str]:
-    """Contents of ``<tag>...</tag>`` (None when unclosed) and the text with them removed."""
-    open_tag, close_tag = f"<{tag}>", f"</{tag}>"
-    found: list[tuple[int, str | None]] = []
-    kept: list[str] = []
-    pos = 0
-    while True:
-        start = text.find(open_tag, pos)
-        if start < 0:
-            break
-        end = text.find(close_tag, start + len(open_tag))
-        kept.append(text[pos:start])
-        if end < 0:
-            found.append((start, None))
-            pos = len(text)
-            break
-        found.append((start, text[start + len(open_tag) : end]))
-        pos = end + len(close_tag)
-    kept.append(text[pos:])
-    return found, "\n".join(kept)
 
 
 def _last_boxed(text: str) -> tuple[int, str] | None:
@@ -271,51 +302,7 @@ def parse_action(text: str) -> Action:
         return _invalid(f"expected text, got {type(text).__name__}")
     if not text.strip():
         return _invalid("the reply is empty")
-    found: list[tuple[int, list[Action]]] = []
-
-    for start, content in _cut_tags(text, "tool_call")[0]:
-        if content is None:
-            found.append((start, [_invalid("unclosed <tool_call> tag")]))
-            continue
-        try:
-            obj = json.loads(content)
-        except json.JSONDecodeError as exc:
-            found.append(
-                (
-                    start,
-                    [_invalid(f"the <tool_call> content is not valid JSON ({exc.msg} at char {exc.pos})")],
-                )
-            )
-            continue
-        found.append((start, _actions_from_json(obj)))
-    rest = _cut_tags(text, "tool_call")[1]
-
-    fence_actions, prose_lines = _scan_fences(rest)
-    found += fence_actions
-    prose = "\n".join(prose_lines)
-
-    bash_tags, prose = _cut_tags(prose, "bash")
-    for start, content in bash_tags:
-        if content is None:
-            found.append((start, [_invalid("unclosed <bash> tag (missing </bash>)")]))
-        elif not content.strip():
-            found.append((start, [_invalid("the <bash></bash> tag is empty")]))
-        else:
-            found.append((start, [Action(kind="bash", command=content.strip())]))
-
-    submit_tags, prose = _cut_tags(prose, "submit")
-    for start, content in submit_tags:
-        answer = None if content is None or not content.strip() else content.strip()
-        found.append((start, [Action(kind="submit", answer=answer)]))
-    for match in _SUBMIT_EMPTY_TAG.finditer(prose):
-        found.append((match.start(), [Action(kind="submit")]))
-    prose = _SUBMIT_EMPTY_TAG.sub("", prose)
-    for match in _SUBMIT_LINE.finditer(prose):
-        found.append((match.start(), [Action(kind="submit")]))
-
-    found += _scan_json_calls(prose)
-
-    actions = [action for _, group in sorted(found, key=lambda item: item[0]) for action in group]
+    actions, prose = _scan(text)
     if len(actions) == 1:
         return actions[0]
     if len(actions) > 1:
@@ -328,7 +315,7 @@ def parse_action(text: str) -> Action:
     boxed = _last_boxed(prose)
     if boxed is not None:
         answers.append(boxed)
-    answer_tags = [(pos, c) for pos, c in _cut_tags(prose, "answer")[0] if c is not None]
+    answer_tags = _tag_contents(prose, "answer")
     if answer_tags:
         answers.append(answer_tags[-1])
     if answers:

@@ -1,7 +1,7 @@
 """Vector GEM envs: many episodes stepped together, sandbox envs concurrently on one loop.
 
 ``make_vec(env_id, num_envs)`` (also ``gymnasium.make_vec(id, num_envs=n,
-vectorization_mode="vector_entry_point")`` for the sandbox ids) builds a
+vectorization_mode="vector_entry_point")`` for every built-in id) builds a
 :class:`GemVectorEnv`. For envs with an async core (:class:`~rockroll.gem.tools.SandboxToolEnv`)
 every call awaits all sub-envs together on the sandbox engine's one event loop -- no
 thread per env, so 64 envs waiting on 64 sandboxes cost 64 coroutines. Other envs (math,

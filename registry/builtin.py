@@ -12,7 +12,7 @@ from typing import Any
 
 import gymnasium
 
-__all__ = ["BUILTIN_ENVS", "VECTOR_ENVS", "register_builtin"]
+__all__ = ["BUILTIN_ENVS", "register_builtin"]
 
 BUILTIN_ENVS: dict[str, str] = {
     "rock/SWE-v0": "rockroll.gem.swe:SWEEnv",
@@ -23,9 +23,6 @@ BUILTIN_ENVS: dict[str, str] = {
     "rock/Code-v0": "rockroll.gem.code:CodeEnv",
 }
 
-#: Ids whose ``gymnasium.make_vec(..., vectorization_mode="vector_entry_point")`` builds a
-#: ``rockroll.gem.vector.GemVectorEnv`` (sandboxes stepped concurrently on one loop).
-VECTOR_ENVS = ("rock/SWE-v0", "rock/Terminal-v0", "rock/Code-v0")
 
 
 def _make_vec(env_id: str, num_envs: int, **kwargs: Any):
@@ -41,7 +38,8 @@ def register_builtin() -> list[str]:
     for env_id, entry_point in BUILTIN_ENVS.items():
         if env_id in gymnasium.registry:
             continue
-        vector_entry_point = functools.partial(_make_vec, env_id) if env_id in VECTOR_ENVS else None
-        gymnasium.register(id=env_id, entry_point=entry_point, vector_entry_point=vector_entry_point)
+        # every id vectorises as a GemVectorEnv: sandbox envs step concurrently on one loop
+        gymnasium.register(id=env_id, entry_point=entry_point,
+                           vector_entry_point=functools.partial(_make_vec, env_id))
         added.append(env_id)
     return added

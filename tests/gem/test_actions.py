@@ -234,6 +234,8 @@ def test_non_string_input():
         "<tool_call>" * 90_000,
         "submit " * 150_000,
         "x\n" * 500_000,
+        '{"a": "b"} ' * 100_000,
+        '{"a": "' * 100_000,
     ],
     ids=[
         "backticks",
@@ -246,6 +248,8 @@ def test_non_string_input():
         "tool-tags",
         "submits",
         "lines",
+        "json-values",
+        "json-unclosed",
     ],
 )
 def test_huge_inputs_parse(text):
@@ -263,3 +267,70 @@ def test_format_error_message_lists_formats():
     assert message.startswith("Invalid action: no action found in the reply")
     assert all(f"- {form}" in message for form in TOOL_FORMATS)
     assert format_error_message(["x"]).startswith("Invalid action format.")
+
+
+# ---- quoting: the construct that starts first owns its whole span -----------------------------
+def call(command: str) -> str:
+    return json.dumps({"name": "bash", "arguments": {"command": command}})
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "echo '<bash>rm -rf x</bash>' > t.html",
+        "echo '<submit/>' >> notes.txt",
+        "printf '<submit>done</submit>\\n<tool_call>{}'",
+        "echo '```bash' > README.md",
+        'echo \'{"name": "bash", "arguments": {"command": "rm -rf /"}}\' > call.json',
+        "grep -n '^submit$' log.txt",
+    ],
+)
+def test_tags_and_json_inside_a_json_tool_call_are_its_command(command):
+    assert parse_action(call(command)) == bash(command)
+    assert parse_action(f"Running it:\n{call(command)}\nthen I look.") == bash(command)
+    assert parse_action(f"<tool_call>\n{call(command)}\n</tool_call>") == bash(command)
+
+
+def test_a_closing_tag_inside_a_tagged_command_ends_the_tag():
+    # Tags cannot be escaped: the first closing tag ends the span. For a tool call that
+    # leaves broken JSON, an error -- never another command.
+    action = parse_action(f"<tool_call>{call('echo </tool_call>')}</tool_call>")
+    assert action.kind == "invalid" and "not valid JSON" in action.error
+
+
+def test_the_reported_wrong_command_cases():
+    text = '{"name":"bash","arguments":{"command":"echo \'<bash>rm -rf x</bash>\' > t.html"}}'
+    assert parse_action(text) == bash("echo '<bash>rm -rf x</bash>' > t.html")
+    text = '{"name":"bash","arguments":{"command":"echo done <submit/>"}}'
+    assert parse_action(text) == bash("echo done <submit/>")
+
+
+def test_json_and_fences_inside_a_bash_tag_are_its_command():
+    command = f"echo '{call('rm -rf /')}' > call.json"
+    assert parse_action(f"<bash>{command}</bash>") == bash(command)
+    heredoc = f"cat > a.md <<'EOF'\n{FENCE}bash\nrm -rf x\n{FENCE}\n<submit/>\nsubmit\nEOF"
+    assert parse_action(f"Writing the doc.\n<bash>\n{heredoc}\n</bash>") == bash(heredoc)
+
+
+def test_tags_and_json_inside_a_fenced_block_are_its_command():
+    command = f"echo '<bash>rm -rf x</bash>' '<submit/>' '{call('pwd')}'"
+    assert parse_action(f"{FENCE}bash\n{command}\n{FENCE}") == bash(command)
+    # quoted code of another language is opaque too: nothing in it is an action
+    assert parse_action(f"{FENCE}html\n<bash>rm -rf x</bash>\n{FENCE}\n<bash>ls</bash>") == bash("ls")
+
+
+def test_a_submit_answer_holds_its_content_verbatim():
+    code = f"{FENCE}python\ndef f():\n    return '<bash>ls</bash>'\n{FENCE}"
+    assert parse_action(f"Done.\n<submit>\n{code}\n</submit>") == Action(kind="submit", answer=code)
+    answer = json.dumps({"name": "submit", "arguments": {"answer": "<bash>ls</bash>"}})
+    assert parse_action(answer) == Action(kind="submit", answer="<bash>ls</bash>")
+
+
+def test_json_data_that_is_not_a_tool_call_is_quoted():
+    text = 'The page is {"html": "<bash>rm -rf x</bash>"}.\n<bash>cat page.json</bash>'
+    assert parse_action(text) == bash("cat page.json")
+
+
+def test_constructs_after_a_span_still_count():
+    assert parse_action(f"{call('ls')}\n<bash>pwd</bash>").kind == "invalid"
+    assert parse_action(f"<bash>echo '{{\"name\": 1}}'</bash> and {call('pwd')}").error.startswith("found 2 actions")

@@ -445,3 +445,63 @@ def test_check_answer_rejects(pred, truth):
 def test_parse_value():
     assert parse_value("\\frac{\\frac{1}{2}}{3}") == Fraction(1, 6)
     assert parse_value("-2") == -2 and parse_value("abc") is None and parse_value("1/2/3") is None
+
+
+# ---- difficulty presets --------------------------------------------------------------------------
+LEVELS = ["easy", "medium", "hard"]
+SEEDS = range(12)
+
+
+@pytest.mark.parametrize("env_id", ["rock/Sokoban-v0", "rock/FrozenLake-v0"])
+def test_difficulty_is_a_kwarg_and_unknown_names_are_rejected(env_id):
+    env = gymnasium.make(env_id, difficulty="hard").unwrapped
+    assert env.difficulty == "hard" and env.size == ((8, 8) if "Sokoban" in env_id else 8)
+    with pytest.raises(ValueError, match="'easy', 'medium', 'hard'.*'extreme'"):
+        gymnasium.make(env_id, difficulty="extreme")
+
+
+def test_explicit_knobs_win_over_the_preset():
+    env = SokobanEnv(difficulty="hard", num_boxes=1)
+    assert (env.size, env.num_boxes, env.search_depth) == ((8, 8), 1, 30)
+    default = SokobanEnv()  # no difficulty: the knobs' historical defaults
+    assert (default.size, default.num_boxes, default.search_depth) == ((6, 6), 1, 20)
+    lake = FrozenLakeEnv(size=5, difficulty="hard", is_slippery=True)
+    assert (lake.size, lake.p, lake.is_slippery) == (5, 0.7, True)
+    default_lake = FrozenLakeEnv()
+    assert (default_lake.size, default_lake.p) == (4, 0.8)
+
+
+def test_harder_sokoban_presets_are_harder_and_stay_solvable():
+    mean_moves, mean_boxes = [], []
+    for level in LEVELS:
+        moves, boxes = [], []
+        for seed in SEEDS:
+            env = SokobanEnv(difficulty=level)
+            obs, info = env.reset(seed=seed)
+            assert SokobanEnv(difficulty=level).reset(seed=seed) == (obs, info)  # deterministic per seed
+            solution = solve_sokoban(env.room)
+            assert solution is not None and len(solution) == info["optimal_moves"], (level, seed)
+            moves.append(info["optimal_moves"])
+            boxes.append(len(env.room["boxes"]))
+        mean_moves.append(np.mean(moves))
+        mean_boxes.append(np.mean(boxes))
+    assert mean_moves == sorted(mean_moves) and len(set(mean_moves)) == 3, mean_moves
+    assert mean_boxes == [1, 2, 3]
+
+
+def test_harder_frozenlake_presets_are_harder_and_stay_solvable():
+    mean_path, mean_holes = [], []
+    for level in LEVELS:
+        path, holes = [], []
+        for seed in SEEDS:
+            env = FrozenLakeEnv(difficulty=level)
+            obs, info = env.reset(seed=seed)
+            assert FrozenLakeEnv(difficulty=level).reset(seed=seed) == (obs, info)
+            solution = solve_frozenlake(env.grid)
+            assert solution is not None, (level, seed)
+            path.append(len(solution))
+            holes.append("".join(env.grid).count("H"))
+        mean_path.append(np.mean(path))
+        mean_holes.append(np.mean(holes))
+    assert mean_path == sorted(mean_path) and len(set(mean_path)) == 3, mean_path
+    assert mean_holes == sorted(mean_holes) and len(set(mean_holes)) == 3, mean_holes

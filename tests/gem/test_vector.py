@@ -1,13 +1,16 @@
-"""Vector GEM envs: concurrent sandbox steps, subsets, NEXT_STEP autoreset, make_vec."""
+"""Vector GEM envs: concurrent sandbox steps (one loop, no thread per env), subsets, NEXT_STEP
+autoreset, make_vec."""
 
 from __future__ import annotations
+
+import threading
 
 import gymnasium
 import numpy as np
 import pytest
 import rockroll  # noqa: F401 - registers the rock/ ids
 from gymnasium.vector import AutoresetMode
-from rockroll.gem import GemVectorEnv, TerminalEnv, make_vec
+from rockroll.gem import GemVectorEnv, MathEnv, TerminalEnv, make_vec
 from rockroll.sandbox.registry import current_run
 from rockroll.sandbox.sync import run_sync
 
@@ -106,8 +109,44 @@ def test_gymnasium_make_vec_entry_point_and_no_leaks():
 
 def test_non_sandbox_envs_loop_synchronously():
     vec = make_vec("rock/Math-v0", 3)
-    obs, infos = vec.reset(seed=1)
-    assert len(obs) == 3 and not vec._concurrent
-    obs, rewards, terms, truncs, infos = vec.step(["\\boxed{0}"] * 3)
-    assert terms.all() or truncs.all() or len(rewards) == 3
-    vec.close()
+    try:
+        obs, infos = vec.reset(seed=1)
+        assert len(obs) == 3 and not vec._concurrent
+        # Env i is seeded 1 + i: the same problem a lone MathEnv gets from that seed.
+        assert list(obs) == [MathEnv().reset(seed=1 + i)[0] for i in range(3)]
+        answers = [f"\\boxed{{{env.answer}}}" for env in vec.envs]
+        obs, rewards, terms, truncs, infos = vec.step([answers[0], "\\boxed{not a number}", answers[2]])
+        assert rewards.tolist() == [1.0, 0.0, 1.0] and terms.all() and not truncs.any()
+        assert infos["success"].tolist() == [True, False, True]
+    finally:
+        vec.close()
+
+
+def test_sandbox_steps_run_concurrently_on_one_loop_without_new_threads():
+    vec = make_vec("rock/Terminal-v0", 4)
+    try:
+        vec.reset(options={"task_id": "text-csv-total"})  # sandbox creation may start executor threads
+        before = set(threading.enumerate())
+        # Timestamps from inside each sandbox: run one after another, an env would start only
+        # after the previous one ended.
+        stamp = "python3 -c 'import time; print(time.time())'"
+        obs, *_ = vec.step([bash(f"{stamp}; sleep 1; {stamp}")] * 4)
+        new_threads = set(threading.enumerate()) - before
+        assert not new_threads, [t.name for t in new_threads]
+        starts, ends = zip(*(map(float, o.split("stdout:\n")[1].split()[:2]) for o in obs))
+        assert max(starts) < min(ends), (starts, ends)
+    finally:
+        vec.close()
+
+
+@pytest.mark.parametrize("env_id, action", [("rock/Math-v0", "\\boxed{0}"), ("rock/FrozenLake-v0", "Right")])
+def test_gymnasium_make_vec_entry_point_for_cheap_envs(env_id, action):
+    vec = gymnasium.make_vec(env_id, num_envs=2, vectorization_mode="vector_entry_point")
+    try:
+        assert isinstance(vec.unwrapped, GemVectorEnv) and vec.num_envs == 2
+        obs, infos = vec.reset(seed=3)
+        assert obs == vec.reset(seed=3)[0] and len(obs) == 2
+        obs, rewards, terms, truncs, infos = vec.step([action] * 2)
+        assert len(obs) == 2 and rewards.shape == (2,) and infos["turn"].tolist() == [1, 1]
+    finally:
+        vec.close()
