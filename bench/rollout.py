@@ -89,7 +89,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer steps (CI smoke run)")
     args = ap.parse_args()
     params = dict(group=8, batch_groups=4, train_s=0.3, call_s=0.02, per_prompt_s=0.0002, median_s=0.05, sigma=1.5)
-    steps = 4 if args.quick else 12
+    steps = 4 if args.quick else 24  # long-tailed latencies: enough steps for stable ratios
     configs = [(0, 0), (1, 0), (2, 0), (0, 2), (2, 2)]
     rows = [run(a, r, steps, **params) for a, r in configs]
     base = rows[0]["samples_per_s"]
@@ -98,10 +98,13 @@ def main() -> None:
     print_table("Rollout throughput (same env, engine and train cost; lognormal env latency)", rows,
                 ["mode", "redundant", "samples", "wall_s", "samples_per_s", "speedup", "mean_wait_s",
                  "gen_calls", "stale_dropped", "redundant_cancelled"])
-    best = {f"alpha={r['alpha']},r={r['redundant']}": r["speedup"] for r in rows}
-    path = write_json("rollout", {"params": {**params, "steps": steps}, "rows": rows, "speedup": best,
-                                  "target_async_speedup": 2.5,
-                                  "met": max(r["speedup"] for r in rows if r["alpha"] == 2) >= 2.5})
+    speedup = {f"alpha={r['alpha']},r={r['redundant']}": r["speedup"] for r in rows}
+    # the target is asynchrony alone: alpha = 2 without redundant envs, against sync
+    met = speedup["alpha=2,r=0"] >= 2.5
+    print(f"\nasync (alpha=2, no redundant envs) vs sync: {speedup['alpha=2,r=0']:.2f}x, target >= 2.5x: "
+          f"{'met' if met else 'NOT met'}")
+    path = write_json("rollout", {"params": {**params, "steps": steps}, "rows": rows, "speedup": speedup,
+                                  "target_async_speedup": 2.5, "met": met})
     print(f"\nwrote {path}")
 
 

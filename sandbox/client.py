@@ -8,6 +8,7 @@ deployment (``local.py``). The sync ``Sandbox`` in ``sync.py`` wraps this class.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import os
 import posixpath
@@ -28,6 +29,9 @@ from .snapshots import SnapshotStore, copy_tree
 from .spec import CommandResult, SandboxSpec, Snapshot
 
 CHUNK = 4 << 20  # file transfers move in chunks of this size: bounded memory either way
+# Tasks closing sandboxes whose create() was cancelled mid-build (held here: the loop keeps
+# only weak references to tasks).
+_ORPHAN_CLOSERS: set[asyncio.Task] = set()
 _ERRORS = {"SandboxFileError": SandboxFileError, "SessionError": SessionError,
            "IsolationUnavailable": IsolationUnavailable}
 
@@ -200,11 +204,24 @@ class AsyncSandbox:
             from .raycluster import RaySandbox
             return await RaySandbox.create(spec, snapshot=snapshot)
         install_exit_handlers()  # SIGTERM -> normal exit -> atexit closes every sandbox
-        deployment = _deployment_class(spec.backend)
         self = cls(spec, "sb-" + uuid.uuid4().hex[:10])
+        # The build runs in threads, which a cancellation cannot stop: a thread would finish
+        # a sandbox nobody holds. So the build is shielded, and a cancelled caller leaves a
+        # task behind that closes the sandbox once it is built.
+        build = asyncio.ensure_future(self._build(_deployment_class(spec.backend), snapshot))
+        try:
+            await asyncio.shield(build)
+        except asyncio.CancelledError:
+            closer = asyncio.ensure_future(self._close_when_built(build))
+            _ORPHAN_CLOSERS.add(closer)
+            closer.add_done_callback(_ORPHAN_CLOSERS.discard)
+            raise
+        return self
+
+    async def _build(self, deployment: type, snapshot: Any) -> None:
         try:
             # Building a deployment touches the filesystem and cgroups: keep it off the loop.
-            self._deploy = await asyncio.to_thread(deployment, spec, self.id, current_run())
+            self._deploy = await asyncio.to_thread(deployment, self.spec, self.id, current_run())
             sessions: dict[str, str] = {}
             if snapshot is not None:
                 snap = await asyncio.to_thread(self.store.load, snapshot)
@@ -215,7 +232,11 @@ class AsyncSandbox:
         except BaseException:
             await self._teardown()
             raise
-        return self
+
+    async def _close_when_built(self, build: asyncio.Future) -> None:
+        with contextlib.suppress(BaseException):
+            await build
+        await self.close()
 
     async def _start(self, sessions: dict[str, str]) -> None:
         layer_dirs = [self.store.layer_dir(d) for d in reversed(self._layers)]

@@ -166,8 +166,10 @@ class AsyncSandboxPool:
     async def close(self) -> None:
         self._closed = True
         if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            # Woken, not cancelled: the fill under way finishes and closes what it made, so
+            # nothing of this pool is still being built when close() returns.
+            self._kick()
+            with contextlib.suppress(Exception, asyncio.CancelledError):
                 await self._task
         for task in list(self._resets):
             with contextlib.suppress(Exception):

@@ -1,5 +1,7 @@
 """Faults: a killed agent, a killed owner process. Nothing may leak."""
 
+import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -126,3 +128,27 @@ def test_gc_never_touches_a_live_run_of_another_home(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+async def test_cancelled_create_leaves_no_sandbox():
+    # A create cancelled at any point of its build (threads that cannot be interrupted) must
+    # not leave a sandbox running that nobody holds: pools cancel refills when they close.
+    from rockroll.sandbox import AsyncSandbox
+
+    spec = SandboxSpec(memory_mb=128, timeout_s=30)
+    before = set(current_run().live())
+    for delay in [ms / 1000 for ms in range(0, 60, 2)]:  # spread over a build's phases
+        task = asyncio.ensure_future(AsyncSandbox.create(spec))
+        await asyncio.sleep(delay)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            sb = await task
+            await sb.close()  # it finished before the cancel landed: an ordinary close
+    # A cut-off build registers its sandbox only when its thread finishes, after the cancel:
+    # wait until the registry has been back to `before` for a few quiet seconds.
+    deadline, quiet_since = time.monotonic() + 60, time.monotonic()
+    while time.monotonic() < deadline and time.monotonic() - quiet_since < 3:
+        if set(current_run().live()) - before:
+            quiet_since = time.monotonic()
+        await asyncio.sleep(0.05)
+    assert set(current_run().live()) - before == set()
