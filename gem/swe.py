@@ -6,15 +6,24 @@ passing (``PASS_TO_PASS``). The agent works with bash in the repository (its wor
 directory), then submits. Reward 1.0 iff every FAIL_TO_PASS and every PASS_TO_PASS test
 passes; ``info`` carries both pass fractions.
 
-Grading, SWE-bench style, so the reward cannot be gamed from inside the sandbox:
+Grading, SWE-bench style:
 
-1. the agent's change is taken as a diff (``git add -A; git diff --cached HEAD`` in its
-   repository), minus the test files, pytest configuration and build byproducts: edits to
-   tests do not count;
-2. a *fresh* sandbox from the task's pool (at the buggy state) gets the diff applied (then the task's ``test_patch``, if any), and the test files that hold the
-   graded tests run under pytest with a small reporting plugin (one JSON line per test
-   phase, to a file the agent never had access to);
+1. the agent's change is taken as a diff against the task's commit (``base_commit``; committed
+   and uncommitted work both count), minus what is not graded: test files, pytest
+   configuration, build byproducts, and files that would run before the reporting plugin
+   (``sitecustomize``/``usercustomize``, ``.pth``, package metadata, top-level modules named
+   like a module of the standard library or of pytest);
+2. a *fresh* sandbox from the task's pool (at the buggy state) gets the diff applied (then the
+   task's ``test_patch``, if any); if git reads the diff as touching anything not graded (a
+   diff crafted to fool the filter), it is refused. The test files that hold the graded tests
+   run under pytest with a small reporting plugin, loaded before any conftest or test module:
+   it takes its report path and a one-use key and removes both, and signs each line it
+   writes (one per test phase) with that key, so lines written by anything else are ignored;
 3. outcomes are read per test id; a test that did not report (crash, timeout) failed.
+
+What this does not stop: the code under test runs in the same Python process as pytest, so
+code that deliberately patches pytest's reporting (or reads the plugin's key from memory)
+can still forge passes. SWE-bench, which parses pytest's log, has the same limit.
 
 Where tasks come from:
 
@@ -32,11 +41,14 @@ Where tasks come from:
 from __future__ import annotations
 
 import functools
+import hashlib
+import hmac
 import json
 import os
 import re
 import secrets
 import shlex
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -47,47 +59,71 @@ from .actions import TOOL_FORMATS, Action
 from .core import truncate_observation
 from .tools import ENV_DIR, Evaluation, SandboxToolEnv, _release_quietly, select_tasks
 
-__all__ = ["ENTRY_POINT", "REPORT_PLUGIN", "SWEEnv", "SWETask", "hub_swe_tasks", "load_swe_tasks",
-           "grading_command", "read_report", "task_from_record", "is_test_path", "filter_patch"]
+__all__ = ["ENTRY_POINT", "PLUGIN", "REPORT_PLUGIN", "SWEEnv", "SWETask", "hub_swe_tasks", "load_swe_tasks",
+           "grading_command", "pytest_command", "arm_report", "fetch_report", "read_report", "task_from_record",
+           "is_test_path", "is_graded_path", "filter_patch", "patch_paths", "numstat_paths"]
 
 ENTRY_POINT = "rockroll.gem.swe:SWEEnv"  # what marks a hub env as a set of SWE tasks
 TASKS_FILE = "tasks.jsonl"  # in a SWE hub env's private folder
 
-#: The pytest plugin the grader loads (``-p rockroll_pytest_report``): one JSON line per
-#: test phase to ``$ROCKROLL_REPORT``. Written for pytest 7 and 8.
+#: The module name of the reporting plugin (``-p rockroll_pytest_report``), in ``ENV_DIR``.
+PLUGIN = "rockroll_pytest_report"
+#: The pytest plugin the grader (and the builder) loads: one JSON line per test phase to
+#: ``$ROCKROLL_REPORT``, each signed with the key in ``$ROCKROLL_REPORT.key``. ``-p`` loads it
+#: before any conftest or test module is imported; it then removes the variable and the key
+#: file, so the code under test finds neither (``/proc/self/environ`` still shows the path,
+#: which is why the key is a file). Written for pytest 7 and 8.
 REPORT_PLUGIN = '''
-import json, os
-_out = None
-def pytest_configure(config):
-    global _out
-    path = os.environ.get("ROCKROLL_REPORT")
-    if path and _out is None:
-        _out = open(path, "w")
+import hashlib, hmac, json, os
+_out = _key = None
+_path = os.environ.pop("ROCKROLL_REPORT", "")
+if _path:
+    with open(_path + ".key", "rb") as _f:
+        _key = _f.read().strip()
+    os.unlink(_path + ".key")
+    _out = open(_path, "w")
+def _write(rec):
+    line = json.dumps(rec)
+    _out.write(line + " " + hmac.new(_key, line.encode(), hashlib.sha256).hexdigest() + "\\n")
+    _out.flush()
 def pytest_runtest_logreport(report):
     if _out is None or (report.when != "call" and report.outcome == "passed"):
         return
     msg = report.longreprtext[-2000:] if report.failed else ""
-    _out.write(json.dumps({"id": report.nodeid, "when": report.when, "outcome": report.outcome,
-                           "msg": msg}) + "\\n")
-    _out.flush()
+    _write({"id": report.nodeid, "when": report.when, "outcome": report.outcome, "msg": msg})
 def pytest_collectreport(report):
     if _out is not None and report.failed:
-        _out.write(json.dumps({"id": report.nodeid, "when": "collect", "outcome": "failed",
-                               "msg": str(report.longrepr)[-2000:]}) + "\\n")
-        _out.flush()
+        _write({"id": report.nodeid, "when": "collect", "outcome": "failed", "msg": str(report.longrepr)[-2000:]})
 '''
 
 # Activates SWE-bench images' conda env when there is one; a no-op elsewhere.
 _CONDA = "if [ -f /opt/miniconda3/bin/activate ]; then . /opt/miniconda3/bin/activate testbed; fi"
-PYTEST = "python3 -m pytest -p no:cacheprovider -o addopts= -q -p rockroll_pytest_report"
+# --rootdir=.: test ids relative to the repository, whatever ini files the test paths find.
+PYTEST = f"python3 -m pytest -p no:cacheprovider -o addopts= -q --rootdir=. -p {PLUGIN}"
 _TEST_FILE = re.compile(r"(^|/)(tests?|testing)/|(^|/)test_[^/]*\.py$|_tests?\.py$|(^|/)conftest\.py$")
-_CONFIG_FILES = {"pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "noxfile.py"}
+_CONFIG_FILES = {"pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "noxfile.py"}
 _BYPRODUCT = re.compile(r"(^|/)(__pycache__|\.pytest_cache|[^/]*\.egg-info)(/|$)|\.py[co]$")
+# What Python or pytest runs at startup, before the plugin has hidden its key: startup hooks,
+# .pth files, package metadata (pytest autoloads pytest11 entry points from it), and top-level
+# modules that shadow one pytest imports (`python -m` puts the repository first on sys.path).
+_STARTUP_HOOK = re.compile(r"(^|/)(sitecustomize|usercustomize)\.py$|\.pth$|(^|/)[^/]*\.dist-info(/|$)")
+_TOP_MODULE = re.compile(r"([A-Za-z_]\w*)(\.py|/__init__\.py|(\.[^/]*)?\.so)")
+_SHADOWED = frozenset(sys.stdlib_module_names) | {
+    "pytest", "_pytest", "py", "pluggy", "iniconfig", "packaging", "attr", "attrs", "exceptiongroup", "tomli",
+    "pygments", "colorama", PLUGIN}
 
 
 def is_test_path(path: str) -> bool:
     """Test files and what configures pytest: the agent's edits to them are not graded."""
-    return bool(_TEST_FILE.search(path)) or path in _CONFIG_FILES
+    return bool(_TEST_FILE.search(path)) or path.rsplit("/", 1)[-1] in _CONFIG_FILES
+
+
+def is_graded_path(path: str) -> bool:
+    """Whether the agent's change to ``path`` is graded: not a test or pytest config file, not
+    a build byproduct, nothing that runs before the reporting plugin holds its key."""
+    top = _TOP_MODULE.fullmatch(path)
+    return not (is_test_path(path) or _BYPRODUCT.search(path) or _STARTUP_HOOK.search(path)
+                or (top is not None and top.group(1) in _SHADOWED))
 
 
 # ---- tasks ---------------------------------------------------------------------------------
@@ -195,34 +231,102 @@ def hub_swe_tasks(hub: str | None = None) -> list[SWETask]:
 
 
 # ---- grading pieces (pure) -------------------------------------------------------------------
-_DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.M)
+_CHUNK = re.compile(r"^diff --git ", re.M)
+_QUOTED = r'"(?:[^"\\]|\\.)*"'
+_HEADER_NAMES = re.compile(rf'({_QUOTED}|[^"\s]\S*) ({_QUOTED}|[^"\s]\S*)')
+_ESCAPES = {"a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, '"': 34, "\\": 92}
+# Header lines that name a path, and whether the name carries git's a/ or b/ prefix.
+_PATH_LINES = (("--- ", True), ("+++ ", True), ("rename from ", False), ("rename to ", False),
+               ("copy from ", False), ("copy to ", False))
+
+
+def _unquote(name: str) -> str:
+    """A path as git writes it: C-quoted, with octal bytes, when it has unusual characters."""
+    if not name.startswith('"'):
+        return name
+    raw = re.sub(rb'\\([0-7]{3}|.)', lambda m: bytes([int(m[1], 8) if len(m[1]) == 3 else _ESCAPES[m[1].decode()]]),
+                 name[1:-1].encode())
+    return raw.decode()
+
+
+def _chunk_paths(chunk: str) -> list[str] | None:
+    """Every path the header of a ``diff --git`` chunk names (prefixes removed); None when
+    the header cannot be read."""
+    lines = chunk.split("\n")
+    rest = lines[0][len("diff --git "):]
+    m = _HEADER_NAMES.fullmatch(rest)
+    if m:
+        names = [m.group(1), m.group(2)]
+    else:  # unquoted names with spaces: git writes them only as "a/NAME b/NAME"
+        half = len(rest) // 2
+        names = [rest[:half], rest[half + 1:]]
+        if rest[half:half + 1] != " " or names[0][2:] != names[1][2:]:
+            return None
+    try:
+        names = [_unquote(n) for n in names]
+        if not (names[0].startswith("a/") and names[1].startswith("b/")):
+            return None
+        paths = [names[0][2:], names[1][2:]]
+        for line in lines[1:]:
+            if line.startswith(("@@", "GIT binary patch", "Binary files")):
+                break  # the header ends; hunk lines could look like anything
+            for prefix, prefixed in _PATH_LINES:
+                if line.startswith(prefix):
+                    name = _unquote(line[len(prefix):].split("\t", 1)[0])
+                    if name == "/dev/null":
+                        continue
+                    if prefixed and not name.startswith(("a/", "b/")):
+                        return None
+                    paths.append(name[2:] if prefixed else name)
+    except (KeyError, UnicodeDecodeError):  # an escape git never writes
+        return None
+    return paths
+
+
+def _chunks(diff: str) -> list[str]:
+    """``diff`` cut at its ``diff --git`` lines (anything before the first is not kept)."""
+    starts = [m.start() for m in _CHUNK.finditer(diff)]
+    return [diff[a:b] for a, b in zip(starts, [*starts[1:], len(diff)])]
+
+
+def patch_paths(diff: str) -> set[str]:
+    """The paths the ``diff --git`` chunks of ``diff`` name (a task's ``test_patch`` files)."""
+    return {p for chunk in _chunks(diff) for p in _chunk_paths(chunk) or ()}
 
 
 def filter_patch(diff: str, ignore: Iterable[str] = ()) -> tuple[str, list[str]]:
-    """``diff`` without the files that are not graded: tests, pytest config, build
-    byproducts, and the paths in ``ignore`` (a task's ``test_patch`` files).
-    Returns (the kept diff, the dropped paths)."""
+    """``diff`` without the chunks that are not graded (see :func:`is_graded_path`), those
+    that touch a path in ``ignore`` (a task's ``test_patch`` files), and those whose header
+    cannot be read. Returns (the kept diff, the dropped paths)."""
     ignore = set(ignore)
-    starts = [m.start() for m in _DIFF_HEADER.finditer(diff)]
     kept, dropped = [], []
-    for start, end in zip(starts, [*starts[1:], len(diff)]):
-        chunk = diff[start:end]
-        m = _DIFF_HEADER.match(chunk)
-        paths = {m.group(1), m.group(2)}
-        if any(is_test_path(p) or _BYPRODUCT.search(p) or p in ignore for p in paths):
-            dropped.append(m.group(2))
-        else:
+    for chunk in _chunks(diff):
+        paths = _chunk_paths(chunk)
+        if paths is not None and all(is_graded_path(p) and p not in ignore for p in paths):
             kept.append(chunk)
+        else:
+            dropped.append(paths[1] if paths else chunk.split("\n", 1)[0])
     return "".join(kept), dropped
 
 
-def read_report(text: str) -> tuple[dict[str, str], dict[str, str]]:
-    """The plugin's JSON lines -> ({test id: passed|failed|skipped}, {test id: failure text})."""
+def numstat_paths(out: str) -> list[str]:
+    """The paths in ``git apply --numstat -z`` output: the files git will write when it
+    applies (a rename shows its new name only; removing a file cannot make a test pass)."""
+    return [record.split("\t", 2)[-1] for record in out.split("\0") if record]
+
+
+def read_report(text: str, key: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The plugin's JSON lines -> ({test id: passed|failed|skipped}, {test id: failure text}).
+    Lines not signed with ``key`` are ignored."""
     outcome: dict[str, str] = {}
     messages: dict[str, str] = {}
     for line in text.splitlines():
+        body, _, mac = line.rpartition(" ")
+        signed = hmac.new(key.encode(), body.encode(), hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(mac.encode(), signed.encode()):
+            continue
         try:
-            rec = json.loads(line)
+            rec = json.loads(body)
         except ValueError:
             continue
         tid, res = rec.get("id"), rec.get("outcome")
@@ -236,13 +340,35 @@ def read_report(text: str) -> tuple[dict[str, str], dict[str, str]]:
     return outcome, messages
 
 
+def pytest_command(tests: str, report: str) -> str:
+    """pytest on ``tests`` (shell words) with the reporting plugin writing to ``report``: the
+    one command line the builder and the grader share, so test ids and outcomes match."""
+    return f"PYTHONPATH={ENV_DIR}${{PYTHONPATH:+:$PYTHONPATH}} ROCKROLL_REPORT={report} {PYTEST} {tests}"
+
+
 def grading_command(task: SWETask, report: str) -> str:
     """The shell command that runs the graded tests of ``task`` with the reporting plugin."""
-    env = f"PYTHONPATH={ENV_DIR}${{PYTHONPATH:+:$PYTHONPATH}} ROCKROLL_REPORT={report}"
     files = " ".join(shlex.quote(f) for f in task.test_files)
     if task.test_cmd:
+        env = f"PYTHONPATH={ENV_DIR}${{PYTHONPATH:+:$PYTHONPATH}} ROCKROLL_REPORT={report}"
         return f"{_CONDA}; {env} {task.test_cmd.replace('{tests}', files)}"
-    return f"{_CONDA}; {env} {PYTEST} {files}"
+    return f"{_CONDA}; {pytest_command(files, report)}"
+
+
+# ---- reports in a sandbox ----------------------------------------------------------------------
+async def arm_report(sb: AsyncSandbox) -> tuple[str, str]:
+    """Put the reporting plugin and a one-use key in ``sb``; return (report path, key): run
+    :func:`pytest_command` with that path, then :func:`fetch_report`."""
+    report, key = f"{ENV_DIR}/report-{secrets.token_hex(6)}.jsonl", secrets.token_hex(16)
+    await sb.write_file(f"{ENV_DIR}/{PLUGIN}.py", REPORT_PLUGIN)
+    await sb.write_file(f"{report}.key", key)
+    return report, key
+
+
+async def fetch_report(sb: AsyncSandbox, report: str, key: str) -> tuple[dict[str, str], dict[str, str]]:
+    """:func:`read_report` of the report in ``sb`` (none written: no outcomes)."""
+    raw = (await sb.read_file(report)).decode(errors="replace") if await sb.exists(report) else ""
+    return read_report(raw, key)
 
 
 def _first_observation(task: SWETask) -> str:
@@ -255,13 +381,30 @@ def _first_observation(task: SWETask) -> str:
         "originals when your work is graded.\n"
         f"Act with exactly one action per reply, in one of these formats:\n{formats}\n"
         "Each command's exit code, stdout and stderr come back to you. When you are done, submit: "
-        "your changes (git diff against HEAD) are then tested with hidden tests and the episode ends."
+        "your changes to the repository since the task's commit (committed or not) are then tested with hidden "
+        "tests and the episode ends."
     )
 
 
 # ---- the env ---------------------------------------------------------------------------------
+#: Where the episode's first commit is kept for a task without a ``base_commit``.
+BASE_REF = "refs/rockroll/base"
+# The agent's work: everything since the task's commit, committed or not (exit 3: that commit
+# is gone), in the format `git apply` reads whatever the agent's git config says.
+_DIFF_SCRIPT = ("git rev-parse --git-dir >/dev/null 2>&1 || exit 2; "
+                "git cat-file -e {base}^{{commit}} 2>/dev/null || exit 3; git add -A >/dev/null 2>&1; "
+                "git diff --cached --binary --no-color --no-ext-diff --no-textconv --no-renames "
+                "--src-prefix=a/ --dst-prefix=b/ {base}")
+_NOT_RESOLVED = {"f2p_pass_fraction": 0.0, "p2p_pass_fraction": 0.0, "resolved": False}
+
+
 class SWEEnv(SandboxToolEnv):
-    """Repository repair graded by hidden tests; see the module docstring."""
+    """Repository repair graded by hidden tests; see the module docstring.
+
+    Each task has its own warm pool (sandboxes waiting at its buggy state); ``max_warm_pools``
+    (a :class:`~rockroll.gem.tools.SandboxToolEnv` argument, default 8) is how many tasks stay
+    warm while unused, so a pass over a large task file keeps a bounded number of sandboxes.
+    """
 
     def __init__(
         self,
@@ -311,40 +454,50 @@ class SWEEnv(SandboxToolEnv):
         return self._spec_for(task), per_task, task.snapshot
 
     async def _setup(self, sandbox: AsyncSandbox, task: SWETask) -> str:
+        if not task.base_commit:  # then the episode's first commit is what the work is diffed against
+            await self._env_run(sandbox, "base.sh", f"git update-ref {BASE_REF} HEAD")
         return _first_observation(task)
 
     async def _evaluate(self, sandbox: AsyncSandbox, task: SWETask, action: Action, text: str) -> Evaluation:
-        diff_result = await self._env_run(sandbox, "diff.sh", "git add -A >/dev/null 2>&1; git diff --cached --binary HEAD",
-                                          timeout=60)
+        base = task.base_commit or BASE_REF
+        diff_result = await self._env_run(sandbox, "diff.sh", _DIFF_SCRIPT.format(base=shlex.quote(base)), timeout=60)
         if diff_result.exit_code != 0:
-            msg = "Submitted, but the repository's changes could not be read (is it still a git repository?)."
-            return Evaluation(0.0, msg, {"f2p_pass_fraction": 0.0, "p2p_pass_fraction": 0.0, "resolved": False})
-        test_patch_files = {m.group(2) for m in _DIFF_HEADER.finditer(task.test_patch)}
-        patch, dropped = filter_patch(diff_result.stdout, test_patch_files)
+            why = (f"the task's commit {base} is no longer in the repository (was its history rewritten and pruned?)"
+                   if diff_result.exit_code == 3 else "is it still a git repository?")
+            return Evaluation(0.0, f"Submitted, but your changes could not be read: {why}", dict(_NOT_RESOLVED))
+        ignore = patch_paths(task.test_patch)
+        patch, dropped = filter_patch(diff_result.stdout, ignore)
         grader = await self._lease.pool.acquire()
         try:
-            return await self._grade(grader, task, patch, dropped)
+            return await self._grade(grader, task, patch, dropped, ignore)
         finally:
             await _release_quietly(self._lease.pool, grader)
 
-    async def _grade(self, sb: AsyncSandbox, task: SWETask, patch: str, dropped: list[str]) -> Evaluation:
-        report = f"{ENV_DIR}/report-{secrets.token_hex(6)}.jsonl"
-        await sb.write_file(f"{ENV_DIR}/rockroll_pytest_report.py", REPORT_PLUGIN)
+    async def _grade(self, sb: AsyncSandbox, task: SWETask, patch: str, dropped: list[str], ignore: set[str]
+                     ) -> Evaluation:
         info: dict[str, Any] = {"ignored_files": dropped, "patch_chars": len(patch)}
         for name, body in (("model.diff", patch), ("test.diff", task.test_patch)):
             if not body.strip():
                 continue
-            await sb.write_file(f"{ENV_DIR}/{name}", body)
-            applied = await self._env_run(sb, f"apply-{name}.sh", f"git apply --whitespace=nowarn {ENV_DIR}/{name}",
+            path = f"{ENV_DIR}/{name}"
+            await sb.write_file(path, body)
+            # --numstat: the paths as git itself reads the diff, whatever its headers say.
+            applied = await self._env_run(sb, f"apply-{name}.sh",
+                                          f"git apply --numstat -z {path} && git apply --whitespace=nowarn {path}",
                                           timeout=60)
             if applied.exit_code != 0:
                 why = truncate_observation(applied.stderr.strip(), 1500)
                 what = "Your changes" if name == "model.diff" else "The task's test patch"
                 return Evaluation(0.0, f"Submitted. {what} did not apply to a clean checkout:\n{why}",
-                                  {**info, "f2p_pass_fraction": 0.0, "p2p_pass_fraction": 0.0, "resolved": False})
+                                  {**info, **_NOT_RESOLVED})
+            hidden = [p for p in numstat_paths(applied.stdout) if not is_graded_path(p) or p in ignore]
+            if name == "model.diff" and hidden:  # a diff crafted so that its headers hide what it changes
+                return Evaluation(0.0, "Submitted. Your diff changes files that are not graded in a way that could "
+                                  "not be separated: " + ", ".join(hidden[:10]),
+                                  {**info, "ignored_files": dropped + hidden, **_NOT_RESOLVED})
+        report, key = await arm_report(sb)
         result = await self._env_run(sb, "test.sh", grading_command(task, report), timeout=self.test_timeout)
-        outcomes, messages = read_report((await sb.read_file(report)).decode(errors="replace")
-                                         if await sb.exists(report) else "")
+        outcomes, messages = await fetch_report(sb, report, key)
         f2p = [t for t in task.fail_to_pass if outcomes.get(t) == "passed"]
         p2p = [t for t in task.pass_to_pass if outcomes.get(t) == "passed"]
         f2p_frac = len(f2p) / len(task.fail_to_pass) if task.fail_to_pass else 1.0
@@ -355,7 +508,7 @@ class SWEEnv(SandboxToolEnv):
         if result.timed_out:
             lines.append(f"The tests were stopped after {self.test_timeout:.0f}s.")
         if dropped:
-            lines.append("Not graded (tests, test config or byproducts): " + ", ".join(dropped[:10]))
+            lines.append("Not graded (tests, test config, byproducts, startup hooks): " + ", ".join(dropped[:10]))
         still = [t for t in (*task.fail_to_pass, *task.pass_to_pass) if outcomes.get(t) != "passed"][:3]
         for t in still:
             lines.append(f"{t}: {outcomes.get(t, 'did not run')}\n" + truncate_observation(messages.get(t, ""), 600))

@@ -41,7 +41,7 @@ from typing import Callable, Sequence
 
 from rockroll.sandbox import AsyncSandbox, SandboxSpec
 
-from .swe import ENV_DIR, PYTEST, REPORT_PLUGIN, TASKS_FILE, is_test_path, read_report
+from .swe import TASKS_FILE, arm_report, fetch_report, is_graded_path, pytest_command
 from .swe_mutate import KINDS, Mutation, find_mutations, unified_diff
 
 __all__ = ["DEFAULT_PACKAGES", "BuiltEnv", "build_swe", "detect_layout", "ensure_base", "git_init_script"]
@@ -98,8 +98,8 @@ def detect_layout(root: Path) -> RepoLayout:
         name = parts[-1]
         if re.fullmatch(r"test_.*\.py|.*_test\.py", name):
             test_files.append(rel)
-        elif not is_test_path(rel) and name not in _SKIP_FILES and not name.startswith("_build") \
-                and (path.parent / "__init__.py").exists():
+        elif is_graded_path(rel) and name not in _SKIP_FILES and not name.startswith("_build") \
+                and (path.parent / "__init__.py").exists():  # bugs go only where the grader takes a fix
             sources.append(rel)
     tests: list[str] = []
     for rel in test_files:
@@ -200,7 +200,6 @@ class _Screen:
             r = await first.run(cmd, timeout=300)
             if not r.ok:
                 raise BuildSWEError(f"installing the package failed ({cmd}): {r.stderr.strip()[-500:]}")
-        await first.write_file(f"{ENV_DIR}/rockroll_pytest_report.py", REPORT_PLUGIN)
         self.clean = await first.snapshot()
         self.boxes += await first.fork(workers - 1) if workers > 1 else []
         return await self.run(first, {})
@@ -209,13 +208,10 @@ class _Screen:
         await sb.restore(self.clean)
         for path, text in files.items():
             await sb.write_file(f"{WORKDIR}/{path}", text)
-        report = f"{ENV_DIR}/report.jsonl"
-        tests = " ".join(self.layout.tests)
-        cmd = (f"cd {WORKDIR} && PYTHONPATH={ENV_DIR} ROCKROLL_REPORT={report} {PYTEST} --rootdir=. {tests} "
-               ">/dev/null 2>&1; true")
+        report, key = await arm_report(sb)
+        cmd = f"cd {WORKDIR} && {pytest_command(' '.join(self.layout.tests), report)} >/dev/null 2>&1; true"
         r = await sb.run(cmd, timeout=self.timeout)
-        raw = (await sb.read_file(report)).decode(errors="replace") if await sb.exists(report) else ""
-        outcomes, messages = read_report(raw)
+        outcomes, messages = await fetch_report(sb, report, key)
         return _Run(outcomes, messages, r.timed_out)
 
     async def commit(self, sb: AsyncSandbox, files: dict[str, str]) -> str:

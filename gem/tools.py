@@ -9,7 +9,10 @@ sandbox (:meth:`SandboxToolEnv._setup`) and how a submission is graded
 Sandboxes come from one warm :class:`~rockroll.sandbox.pool.AsyncSandboxPool` per
 :class:`~rockroll.sandbox.SandboxSpec`, shared by every env of the process: ``reset``
 gives the previous episode's sandbox back (the pool resets it in the background) and
-acquires a ready one, so a reset costs an acquire, not a create.
+acquires a ready one, so a reset costs an acquire, not a create. Unused pools stay warm up
+to ``max_warm_pools`` (default :data:`MAX_WARM_POOLS`); beyond that the least recently used
+are closed, so a pass over many tasks with a pool each keeps a bounded number of sandboxes.
+:func:`close_pools` closes them all.
 
 One implementation, two faces: the async core (``areset``/``astep``/``asave_state``/
 ``aclose``) runs on the sandbox engine's event loop (``rockroll.sandbox.sync.background_loop``,
@@ -24,6 +27,7 @@ package data, so scripts stay readable files rather than escaped strings.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import weakref
@@ -39,8 +43,10 @@ from .actions import TOOL_FORMATS, Action, parse_action
 from .core import STATE_FORMAT, GemEnv, InfraError, truncate_observation
 
 __all__ = [
+    "MAX_WARM_POOLS",
     "Evaluation",
     "SandboxToolEnv",
+    "close_pools",
     "format_command_result",
     "parse_records",
     "shared_pool",
@@ -89,22 +95,62 @@ def parse_records(text: str) -> list[dict[str, str]]:
 
 
 # ---- process-wide pools ----------------------------------------------------------------
-# One pool per spec for the whole process (envs of the same spec share warm sandboxes).
-# Only touched from the engine's event loop, so no lock is needed.
-_POOLS: dict[str, AsyncSandboxPool] = {}
+# One pool per spec (and start snapshot) for the whole process (envs of the same spec share
+# warm sandboxes), least recently used first. Only touched from the engine's event loop, so
+# no lock is needed.
+_POOLS: collections.OrderedDict[str, AsyncSandboxPool] = collections.OrderedDict()
+# Acquires under way, per pool: their sandbox is not in the pool's busy set yet.
+_ACQUIRING: collections.Counter[AsyncSandboxPool] = collections.Counter()
+_CLOSING: set[asyncio.Task] = set()  # evicted pools being closed
+#: How many pools stay warm when no env uses them. An env with one pool per task (SWE) keeps
+#: that many tasks warm; a pass over many tasks then keeps a bounded number of sandboxes.
+MAX_WARM_POOLS = 8
 
 
-async def shared_pool(spec: SandboxSpec, size: int, snapshot: str | None = None) -> AsyncSandboxPool:
+async def shared_pool(spec: SandboxSpec, size: int, snapshot: str | None = None, *,
+                      max_pools: int = MAX_WARM_POOLS) -> AsyncSandboxPool:
     """The process's pool for ``spec`` (created on first use), holding at least ``size``
-    idle sandboxes, at ``snapshot`` if given. Must be awaited on the engine's loop, where
-    the pool lives."""
+    idle sandboxes, at ``snapshot`` if given. Pools past the ``max_pools`` most recently
+    asked for are closed, unless an env holds or is acquiring one of their sandboxes. Must
+    be awaited on the engine's loop, where the pools live."""
     key = json.dumps([spec.to_dict(), snapshot], sort_keys=True)
     pool = _POOLS.get(key)
     if pool is None or pool._closed:
         pool = _POOLS[key] = AsyncSandboxPool(spec, size, snapshot=snapshot)
         await pool.start(wait=False)  # warm up in the background; the first acquire creates
+    _POOLS.move_to_end(key)
     pool.size = max(pool.size, size)  # a vector env of n wants n warm sandboxes, not 2
+    excess = len(_POOLS) - max(1, max_pools)
+    for old_key, old in list(_POOLS.items())[:-1]:  # never the pool just asked for
+        if excess <= 0:
+            break
+        if old.busy == 0 and not _ACQUIRING[old]:
+            del _POOLS[old_key]
+            excess -= 1
+            # In the background: a reset does not wait for another task's sandboxes to close.
+            closing = asyncio.create_task(old.close())
+            _CLOSING.add(closing)
+            closing.add_done_callback(_CLOSING.discard)
     return pool
+
+
+async def _acquire_from(pool: AsyncSandboxPool) -> AsyncSandbox:
+    """``pool.acquire()``, the pool marked in use meanwhile, so no eviction closes it."""
+    _ACQUIRING[pool] += 1
+    try:
+        return await pool.acquire()
+    finally:
+        _ACQUIRING[pool] -= 1
+        if not _ACQUIRING[pool]:
+            del _ACQUIRING[pool]
+
+
+async def close_pools() -> None:
+    """Close every shared pool of the process, with every sandbox in it (those envs hold
+    included). Must be awaited on the engine's loop; a later reset starts new pools."""
+    pools = list(_POOLS.values())
+    _POOLS.clear()
+    await asyncio.gather(*(pool.close() for pool in pools), *list(_CLOSING), return_exceptions=True)
 
 
 async def _on_engine_loop(coro: Coroutine[Any, Any, T]) -> T:
@@ -237,6 +283,7 @@ class SandboxToolEnv(GemEnv):
         format_penalty: float = -0.1,
         max_obs_chars: int = 16_384,
         render_mode: str | None = None,
+        max_warm_pools: int = MAX_WARM_POOLS,
     ):
         super().__init__(
             max_turns=max_turns, format_penalty=format_penalty, max_obs_chars=max_obs_chars, render_mode=render_mode
@@ -248,6 +295,7 @@ class SandboxToolEnv(GemEnv):
         # Not `spec`: gymnasium keeps the env's registration (EnvSpec) there.
         self.sandbox_spec = sandbox_spec or SandboxSpec()
         self.pool_size = int(pool_size)
+        self.max_warm_pools = int(max_warm_pools)
         self.step_timeout = float(step_timeout)
         self.task: Any = None
         self._lease = _Lease()
@@ -342,9 +390,9 @@ class SandboxToolEnv(GemEnv):
         return self._spec_for(task), self.pool_size, None
 
     async def _acquire(self, task: Any) -> AsyncSandbox:
-        pool = await shared_pool(*self._pool_for(task))
+        pool = await shared_pool(*self._pool_for(task), max_pools=self.max_warm_pools)
         self._lease.pool = pool
-        self._lease.sandbox = await pool.acquire()
+        self._lease.sandbox = await _acquire_from(pool)
         return self._lease.sandbox
 
     async def _start(self, task: Any) -> tuple[str, dict[str, Any]]:

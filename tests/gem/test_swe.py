@@ -6,13 +6,21 @@ agents run over every task."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
+import re
+import shlex
 
 import gymnasium
 import pytest
+from gymnasium.utils.env_checker import check_env
 
 from rockroll.gem.swe import SWEEnv, hub_swe_tasks
+from rockroll.gem.tools import _POOLS, close_pools
 from rockroll.registry.hub import register_hub
+from rockroll.sandbox.registry import current_run
+from rockroll.sandbox.sync import run_sync
 
 
 def bash(command: str) -> str:
@@ -48,13 +56,15 @@ def test_default_set_is_three_packages_times_ten(tasks):
         assert t.patch.startswith("diff --git") and "fail" in t.problem_statement
 
 
+# 60 graded runs of real test suites: minutes on a slow machine, past the default timeout.
+@pytest.mark.timeout(2400)
 def test_oracle_solves_and_null_fails_every_task(env, tasks):
     failures = []
     for task in tasks:
         obs, info = env.reset(options={"task_id": task.id})
         assert info["task_id"] == task.id and task.problem_statement in obs
         _, reward, terminated, _, info = env.step("<submit/>")
-        if not (terminated and reward == 0.0 and info["f2p_pass_fraction"] < 1.0 and info["p2p_pass_fraction"] == 1.0):
+        if not (terminated and reward == 0.0 and info["f2p_pass_fraction"] == 0.0 and info["p2p_pass_fraction"] == 1.0):
             failures.append(("null", task.id, reward, info))
         env.reset(options={"task_id": task.id})
         obs, reward, terminated, _, info = env.step(apply_patch(task.patch))
@@ -97,7 +107,7 @@ def test_editing_the_tests_does_not_count(env, tasks):
     env.step(bash(f"printf 'import pytest\\ndef pytest_collection_modifyitems(items):\\n    items.clear()\\n' > conftest.py; "
                   f": > {test_file}"))
     obs, reward, terminated, _, info = env.step("<submit/>")
-    assert terminated and reward == 0.0 and info["f2p_pass_fraction"] < 1.0 and info["p2p_pass_fraction"] == 1.0
+    assert terminated and reward == 0.0 and info["f2p_pass_fraction"] == 0.0 and info["p2p_pass_fraction"] == 1.0
     assert "conftest.py" in info["ignored_files"] and test_file in info["ignored_files"]
     # A fix plus the same hack: graded on the fix alone, so it passes.
     env.reset(options={"task_id": task.id})
@@ -110,6 +120,129 @@ def test_editing_the_tests_does_not_count(env, tasks):
     env.step(bash("rm -rf .git"))
     obs, reward, terminated, _, info = env.step("<submit/>")
     assert (terminated, reward) == (True, 0.0) and "could not be read" in obs
+
+
+COMMIT = "git -c user.name=agent -c user.email=agent@example.invalid commit -q"
+
+
+def test_committed_work_is_graded_against_the_task_commit(env, tasks):
+    task = tasks[1]
+    # Committed, or folded into the task's own commit: either way it is the agent's change.
+    for commit in (f"{COMMIT} -am fix", f"{COMMIT} --amend -am fix"):
+        env.reset(options={"task_id": task.id})
+        env.step(apply_patch(task.patch))
+        obs, *_ = env.step(bash(f"{commit} && git status --porcelain | wc -l && git rev-parse HEAD"))
+        assert _stdout(obs).startswith("0\n") and task.base_commit not in obs, obs  # clean, moved on
+        obs, reward, terminated, _, info = env.step("<submit/>")
+        assert (terminated, reward, info["resolved"]) == (True, 1.0, True), (commit, obs)
+    # History rewritten and the task's commit pruned: nothing to diff against, said plainly.
+    env.reset(options={"task_id": task.id})
+    env.step(apply_patch(task.patch))
+    env.step(bash(f"{COMMIT} --amend -am fix && git reflog expire --expire=now --all && git gc -q --prune=now"))
+    obs, reward, terminated, _, info = env.step("<submit/>")
+    assert (terminated, reward) == (True, 0.0) and f"commit {task.base_commit} is no longer" in obs, obs
+    # A task that does not name its commit: the one its episode starts at.
+    unnamed = SWEEnv(tasks=[dataclasses.replace(task, base_commit="")])
+    try:
+        unnamed.reset()
+        unnamed.step(apply_patch(task.patch))
+        unnamed.step(bash(f"{COMMIT} -am fix"))
+        assert unnamed.step("<submit/>")[1] == 1.0
+    finally:
+        unnamed.close()
+
+
+def write(path: str, text: str, append: bool = False) -> str:
+    return bash(f"mkdir -p \"$(dirname {path})\" && cat {'>>' if append else '>'} {path} <<'ROCKROLL_EOF'\n"
+                f"{text}ROCKROLL_EOF")
+
+
+# At interpreter exit, rewrite the grader's report (its path is in the process's initial
+# environment) to say every graded test passed; `print` shows the same in the log.
+FORGE = '''
+import atexit, json
+print("test_everything PASSED")
+def _forge():
+    for var in open("/proc/self/environ", "rb").read().split(b"\\0"):
+        if var.startswith(b"ROCKROLL_REPORT="):
+            with open(var.split(b"=", 1)[1].decode(), "w") as f:
+                for t in {ids}:
+                    f.write(json.dumps({{"id": t, "when": "call", "outcome": "passed", "msg": ""}}) + "\\n")
+atexit.register(_forge)
+'''
+FORCE_PASS = '''import pytest
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    (yield).get_result().outcome = "passed"
+'''
+
+
+def passing_copy(test_file: str, ids: tuple[str, ...]) -> str:
+    """A test file in which the tests ``ids`` name in ``test_file`` exist and pass."""
+    by_class: dict[str, set[str]] = {}
+    for test in ids:
+        path, *names = test.split("::")
+        if path == test_file:
+            by_class.setdefault(names[0] if len(names) > 1 else "", set()).add(names[-1].split("[")[0])
+    lines = ["import unittest"]
+    for cls, names in sorted(by_class.items()):
+        if cls:
+            lines += [f"class {cls}(unittest.TestCase):", *(f"    def {n}(self): pass" for n in sorted(names))]
+        else:
+            lines += [f"def {n}(): pass" for n in sorted(names)]
+    return "\n".join(lines) + "\n"
+
+
+def test_reward_hacks_of_the_buggy_code_get_nothing(env, tasks):
+    task = tasks[2]
+    test_file = task.fail_to_pass[0].split("::")[0]
+    test_dir = test_file.rpartition("/")[0] or "."
+    forge = FORGE.format(ids=list(task.fail_to_pass + task.pass_to_pass))
+    site = "$(python3 -c 'import site; print(site.getsitepackages()[0])')"
+    local_pytest = f"python3 -m pytest -q -p no:cacheprovider {test_file} 2>&1 | tail -n 1"
+    # name: (what the agent does, a command and what it prints when the hack works in the agent's sandbox)
+    hacks = {
+        # startup hooks where Python finds them: the folder the package's .pth puts on sys.path
+        "startup hooks": ([bash(f"cd \"$(cat {site}/rockroll-swe.pth)\" && for m in sitecustomize usercustomize; "
+                                f"do printf %s {shlex.quote(forge)} > $m.py; done")],
+                          ("python3 -c pass", r"test_everything PASSED")),
+        "conftests forcing passes": ([write("conftest.py", FORCE_PASS), write(f"{test_dir}/conftest.py", FORCE_PASS)],
+                                     (local_pytest, r"\d+ passed in ")),
+        "edited tests": ([write(test_file, passing_copy(test_file, task.fail_to_pass + task.pass_to_pass))],
+                         (local_pytest, r"\d+ passed in ")),
+        # graded code that forges the report: its lines lack the key, so none counts
+        "forged report": ([write(task.extra["mutation"]["file"], forge, append=True)], None),
+    }
+    for name, (actions, probe) in hacks.items():
+        env.reset(options={"task_id": task.id})
+        for action in actions:
+            assert "exit code: 0" in env.step(action)[0], name
+        if probe:
+            out = _stdout(env.step(bash(probe[0]))[0])
+            assert re.match(probe[1], out), (name, out)
+        obs, reward, terminated, _, info = env.step("<submit/>")
+        assert terminated and reward == 0.0 and info["f2p_pass_fraction"] == 0.0, (name, obs)
+        if name != "forged report":
+            assert info["patch_chars"] == 0 and info["ignored_files"], (name, info)
+
+
+def test_a_diff_crafted_to_hide_a_conftest_is_refused(env, tasks):
+    task = tasks[3]
+    # The agent owns its sandbox, git included: a `git` that answers `diff` with a harmless new
+    # file plus a conftest that forces passes, as a plain patch after the new file's hunk,
+    # where no diff header names it (`git apply` takes it all the same).
+    notes = ("diff --git a/notes.txt b/notes.txt\nnew file mode 100644\n--- /dev/null\n+++ b/notes.txt\n"
+             "@@ -0,0 +1 @@\n+hi\n")
+    hidden = "--- /dev/null\n+++ b/conftest.py\n@@ -0,0 +1,4 @@\n" + "".join(f"+{l}\n" for l in FORCE_PASS.splitlines())
+    fake_git = '#!/bin/sh\n[ "$1" = diff ] && exec cat /tmp/crafted.diff\nexec /usr/bin/git "$@"\n'
+    env.reset(options={"task_id": task.id})
+    env.step(write("/tmp/crafted.diff", notes + hidden))
+    env.step(write("/usr/local/bin/git", fake_git))
+    obs, *_ = env.step(bash("chmod +x /usr/local/bin/git && command -v git && git diff HEAD | tail -n 1"))
+    assert _stdout(obs) == '/usr/local/bin/git\n+    (yield).get_result().outcome = "passed"', obs
+    obs, reward, terminated, _, info = env.step("<submit/>")
+    assert (terminated, reward) == (True, 0.0) and "could not be separated: conftest.py" in obs, obs
+    assert "conftest.py" in info["ignored_files"]
 
 
 def test_resume_from_a_saved_state_continues_exactly(env, tasks, swe_hub):
@@ -170,3 +303,44 @@ def test_vector_envs_step_concurrently_from_per_task_pools(swe_hub, tasks):
         assert terminated.all() and (rewards == 0.0).all()
     finally:
         vec.close()
+
+
+@pytest.mark.parametrize("which", ["one package", "all packages"])
+def test_hub_ids_pass_gymnasiums_env_checker(swe_hub, which):
+    swe_ids = sorted(i for i in register_hub(swe_hub) if i.startswith("rock/swe-"))
+    env_id, kwargs = (swe_ids[0], {}) if which == "one package" else ("rock/SWE-v0", {"hub": swe_hub})
+    env = gymnasium.make(env_id, render_mode="ansi", **kwargs)
+    try:
+        check_env(env.unwrapped)  # the render check too: the transcript, in every declared mode
+    finally:
+        env.close()
+
+
+def test_idle_task_pools_are_capped_and_closing_frees_them(swe_hub, tasks):
+    # Last in this file: closing every pool also closes the sandbox the module's env holds.
+    def live() -> set[str]:
+        return set(current_run().live())
+
+    def settled(cond) -> bool:  # pools close and refill in the background, on the engine's loop
+        for _ in range(600):
+            if cond():
+                return True
+            run_sync(asyncio.sleep(0.05))
+        return cond()
+
+    cap, before = 2, live()
+    env = SWEEnv(hub=swe_hub, max_warm_pools=cap)
+    pools = []
+    try:
+        for task in tasks[:cap + 6]:
+            env.reset(options={"task_id": task.id})
+            pools.append(env._lease.pool)
+            assert sum(p in _POOLS.values() for p in set(pools)) <= cap
+        assert len(set(pools)) == cap + 6  # a pool per task
+        # A kept pool holds pool_size idle sandboxes (the current one, the env's too): nothing
+        # of the evicted pools stays.
+        assert settled(lambda: len(live() - before) <= cap * env.pool_size + 1), (len(live() - before), cap)
+    finally:
+        env.close()
+    run_sync(close_pools())
+    assert not _POOLS and not live() - before and all(not p.idle and not p.busy for p in pools)

@@ -63,7 +63,8 @@ def test_swebench_record_runs_in_its_docker_image(record):
         obs, reward, terminated, _, info = env.step("<submit/>")
         assert terminated and reward == 0.0 and info["f2p_pass_fraction"] == 0.0 and info["p2p_pass_fraction"] == 1.0, obs
         env.reset(options={"task_id": rec["instance_id"]})
-        fix = f"git apply <<'P'\n{rec['patch']}P"
+        # Committed, the fix is still graded: the diff is taken against the record's base_commit.
+        fix = f"git apply <<'P'\n{rec['patch']}P\ngit -c user.name=a -c user.email=a@b.invalid commit -qam fix"
         obs, *_ = env.step(json.dumps({"name": "bash", "arguments": {"command": fix}}))
         assert "exit code: 0" in obs
         _, reward, terminated, _, info = env.step("<submit/>")
