@@ -280,6 +280,24 @@ def make_generator(cfg: TrainConfig, lm, tokenizer):
     return TransformersEngine(gen_model, tokenizer.pad_token_id)
 
 
+def build_policy(cfg: TrainConfig, lm) -> tuple[Any, Any]:
+    """The policy engine over ``lm`` (+ a value head for PPO), and the forward of the frozen KL
+    reference (None without KL), kept beside the policy's device.
+
+    Copies of ``lm`` (the reference here, the generator's before this call) are taken before
+    the engine wraps it: ZeRO-3 partitions the parameters in place (each becomes an empty
+    placeholder), so a later copy has no weights.
+    """
+    ref = copy.deepcopy(lm).eval().requires_grad_(False) if cfg.algorithm.kl_coef > 0 else None
+    batch_size = cfg.rollout.batch_groups * cfg.rollout.group_size
+    policy = make_policy(ActorModule(lm, with_value=cfg.algorithm.name == "ppo"), cfg.engine,
+                         batch_size // cfg.algorithm.mini_batches)
+    if ref is None:
+        return policy, None
+    ref.to(policy.device)  # DeepSpeed moved the policy to the GPU: batches go there
+    return policy, lambda ids, attn: (ref(input_ids=ids, attention_mask=attn, use_cache=False).logits, None)
+
+
 def train(config: TrainConfig | dict | str | Path, *, env_factory=None) -> dict[str, Any]:
     """Run RL training as configured; return a summary (final step, metrics history)."""
     cfg = config if isinstance(config, TrainConfig) else load_config(config)
@@ -294,17 +312,8 @@ def train(config: TrainConfig | dict | str | Path, *, env_factory=None) -> dict[
     # ---- models: tokenizer, policy (+ value head for PPO), frozen reference, generator
     tokenizer = load_tokenizer(cfg.tokenizer, cfg.envs, run_dir / "tokenizer")
     lm = build_model(cfg.model, tokenizer, cfg.seed)
-    module = ActorModule(lm, with_value=cfg.algorithm.name == "ppo")
-    ref = copy.deepcopy(lm).eval().requires_grad_(False) if cfg.algorithm.kl_coef > 0 else None
-    # The generator copies ``lm`` before the policy engine wraps it: ZeRO-3 partitions the
-    # parameters in place (each becomes an empty placeholder), so a later copy has no weights.
-    generator = make_generator(cfg, lm, tokenizer)
-    batch_size = cfg.rollout.batch_groups * cfg.rollout.group_size
-    policy = make_policy(module, cfg.engine, batch_size // cfg.algorithm.mini_batches)
-    ref_forward = None
-    if ref is not None:  # beside the policy (DeepSpeed moved that to the GPU): batches go there
-        ref.to(policy.device)
-        ref_forward = lambda ids, attn: (ref(input_ids=ids, attention_mask=attn, use_cache=False).logits, None)  # noqa: E731
+    generator = make_generator(cfg, lm, tokenizer)  # a copy of lm, taken before the engine wraps it
+    policy, ref_forward = build_policy(cfg, lm)
     template = PromptTemplate(tokenizer, cfg.tokenizer)
     rollout = RolloutManager(cfg, generator, template, env_factory=env_factory)
 

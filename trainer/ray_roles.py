@@ -21,7 +21,6 @@ a cluster to join.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import time
 from pathlib import Path
@@ -29,11 +28,10 @@ from typing import Any, Callable
 
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import EnvConfig, TrainConfig, config_to_dict
-from .controller import _seed_everything, collate, make_generator, update_policy
+from .controller import _seed_everything, build_policy, collate, make_generator, update_policy
 from .curriculum import initialized_metrics
 from .engines import SamplingParams
 from .models import build_model, load_tokenizer
-from .policy import ActorModule, make_policy
 from .rollout import PromptTemplate, RolloutManager, _mix, batch_metrics
 from .runlog import RunLogger
 from .weight_sync import Manifest, WeightGroup, checksum, manifest
@@ -158,17 +156,7 @@ class _PolicyTrainerImpl:
     def __init__(self, cfg: TrainConfig, tokenizer: Any):
         _seed_everything(cfg.seed, cfg.deterministic)
         self.cfg, self.pad_id = cfg, tokenizer.pad_token_id
-        lm = build_model(cfg.model, tokenizer, cfg.seed)
-        # the KL reference: a frozen copy of the starting model, taken before the engine wraps
-        # lm (ZeRO-3 partitions its parameters in place), kept beside the policy
-        ref = copy.deepcopy(lm).eval().requires_grad_(False) if cfg.algorithm.kl_coef > 0 else None
-        batch_size = cfg.rollout.batch_groups * cfg.rollout.group_size
-        self.policy = make_policy(ActorModule(lm, with_value=cfg.algorithm.name == "ppo"), cfg.engine,
-                                  batch_size // cfg.algorithm.mini_batches)
-        self.ref_forward = None
-        if ref is not None:
-            ref.to(self.policy.device)
-            self.ref_forward = lambda ids, attn: (ref(input_ids=ids, attention_mask=attn, use_cache=False).logits, None)
+        self.policy, self.ref_forward = build_policy(cfg, build_model(cfg.model, tokenizer, cfg.seed))
         self.group: WeightGroup | None = None
 
     def update(self, groups) -> dict[str, float]:
