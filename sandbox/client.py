@@ -149,10 +149,13 @@ class AgentConnection:
         return reply, body
 
     async def handshake(self, timeout: float = 30.0) -> int:
-        """Wait for the agent to report its init pid and readiness; return the init pid."""
-        init_pid = None
+        """Wait for the agent to report its init pid and readiness; return the init pid.
+
+        The two frames come from two processes sharing one pipe (the outer agent reports the
+        pid it forked, init reports ready), so on a loaded host "ready" can come first."""
+        init_pid, ready = None, False
         deadline = time.monotonic() + timeout
-        while True:
+        while init_pid is None or not ready:
             try:
                 header, _ = await asyncio.wait_for(self.events.get(), max(0.01, deadline - time.monotonic()))
             except asyncio.TimeoutError:
@@ -165,10 +168,11 @@ class AgentConnection:
                 if not header.get("ok"):
                     cls = _ERRORS.get(header.get("error"), SandboxStartError)
                     raise cls(header.get("message", "start failed"), sandbox_id=self.sandbox_id)
-                return init_pid
+                ready = True
             elif op == "eof":
                 raise SandboxStartError(f"the sandbox agent exited during start-up ({self.dead})",
                                         sandbox_id=self.sandbox_id)
+        return init_pid
 
 
 class AsyncSandbox:

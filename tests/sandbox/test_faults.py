@@ -152,3 +152,27 @@ async def test_cancelled_create_leaves_no_sandbox():
             quiet_since = time.monotonic()
         await asyncio.sleep(0.05)
     assert set(current_run().live()) - before == set()
+
+
+async def test_handshake_takes_ready_before_spawned():
+    # The outer agent reports the pid it forked ("spawned") while init reports "ready" on the
+    # same pipe: on a loaded host "ready" can come first, and the pid must still be recorded
+    # (a crash reaper needs it). A process speaking the agent's framing in that order:
+    from rockroll.sandbox.client import AgentConnection
+
+    script = textwrap.dedent("""
+        import os, sys, time
+        from rockroll.sandbox._agent import encode_frame
+        os.write(1, encode_frame({"op": "ready", "ok": True, "pid": 1}))
+        time.sleep(0.2)
+        os.write(1, encode_frame({"op": "spawned", "init_pid": 4242}))
+        sys.stdin.read()
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        conn = AgentConnection(proc, "sb-test")
+        assert await conn.handshake(timeout=30) == 4242
+        conn.close()
+    finally:
+        proc.kill()
+        proc.wait()
