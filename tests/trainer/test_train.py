@@ -9,8 +9,9 @@ import torch
 import rockroll.trainer
 from rockroll.trainer import credit as C
 from rockroll.trainer.config import AlgorithmConfig, EngineConfig, IPAConfig, ModelConfig
-from rockroll.trainer.controller import (
-    collate, compute_advantages, compute_loss, target_logp, token_logp, train, update_policy,
+from rockroll.trainer.controller import train
+from rockroll.trainer.update import (
+    collate, compute_advantages, compute_loss, target_logp, token_logp, update_policy,
 )
 from rockroll.trainer.models import build_model
 from rockroll.trainer.policy import ActorModule, make_policy
