@@ -304,7 +304,7 @@ class EvalConfig:
 
 @dataclass
 class RayConfig:
-    """Run the controller loop over Ray actors (:mod:`rockroll.trainer.ray_roles`): one policy
+    """Run the training loop over Ray actors (:mod:`rockroll.trainer.ray_roles`): one policy
     trainer, ``num_generators`` generation engines, ``num_env_workers`` env workers that split
     ``rollout.batch_groups`` between them. ``address``: a running cluster to join; null starts
     a local Ray on 127.0.0.1. ``weight_sync``: ``object_store`` (one state dict in Ray's object
