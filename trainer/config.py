@@ -21,7 +21,6 @@ __all__ = [
     "TokenizerConfig", "TrainConfig", "config_to_dict", "load_config",
 ]
 
-ALGORITHMS = ("grpo", "ppo", "reinforce_pp", "topr", "cispo")
 TURN_CREDIT = ("outcome", "discounted")
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 
@@ -170,14 +169,27 @@ class AlgorithmConfig:
     ipa: IPAConfig = field(default_factory=IPAConfig)
 
     @property
+    def spec(self):
+        """This algorithm's entry of :data:`rockroll.trainer.algorithms.ALGORITHMS`."""
+        from .algorithms import ALGORITHMS  # imported here: loading a config needs no torch
+
+        return ALGORITHMS[self.name]
+
+    @property
+    def advantages(self) -> str:
+        """The advantage estimator that runs (a key of ``update.ADVANTAGES``), credit options applied."""
+        return self.spec.parts(self.turn_credit, self.ipa.enabled)[0]
+
+    @property
     def loss(self) -> str:
-        """The policy loss that runs: ``topr``, ``cispo``, ``ipa`` (grpo with ``ipa.enabled``)
-        or ``ppo_clip`` (grpo, ppo, reinforce_pp): PPO's clipped ratio to the proximal policy."""
-        if self.name in ("topr", "cispo"):
-            return self.name
-        return "ipa" if self.ipa.enabled else "ppo_clip"
+        """The policy loss that runs (a key of ``update.LOSSES``): ``topr``, ``cispo``, ``ipa``
+        (grpo with ``ipa.enabled``) or ``ppo_clip`` (grpo, ppo, reinforce_pp): PPO's clipped
+        ratio to the proximal policy."""
+        return self.spec.parts(self.turn_credit, self.ipa.enabled)[1]
 
     def validate(self, p: str) -> None:
+        from .algorithms import ALGORITHMS
+
         _check(self.name in ALGORITHMS, f"{p}.name", f"must be one of {', '.join(ALGORITHMS)}")
         _check(self.loss_agg in AGG_MODES, f"{p}.loss_agg", f"must be one of {', '.join(AGG_MODES)}")
         _check(0 <= self.clip_low < 1, f"{p}.clip_low", "must be in [0, 1)")
@@ -192,24 +204,20 @@ class AlgorithmConfig:
         _check(self.turn_credit in TURN_CREDIT, f"{p}.turn_credit", f"must be one of {', '.join(TURN_CREDIT)}")
         self.ipa.validate(f"{p}.ipa")
         # A combination the trainer would silently ignore is an error naming the ignored key.
-        _check(not self.ipa.enabled or self.name == "grpo", f"{p}.ipa.enabled",
-               f"IPA (chunk credit and loss) runs with algorithm.name=grpo only, not {self.name}")
-        _check(self.turn_credit == "outcome" or self.name in ("grpo", "cispo"), f"{p}.turn_credit",
-               f"discounted needs algorithm.name grpo or cispo (group-normalised advantages), not {self.name}")
+        spec = self.spec
+        _check(not self.ipa.enabled or spec.ipa, f"{p}.ipa.enabled",
+               f"IPA (chunk credit and loss) runs with algorithm.name="
+               f"{' or '.join(n for n, s in ALGORITHMS.items() if s.ipa)} only, not {self.name}")
+        _check(self.turn_credit == "outcome" or spec.turn_credit, f"{p}.turn_credit",
+               f"discounted needs algorithm.name {' or '.join(n for n, s in ALGORITHMS.items() if s.turn_credit)} "
+               f"(group-normalised advantages), not {self.name}")
         _check(not (self.ipa.enabled and self.turn_credit == "discounted") or self.ipa.gamma == 1.0,
                f"{p}.ipa.gamma", "unused with turn_credit=discounted (algorithm.gamma discounts the turns)")
         # Keys only some losses/advantages read: a non-default value elsewhere would do nothing.
-        reads = {
-            "clip_low": self.loss != "topr", "clip_high": self.loss != "topr",
-            "dual_clip": self.loss == "ppo_clip",
-            "tis_cap": self.loss == "ppo_clip",  # TOPR, CISPO, IPA take their ratio to the generator directly
-            "std_normalize": self.name in ("grpo", "cispo"),
-            "gamma": self.name == "ppo" or self.turn_credit == "discounted",
-            "lam": self.name == "ppo", "vf_coef": self.name == "ppo",
-        }
+        reads = spec.reads(self.turn_credit, self.ipa.enabled)
         defaults = AlgorithmConfig()
-        for key, used in reads.items():
-            _check(used or getattr(self, key) == getattr(defaults, key), f"{p}.{key}",
+        for key in ("clip_low", "clip_high", "dual_clip", "tis_cap", "std_normalize", "gamma", "lam", "vf_coef"):
+            _check(key in reads or getattr(self, key) == getattr(defaults, key), f"{p}.{key}",
                    f"not used by algorithm.name={self.name}{' with ipa.enabled' if self.ipa.enabled else ''}: "
                    "remove it")
 
@@ -296,7 +304,7 @@ class EvalConfig:
 
 @dataclass
 class RayConfig:
-    """Run the controller loop over Ray actors (:mod:`rockroll.trainer.ray_roles`): one policy
+    """Run the training loop over Ray actors (:mod:`rockroll.trainer.ray_roles`): one policy
     trainer, ``num_generators`` generation engines, ``num_env_workers`` env workers that split
     ``rollout.batch_groups`` between them. ``address``: a running cluster to join; null starts
     a local Ray on 127.0.0.1. ``weight_sync``: ``object_store`` (one state dict in Ray's object

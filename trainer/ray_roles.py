@@ -1,14 +1,16 @@
-"""Ray roles: the controller loop of :mod:`.controller`, with each part in its own actor.
+"""The Ray implementation of :mod:`.roles`: the loop of :mod:`.loop` with each role in its own actor.
 
-- :class:`PolicyTrainer` (one) owns the policy (torch or DeepSpeed engine, with PPO's value
-  head as the critic) and, when ``algorithm.kl_coef > 0``, a frozen reference copy of the
-  starting model; it runs ``update``.
-- :class:`Generator` (``ray.num_generators``) owns a generation engine (Transformers here,
-  vLLM on GPU).
-- :class:`EnvWorker` (``ray.num_env_workers``) runs a :class:`RolloutManager` (many envs on
-  one asyncio loop) whose requests go to one Generator through :class:`RemoteEngine`. Each
-  worker fills its share of ``rollout.batch_groups`` from a seed stream of its own and numbers
-  its groups in a block of its own, so groups of two workers never merge in GRPO.
+- the policy trainer (one): :class:`~.roles.PolicyTrainer` in an actor, which builds its own
+  model, and joins the weight group for ``collective`` sync;
+- generators (``ray.num_generators``), each owning a generation engine (Transformers here,
+  vLLM on GPU);
+- env workers (``ray.num_env_workers``): :class:`~.roles.EnvWorker` in an actor, whose
+  requests go to one generator through :class:`RemoteEngine`. Each worker fills its share of
+  ``rollout.batch_groups`` from a seed stream of its own and numbers its groups in a block of
+  its own, so groups of two workers never merge in GRPO; :class:`RayRollout` is them all as
+  one :class:`~.roles.Rollout`.
+
+The loop calls a role in an actor as it calls the in-process one (:class:`Remote`).
 
 Weight sync after each step (``ray.weight_sync``): ``object_store``, the trainer's state dict
 is one object in Ray's object store that every generator loads; ``collective``, the trainer
@@ -22,22 +24,19 @@ a cluster to join.
 from __future__ import annotations
 
 import dataclasses
-import time
 from pathlib import Path
 from typing import Any, Callable
 
-from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from .config import EnvConfig, TrainConfig, config_to_dict
-from .controller import _seed_everything, build_policy, collate, make_generator, update_policy
+from .config import EnvConfig, TrainConfig
 from .curriculum import initialized_metrics
 from .engines import SamplingParams
 from .models import build_model, load_tokenizer
-from .rollout import PromptTemplate, RolloutManager, _mix, batch_metrics
-from .runlog import RunLogger
+from .roles import EnvWorker, PolicyTrainer, Roles, make_generator, seed_everything
+from .rollout import Group, _mix, batch_metrics
 from .weight_sync import Manifest, WeightGroup, checksum, manifest
 
-__all__ = ["GROUP_ID_BLOCK", "Roles", "init_local_ray", "merge_rollout_metrics", "start_roles", "stop_roles",
-           "sync_weights", "train_with_ray", "worker_config"]
+__all__ = ["GROUP_ID_BLOCK", "RayRoles", "RayRollout", "Remote", "init_local_ray", "merge_rollout_metrics",
+           "start_roles", "worker_config"]
 
 GROUP_ID_BLOCK = 1 << 32  # env worker i numbers its groups from i * GROUP_ID_BLOCK
 
@@ -75,7 +74,7 @@ def worker_config(cfg: TrainConfig, index: int) -> TrainConfig:
 # ----------------------------------------------------------------------------- actors
 
 
-class _GeneratorImpl:
+class _Generator:
     def __init__(self, cfg: TrainConfig, tokenizer: Any):
         self.engine = make_generator(cfg, build_model(cfg.model, tokenizer, cfg.seed), tokenizer)
         self.group: WeightGroup | None = None
@@ -87,7 +86,7 @@ class _GeneratorImpl:
         return self.engine.version
 
     def load_weights(self, state_dict, version: int) -> None:
-        self.engine.load_weights(state_dict, version)
+        self.engine.load_weights(state_dict, version)  # an actor runs one call at a time: never mid-generate
 
     def join_weight_group(self, address: tuple[str, int], rank: int, world_size: int) -> None:
         self.group = WeightGroup(rank, world_size)
@@ -102,8 +101,8 @@ class _GeneratorImpl:
 
 
 class RemoteEngine:
-    """The generating half of :class:`GenerationEngine` over a Generator actor (weights reach
-    the generator from the controller, never through an env worker)."""
+    """The generating half of :class:`GenerationEngine` over a generator actor (weights reach
+    the generator from the trainer, never through an env worker)."""
 
     def __init__(self, actor: Any):
         import ray
@@ -116,55 +115,17 @@ class RemoteEngine:
         return outs
 
 
-class _EnvWorkerImpl:
+class _EnvWorker(EnvWorker):
     def __init__(self, cfg: TrainConfig, tokenizer: Any, generator: Any, first_group_id: int,
                  env_factory: Callable[[EnvConfig], Any] | None = None):
-        self.engine = RemoteEngine(generator)
-        self.mgr = RolloutManager(cfg, self.engine, PromptTemplate(tokenizer, cfg.tokenizer), env_factory=env_factory)
-        self.mgr.next_gid = first_group_id  # equal ids of two workers would merge their GRPO groups
-
-    def start(self, version: int, state: dict | None = None) -> None:
-        """Start producing groups for the weights of ``version`` (from a checkpoint's state)."""
-        if state is not None:
-            self.mgr.load_state_dict(state)
-        self.advance(version)
-        self.mgr.start()
-
-    def get_batch(self, step: int):
-        return self.mgr.get_batch(step)
-
-    def evaluate(self, episodes: int, seed: int) -> dict[str, float]:
-        return self.mgr.evaluate(episodes, seed)
-
-    def advance(self, version: int) -> None:
-        """The generator now serves ``version``: admit the groups it allows (and end a pause).
-        Samples are labelled with the version each generate call reports, not this one."""
-        self.mgr.set_version(version)
-        self.mgr.resume()
-
-    def pause(self) -> None:
-        self.mgr.pause()
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.mgr.state_dict()
-
-    def close(self) -> None:
-        self.mgr.close()
+        super().__init__(cfg, tokenizer, RemoteEngine(generator), first_group_id, env_factory)
 
 
-class _PolicyTrainerImpl:
+class _PolicyTrainer(PolicyTrainer):
     def __init__(self, cfg: TrainConfig, tokenizer: Any):
-        _seed_everything(cfg.seed, cfg.deterministic)
-        self.cfg, self.pad_id = cfg, tokenizer.pad_token_id
-        self.policy, self.ref_forward = build_policy(cfg, build_model(cfg.model, tokenizer, cfg.seed))
+        seed_everything(cfg.seed, cfg.deterministic)
+        super().__init__(cfg, build_model(cfg.model, tokenizer, cfg.seed), tokenizer.pad_token_id)
         self.group: WeightGroup | None = None
-
-    def update(self, groups) -> dict[str, float]:
-        return update_policy(self.policy, self.cfg.algorithm, collate(groups, self.pad_id),
-                             self.cfg.generation.temperature, self.ref_forward)
-
-    def weights(self):
-        return self.policy.sync_state_dict()
 
     def weights_checksum(self) -> str:
         return checksum(self.policy.sync_state_dict())
@@ -180,39 +141,141 @@ class _PolicyTrainerImpl:
     def send_weights(self) -> None:
         self.group.send(self.policy.sync_state_dict())
 
-    def restore(self) -> dict[str, Any] | None:
-        """Load the latest checkpoint if there is one: ``{"step", "rollout", "path"}``."""
-        ckpt = latest_checkpoint(self.cfg.checkpoint.dir) if self.cfg.checkpoint.resume else None
-        return None if ckpt is None else {**load_checkpoint(ckpt, self.policy), "path": str(ckpt)}
-
-    def save(self, step: int, worker_states: list[dict]) -> None:
-        save_checkpoint(self.cfg.checkpoint.dir, step, self.policy, {"workers": worker_states},
-                        config_to_dict(self.cfg), keep=self.cfg.checkpoint.keep)
-
 
 def make_actor_classes(num_gpus: float = 0.0):
     """The Ray actor classes (built lazily: ``ray`` is an optional extra). ``num_cpus=0``: CPU
     smoke runs share cores; ``num_gpus`` goes to the trainer and to each generator."""
     import ray
 
-    return (ray.remote(num_cpus=0, num_gpus=num_gpus)(_PolicyTrainerImpl),
-            ray.remote(num_cpus=0, num_gpus=num_gpus)(_GeneratorImpl),
-            ray.remote(num_cpus=0)(_EnvWorkerImpl))
+    return (ray.remote(num_cpus=0, num_gpus=num_gpus)(_PolicyTrainer),
+            ray.remote(num_cpus=0, num_gpus=num_gpus)(_Generator),
+            ray.remote(num_cpus=0)(_EnvWorker))
 
 
 # ----------------------------------------------------------------------------- the roles
 
 
-@dataclasses.dataclass
-class Roles:
-    trainer: Any
-    generators: list[Any]
-    workers: list[Any]                     # env worker i asks generators[i % len(generators)]
-    manifest: Manifest | None = None       # set when weights go by collective broadcast
-    sync_address: tuple[str, int] | None = None
+class Remote:
+    """A role in an actor, called like the in-process one: ``remote.update(groups)`` runs the
+    actor's ``update`` and waits for its result. ``actor`` is the handle, for concurrent calls."""
+
+    def __init__(self, actor: Any):
+        self.actor = actor
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        import ray
+
+        method = getattr(self.actor, name)
+        return lambda *args, **kwargs: ray.get(method.remote(*args, **kwargs))
 
 
-def start_roles(cfg: TrainConfig, tokenizer: Any, env_factory: Callable[[EnvConfig], Any] | None = None) -> Roles:
+class RayRollout:
+    """Every env worker as one :class:`~.roles.Rollout`: a step's groups are all of theirs, the
+    rollout state one per worker, evaluation runs on worker 0."""
+
+    def __init__(self, workers: list[Any]):
+        import ray
+
+        self.workers, self._ray = workers, ray
+
+    def _all(self, method: str, *args: Any) -> list[Any]:
+        return self._ray.get([getattr(w, method).remote(*args) for w in self.workers])
+
+    def start(self, version: int, state: dict[str, Any] | None = None) -> None:
+        states = state.get("workers") if state else [None] * len(self.workers)
+        if states is None or len(states) != len(self.workers):
+            raise RuntimeError(f"the checkpoint's rollout state is not one per env worker (ray.num_env_workers="
+                               f"{len(self.workers)}); resume with the settings that wrote it")
+        self._ray.get([w.start.remote(version, s) for w, s in zip(self.workers, states)])
+
+    def get_batch(self, step: int) -> tuple[list[Group], dict[str, float]]:
+        results = self._all("get_batch", step)
+        return [g for gs, _ in results for g in gs], merge_rollout_metrics(results, step)
+
+    def evaluate(self, episodes: int, seed: int) -> dict[str, float]:
+        return self._ray.get(self.workers[0].evaluate.remote(episodes, seed))
+
+    def advance(self, version: int) -> None:
+        self._all("advance", version)
+
+    def pause(self) -> None:
+        self._all("pause")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"workers": self._all("state_dict")}
+
+    def close(self) -> None:
+        self._ray.get([w.close.remote() for w in self.workers], timeout=60)
+
+
+class RayRoles(Roles):
+    """The roles in Ray actors (:func:`start_roles`); ``generators`` and ``rollout.workers``
+    are actor handles, env worker i asking ``generators[i % len(generators)]``."""
+
+    def __init__(self, trainer: Any, generators: list[Any], workers: list[Any], tokenizer: Any,
+                 owns_ray: bool = False):
+        self.trainer, self.generators, self.rollout = Remote(trainer), generators, RayRollout(workers)
+        self.tokenizer, self.owns_ray = tokenizer, owns_ray
+        self.manifest: Manifest | None = None        # set when weights go by collective broadcast
+        self.sync_address: tuple[str, int] | None = None
+        self._closed = False
+
+    @classmethod
+    def open(cls, cfg: TrainConfig, env_factory: Callable[[EnvConfig], Any] | None = None) -> "RayRoles":
+        """The roles of a run: starts a local Ray on 127.0.0.1 when none is running and
+        ``ray.address`` is null (or joins that cluster); :meth:`close` shuts down what it started."""
+        import ray
+
+        tokenizer = load_tokenizer(cfg.tokenizer, cfg.envs, Path(cfg.logging.dir) / "tokenizer")
+        owns_ray = not ray.is_initialized()
+        if owns_ray and cfg.ray.address:
+            from rockroll.sandbox.raycluster import connect
+
+            connect(cfg.ray.address)
+        elif owns_ray:
+            init_local_ray()
+        try:
+            roles = start_roles(cfg, tokenizer, env_factory)
+        except BaseException:
+            if owns_ray:
+                ray.shutdown()
+            raise
+        roles.owns_ray = owns_ray
+        return roles
+
+    @property
+    def workers(self) -> list[Any]:
+        return self.rollout.workers
+
+    def sync_weights(self, version: int) -> None:
+        import ray
+
+        if self.manifest is None:  # one object in the store; each generator fetches it
+            state = self.trainer.actor.weights.remote()
+            ray.get([g.load_weights.remote(state, version) for g in self.generators])
+        else:
+            ray.get([self.trainer.actor.send_weights.remote(),
+                     *[g.receive_weights.remote(self.manifest, version) for g in self.generators]])
+
+    def close(self) -> None:
+        import ray
+
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            try:
+                self.rollout.close()
+            finally:
+                for actor in [*self.workers, *self.generators, self.trainer.actor]:
+                    ray.kill(actor)
+        finally:
+            if self.owns_ray:
+                self.owns_ray = False
+                ray.shutdown()
+
+
+def start_roles(cfg: TrainConfig, tokenizer: Any, env_factory: Callable[[EnvConfig], Any] | None = None) -> RayRoles:
     """Create the actors (env workers built, not started) and, for ``collective`` weight
     sync, the trainer + generators process group."""
     import ray
@@ -222,35 +285,13 @@ def start_roles(cfg: TrainConfig, tokenizer: Any, env_factory: Callable[[EnvConf
     generators = [Generator.remote(cfg, tokenizer) for _ in range(cfg.ray.num_generators)]
     workers = [EnvWorker.remote(worker_config(cfg, i), tokenizer, generators[i % len(generators)],
                                 i * GROUP_ID_BLOCK, env_factory) for i in range(cfg.ray.num_env_workers)]
-    roles = Roles(trainer, generators, workers)
+    roles = RayRoles(trainer, generators, workers, tokenizer)
     if cfg.ray.weight_sync == "collective":
         world = 1 + len(generators)
         roles.sync_address, roles.manifest = ray.get(trainer.open_weight_group.remote(world))
         ray.get([trainer.join_weight_group.remote(),  # all members at once: the rendezvous waits for each
                  *[g.join_weight_group.remote(roles.sync_address, i + 1, world) for i, g in enumerate(generators)]])
     return roles
-
-
-def sync_weights(roles: Roles, version: int) -> None:
-    """The trainer's weights to every generator, which then serves ``version``."""
-    import ray
-
-    if roles.manifest is None:  # one object in the store; each generator fetches it
-        state = roles.trainer.weights.remote()
-        ray.get([g.load_weights.remote(state, version) for g in roles.generators])
-    else:
-        ray.get([roles.trainer.send_weights.remote(),
-                 *[g.receive_weights.remote(roles.manifest, version) for g in roles.generators]])
-
-
-def stop_roles(roles: Roles) -> None:
-    import ray
-
-    try:
-        ray.get([w.close.remote() for w in roles.workers], timeout=60)
-    finally:
-        for actor in [*roles.workers, *roles.generators, roles.trainer]:
-            ray.kill(actor)
 
 
 def merge_rollout_metrics(results: list[tuple[list, dict[str, float]]], step: int) -> dict[str, float]:
@@ -269,85 +310,3 @@ def merge_rollout_metrics(results: list[tuple[list, dict[str, float]]], step: in
     for k, vs in rest.items():
         merged[k] = sum(vs) if k.startswith("rollout/") else sum(vs) / len(vs)
     return merged
-
-
-# ----------------------------------------------------------------------------- the controller
-
-
-def train_with_ray(cfg: TrainConfig, *, env_factory: Callable[[EnvConfig], Any] | None = None) -> dict[str, Any]:
-    """:func:`~rockroll.trainer.controller.train` over Ray actors: the same steps, run folder
-    and checkpoints (one rollout state per env worker). Starts a local Ray on 127.0.0.1 when
-    none is running and ``ray.address`` is null, and shuts down what it started."""
-    import ray
-
-    run_dir = Path(cfg.logging.dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = load_tokenizer(cfg.tokenizer, cfg.envs, run_dir / "tokenizer")
-    owns_ray = not ray.is_initialized()
-    if owns_ray and cfg.ray.address:
-        from rockroll.sandbox.raycluster import connect
-
-        connect(cfg.ray.address)
-    elif owns_ray:
-        init_local_ray()
-    roles, log, history = None, None, []
-    try:
-        roles = start_roles(cfg, tokenizer, env_factory)
-
-        # ---- resume: the trainer restores the policy, each env worker its rollout state
-        state = ray.get(roles.trainer.restore.remote())
-        start = state["step"] if state else 0
-        worker_states = state["rollout"].get("workers") if state else [None] * len(roles.workers)
-        if worker_states is None or len(worker_states) != len(roles.workers):
-            raise RuntimeError(f"{state['path']}: its rollout state is not one per env worker "
-                               f"(ray.num_env_workers={len(roles.workers)}); resume with the settings that wrote it")
-        if state:
-            print(f"rockroll: resumed from {state['path']} at step {start}")
-        sync_weights(roles, start)
-        ray.get([w.start.remote(start, s) for w, s in zip(roles.workers, worker_states)])
-
-        log = RunLogger(run_dir, tensorboard=cfg.logging.tensorboard, plot=cfg.logging.plot,
-                        transcripts=cfg.logging.transcripts, progress=cfg.logging.progress,
-                        total_steps=cfg.steps, start_step=start, plot_every=cfg.logging.plot_every)
-        for step in range(start, cfg.steps):
-            if cfg.eval.every and step % cfg.eval.every == 0:  # the weights of version `step`
-                log.log_eval(step, ray.get(roles.workers[0].evaluate.remote(cfg.eval.episodes, cfg.eval.seed)))
-            t0 = time.perf_counter()
-            results = ray.get([w.get_batch.remote(step) for w in roles.workers])  # 1. rollout
-            t_roll = time.perf_counter() - t0
-            groups = [g for gs, _ in results for g in gs]
-            metrics = merge_rollout_metrics(results, step)
-            metrics.update(ray.get(roles.trainer.update.remote(groups)))          # 2-4. advantages, loss, step
-            log.transcripts(step, groups, tokenizer)
-            if cfg.checkpoint.dir and cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0:
-                _save(roles, step + 1)
-            sync_weights(roles, step + 1)                                         # 5. weight sync
-            ray.get([w.advance.remote(step + 1) for w in roles.workers])          # 6. policy version += 1
-            metrics.update({"time/rollout_wait_s": t_roll, "time/step_s": time.perf_counter() - t0,
-                            "policy_version": step + 1})
-            log.log(step, metrics)
-            history.append({"step": step, **metrics})
-        if cfg.eval.every and cfg.steps > start:  # the final weights, wherever the interval ends
-            log.log_eval(cfg.steps, ray.get(roles.workers[0].evaluate.remote(cfg.eval.episodes, cfg.eval.seed)))
-        if cfg.checkpoint.dir and cfg.steps > start and (not cfg.checkpoint.every or cfg.steps % cfg.checkpoint.every):
-            _save(roles, cfg.steps)
-    finally:
-        try:
-            if roles is not None:
-                stop_roles(roles)
-        finally:
-            if log is not None:
-                log.close()
-            if owns_ray:
-                ray.shutdown()
-    return {"steps": cfg.steps, "start_step": start, "history": history, "run_dir": str(run_dir),
-            "tokenizer": tokenizer}
-
-
-def _save(roles: Roles, step: int) -> None:
-    """A checkpoint of ``step``: in-flight groups finish on the old weights, then the trainer
-    saves the policy with every env worker's rollout state."""
-    import ray
-
-    ray.get([w.pause.remote() for w in roles.workers])
-    ray.get(roles.trainer.save.remote(step, ray.get([w.state_dict.remote() for w in roles.workers])))

@@ -85,8 +85,7 @@ def test_train_dispatches_to_ray_and_resumes(tmp_path, local_ray):
 
 def test_two_workers_two_generators_collective_sync(tmp_path, local_ray):
     ray = local_ray
-    from rockroll.trainer.ray_roles import (
-        GROUP_ID_BLOCK, merge_rollout_metrics, start_roles, stop_roles, sync_weights)
+    from rockroll.trainer.ray_roles import GROUP_ID_BLOCK, merge_rollout_metrics, start_roles
 
     cfg = run_config(tmp_path, ray={"enabled": True, "num_env_workers": 2, "num_generators": 2,
                                     "weight_sync": "collective"})
@@ -94,7 +93,7 @@ def test_two_workers_two_generators_collective_sync(tmp_path, local_ray):
     roles = start_roles(cfg, tokenizer)
     try:
         assert roles.sync_address[0] == "127.0.0.1"
-        sync_weights(roles, 0)
+        roles.sync_weights(0)
         ray.get([w.start.remote(0) for w in roles.workers])
         results = ray.get([w.get_batch.remote(0) for w in roles.workers])
 
@@ -109,12 +108,12 @@ def test_two_workers_two_generators_collective_sync(tmp_path, local_ray):
         merged = merge_rollout_metrics(results, 0)
         assert merged["rollout/samples"] == 6 and merged["rollout/groups_done"] == 2
 
-        before = ray.get(roles.trainer.weights_checksum.remote())
-        ray.get(roles.trainer.update.remote(multi_turn_groups()))  # rewards that differ: the weights move
-        after = ray.get(roles.trainer.weights_checksum.remote())
+        before = roles.trainer.weights_checksum()
+        roles.trainer.update(multi_turn_groups())  # rewards that differ: the weights move
+        after = roles.trainer.weights_checksum()
         assert after != before
         assert ray.get([g.weights_checksum.remote() for g in roles.generators]) == [before, before]
-        sync_weights(roles, 1)  # broadcast from the trainer, rank 0
+        roles.sync_weights(1)  # broadcast from the trainer, rank 0
         assert ray.get([g.weights_checksum.remote() for g in roles.generators]) == [after, after]
         assert ray.get([g.version.remote() for g in roles.generators]) == [1, 1]
 
@@ -123,4 +122,4 @@ def test_two_workers_two_generators_collective_sync(tmp_path, local_ray):
         samples = [s for gs, _ in results for g in gs for s in g.samples]
         assert len(samples) == 6 and all(s.version == 1 and set(s.versions) == {1} for s in samples)
     finally:
-        stop_roles(roles)
+        roles.close()

@@ -14,7 +14,7 @@ from rockroll.trainer.models import build_model, load_tokenizer
 from rockroll.trainer.rollout import Group, PromptTemplate, RolloutManager, Sample, filter_stale, make_env
 from rockroll.trainer.synthetic import LatencyEnv
 from rockroll.trainer.testing import RecordingEngine, ScriptEngine
-from rockroll.trainer.controller import collate, token_logp
+from rockroll.trainer.update import collate, token_logp
 
 LAT = "rockroll.trainer.synthetic:LatencyEnv"
 

@@ -9,8 +9,9 @@ import torch
 import rockroll.trainer
 from rockroll.trainer import credit as C
 from rockroll.trainer.config import AlgorithmConfig, EngineConfig, IPAConfig, ModelConfig
-from rockroll.trainer.controller import (
-    collate, compute_advantages, compute_loss, target_logp, token_logp, train, update_policy,
+from rockroll.trainer.controller import train
+from rockroll.trainer.update import (
+    ADVANTAGES, LOSSES, collate, compute_advantages, compute_loss, target_logp, token_logp, update_policy,
 )
 from rockroll.trainer.models import build_model
 from rockroll.trainer.policy import ActorModule, make_policy
@@ -87,6 +88,25 @@ def test_every_algorithm_updates_the_policy(algo):
         predicts_response = torch.cat([rows, torch.zeros(rows.shape[0], 1, dtype=torch.bool)], 1)
         assert g[~predicts_response].abs().max() == 0
         assert g[predicts_response].abs().sum() > 0
+
+
+def test_the_algorithm_table_names_what_update_runs():
+    """Every estimator and loss a row of ALGORITHMS can select (credit options included) has
+    an implementation in update.py and its list of config keys, each an algorithm.* key;
+    and every implementation is selected by some row."""
+    from dataclasses import fields
+
+    from rockroll.trainer.algorithms import ADVANTAGE_KEYS, ALGORITHMS, LOSS_KEYS
+
+    picked = {spec.parts(tc, ipa) for spec in ALGORITHMS.values()
+              for tc in ("outcome", "discounted") for ipa in (False, True)}
+    assert {a for a, _ in picked} == set(ADVANTAGES) == set(ADVANTAGE_KEYS)
+    assert {loss for _, loss in picked} == set(LOSSES) == set(LOSS_KEYS)
+    keys = {f.name for f in fields(AlgorithmConfig)}
+    assert {k for ks in (*ADVANTAGE_KEYS.values(), *LOSS_KEYS.values()) for k in ks} <= keys
+    assert AlgorithmConfig(ipa=IPAConfig(enabled=True), turn_credit="discounted").advantages == "turn"
+    assert (AlgorithmConfig(name="cispo", ipa=IPAConfig(enabled=True)).loss, AlgorithmConfig(name="topr",
+            turn_credit="discounted").advantages) == ("cispo", "dr_grpo")  # options only where they apply
 
 
 def test_checkpoint_resume_matches_straight_run(tmp_path):

@@ -19,9 +19,10 @@ else:
     pytest.importorskip("vllm")
 
 from rockroll.trainer.config import AlgorithmConfig, load_config  # noqa: E402
+from rockroll.trainer.controller import train  # noqa: E402
 from rockroll.trainer.engines import SamplingParams, VLLMEngine  # noqa: E402
 from rockroll.trainer.rollout import Group, PromptTemplate, Sample  # noqa: E402
-from rockroll.trainer.controller import collate, train, update_policy  # noqa: E402
+from rockroll.trainer.update import collate, update_policy  # noqa: E402
 
 T = 0.8  # a temperature != 1: the reported log-probs must be those of the sampled distribution
 

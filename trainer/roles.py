@@ -1,0 +1,232 @@
+"""The roles that training is split into, and their in-process implementation.
+
+:mod:`.loop` drives a :class:`Roles`: a :class:`Trainer` (the policy; it updates on groups,
+checkpoints itself and hands out its weights) and a :class:`Rollout` (envs asking a
+generator; it produces groups for a policy version), plus the weight sync between them.
+
+- :class:`PolicyTrainer` and :class:`EnvWorker` are the roles' code, written once:
+  :class:`LocalRoles` runs them in this process, :mod:`.ray_roles` in Ray actors
+  (``ray.remote`` of the same classes), with as many env workers and generators as asked.
+- A new role (a reference model, critics, a reward judge...) is a class here with the
+  methods its callers need, held by :class:`LocalRoles` and wrapped in an actor by
+  :mod:`.ray_roles`; the loop only sees the protocols below.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import numpy as np
+import torch
+
+from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .config import EnvConfig, TrainConfig, config_to_dict
+from .engines import TransformersEngine, VLLMEngine
+from .models import build_model, load_tokenizer
+from .policy import ActorModule, make_policy
+from .rollout import Group, PromptTemplate, RolloutManager
+from .update import collate, update_policy
+
+__all__ = ["EnvWorker", "LocalRoles", "PolicyTrainer", "Roles", "Rollout", "Trainer", "build_policy",
+           "make_generator", "seed_everything"]
+
+
+# ----------------------------------------------------------------------------- the interface
+
+
+class Trainer(Protocol):
+    """The policy being trained."""
+
+    def update(self, groups: list[Group]) -> dict[str, float]:
+        """One training step on ``groups`` (advantages, loss, optimizer steps); its metrics."""
+
+    def weights(self) -> dict[str, Any]:
+        """The state dict a generator loads."""
+
+    def restore(self) -> dict[str, Any] | None:
+        """Load the latest checkpoint if resuming and there is one: ``{"step", "rollout", "path"}``."""
+
+    def save(self, step: int, rollout_state: dict[str, Any]) -> None:
+        """A checkpoint of ``step``: the policy, the RNGs, the config and ``rollout_state``."""
+
+
+class Rollout(Protocol):
+    """Envs and the generator(s) they ask: groups of samples for a policy version."""
+
+    def start(self, version: int, state: dict[str, Any] | None = None) -> None:
+        """Start producing groups for the weights of ``version`` (from a checkpoint's rollout state)."""
+
+    def get_batch(self, step: int) -> tuple[list[Group], dict[str, float]]:
+        """Block until a step's groups are ready; them and the rollout metrics."""
+
+    def evaluate(self, episodes: int, seed: int) -> dict[str, float]:
+        """Episodes from each task's first observation with the current weights; eval metrics."""
+
+    def advance(self, version: int) -> None:
+        """The generators now serve ``version``: admit the groups it allows (and end a pause)."""
+
+    def pause(self) -> None:
+        """Start no new group and wait for the running ones (before :meth:`state_dict`)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """What :meth:`start` resumes from."""
+
+    def close(self) -> None:
+        """Stop every env and background thread; idempotent."""
+
+
+class Roles(ABC):
+    """The roles of one run, as :func:`~rockroll.trainer.loop.run` drives them."""
+
+    tokenizer: Any
+    trainer: Trainer
+    rollout: Rollout
+
+    @abstractmethod
+    def sync_weights(self, version: int) -> None:
+        """The trainer's weights to every generator, which then labels its samples ``version``."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Stop every role (the rollout first); idempotent."""
+
+    def summary(self) -> dict[str, Any]:
+        """Objects of this process that the run's summary hands back (none when remote)."""
+        return {}
+
+
+# ----------------------------------------------------------------------------- building blocks
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def make_generator(cfg: TrainConfig, lm, tokenizer):
+    """The generation engine over a copy of ``lm`` (vLLM or Transformers)."""
+    if cfg.generation.backend == "vllm":
+        path = cfg.model.name_or_path
+        if not path:  # a tiny model built from the config: vLLM loads models from a folder
+            path = str(Path(cfg.logging.dir) / "generator_model")
+            lm.save_pretrained(path)
+            tokenizer.save_pretrained(path)
+        return VLLMEngine(path, gpu_memory_utilization=cfg.generation.gpu_memory_utilization, seed=cfg.seed,
+                          dtype=cfg.model.dtype)
+    gen_model = copy.deepcopy(lm)  # its own copy: weights move only at sync points
+    return TransformersEngine(gen_model, tokenizer.pad_token_id)
+
+
+def build_policy(cfg: TrainConfig, lm) -> tuple[Any, Any]:
+    """The policy engine over ``lm`` (+ a value head for PPO), and the forward of the frozen KL
+    reference (None without KL), kept beside the policy's device.
+
+    Copies of ``lm`` (the reference here, the generator's before this call) are taken before
+    the engine wraps it: ZeRO-3 partitions the parameters in place (each becomes an empty
+    placeholder), so a later copy has no weights.
+    """
+    ref = copy.deepcopy(lm).eval().requires_grad_(False) if cfg.algorithm.kl_coef > 0 else None
+    batch_size = cfg.rollout.batch_groups * cfg.rollout.group_size
+    policy = make_policy(ActorModule(lm, with_value=cfg.algorithm.spec.value_head), cfg.engine,
+                         batch_size // cfg.algorithm.mini_batches)
+    if ref is None:
+        return policy, None
+    ref.to(policy.device)  # DeepSpeed moved the policy to the GPU: batches go there
+    return policy, lambda ids, attn: (ref(input_ids=ids, attention_mask=attn, use_cache=False).logits, None)
+
+
+# ----------------------------------------------------------------------------- the roles
+
+
+class PolicyTrainer:
+    """:class:`Trainer` over ``lm``: the policy engine (torch or DeepSpeed, PPO's value head as
+    the critic) and, when ``algorithm.kl_coef > 0``, a frozen reference copy of ``lm``."""
+
+    def __init__(self, cfg: TrainConfig, lm: Any, pad_id: int):
+        self.cfg, self.pad_id = cfg, pad_id
+        self.policy, self.ref_forward = build_policy(cfg, lm)
+
+    def update(self, groups: list[Group]) -> dict[str, float]:
+        return update_policy(self.policy, self.cfg.algorithm, collate(groups, self.pad_id),
+                             self.cfg.generation.temperature, self.ref_forward)
+
+    def weights(self) -> dict[str, Any]:
+        return self.policy.sync_state_dict()
+
+    def restore(self) -> dict[str, Any] | None:
+        ckpt = latest_checkpoint(self.cfg.checkpoint.dir) if self.cfg.checkpoint.resume else None
+        return None if ckpt is None else {**load_checkpoint(ckpt, self.policy), "path": str(ckpt)}
+
+    def save(self, step: int, rollout_state: dict[str, Any]) -> None:
+        save_checkpoint(self.cfg.checkpoint.dir, step, self.policy, rollout_state, config_to_dict(self.cfg),
+                        keep=self.cfg.checkpoint.keep)
+
+
+class EnvWorker:
+    """:class:`Rollout` by a :class:`RolloutManager` (many envs on one asyncio loop) whose
+    requests go to ``engine``. Its groups are numbered from ``first_group_id``: equal ids of
+    two workers would merge their GRPO groups."""
+
+    def __init__(self, cfg: TrainConfig, tokenizer: Any, engine: Any, first_group_id: int = 0,
+                 env_factory: Callable[[EnvConfig], Any] | None = None):
+        self.mgr = RolloutManager(cfg, engine, PromptTemplate(tokenizer, cfg.tokenizer), env_factory=env_factory)
+        self.mgr.next_gid = first_group_id
+
+    def start(self, version: int, state: dict[str, Any] | None = None) -> None:
+        if state is not None:
+            self.mgr.load_state_dict(state)
+        self.advance(version)
+        self.mgr.start()
+
+    def get_batch(self, step: int) -> tuple[list[Group], dict[str, float]]:
+        return self.mgr.get_batch(step)
+
+    def evaluate(self, episodes: int, seed: int) -> dict[str, float]:
+        return self.mgr.evaluate(episodes, seed)
+
+    def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        """Weights into an in-process engine, between two of its generate calls."""
+        self.mgr.load_weights(state_dict, version)
+
+    def advance(self, version: int) -> None:
+        # samples are labelled with the version each generate call reports, not this one
+        self.mgr.set_version(version)
+        self.mgr.resume()
+
+    def pause(self) -> None:
+        self.mgr.pause()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.mgr.state_dict()
+
+    def close(self) -> None:
+        self.mgr.close()
+
+
+class LocalRoles(Roles):
+    """Every role in this process: one policy trainer, one env worker whose generator is an
+    engine of its own (a copy of the starting weights)."""
+
+    def __init__(self, cfg: TrainConfig, env_factory: Callable[[EnvConfig], Any] | None = None):
+        seed_everything(cfg.seed, cfg.deterministic)
+        self.tokenizer = load_tokenizer(cfg.tokenizer, cfg.envs, Path(cfg.logging.dir) / "tokenizer")
+        lm = build_model(cfg.model, self.tokenizer, cfg.seed)
+        self.generator = make_generator(cfg, lm, self.tokenizer)  # a copy of lm, taken before the engine wraps it
+        self.trainer = PolicyTrainer(cfg, lm, self.tokenizer.pad_token_id)
+        self.rollout = EnvWorker(cfg, self.tokenizer, self.generator, env_factory=env_factory)
+
+    def sync_weights(self, version: int) -> None:
+        self.rollout.load_weights(self.trainer.weights(), version)
+
+    def close(self) -> None:
+        self.rollout.close()
+
+    def summary(self) -> dict[str, Any]:
+        return {"policy": self.trainer.policy, "generator": self.generator}

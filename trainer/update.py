@@ -1,0 +1,277 @@
+"""The update step, shared by every way of running the trainer: groups -> a padded
+:class:`Batch` -> log-probs -> advantages -> loss -> optimizer steps (:func:`update_policy`).
+
+The maths is in :mod:`.algorithms` and :mod:`.credit` (pure functions); which estimator and
+loss run is looked up by name (``algorithm.advantages`` / ``algorithm.loss``, from the
+``ALGORITHMS`` table) in :data:`ADVANTAGES` and :data:`LOSSES` below, which apply them to a batch.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Callable
+
+import torch
+import torch.utils.checkpoint
+
+from . import algorithms as A
+from . import credit as C
+from .config import AlgorithmConfig
+from .rollout import Group
+
+__all__ = ["ADVANTAGES", "LOSSES", "Batch", "collate", "compute_advantages", "compute_loss", "target_logp",
+           "token_logp", "update_policy"]
+
+
+_BATCH_TENSORS = ("input_ids", "attention_mask", "targets", "mask", "behav_logp", "rewards", "group_ids",
+                  "turn_rewards", "num_turn_rewards")
+
+
+class Batch:
+    """Groups as padded tensors, aligned on *predicted* tokens: position t of ``mask``,
+    ``targets``, ``behav_logp`` is token t+1 of the sequence, predicted by logits at t.
+    ``turn_rewards`` (B, K): each sample's per-turn rewards, zero-padded to the longest
+    (``num_turn_rewards`` of them are real)."""
+
+    def __init__(self, groups: list[Group], pad_id: int):
+        samples = [s for g in groups for s in g.samples]
+        L = max(len(s.token_ids) for s in samples)
+        K = max(len(s.turn_rewards) for s in samples)
+        B = len(samples)
+        ids = torch.full((B, L), pad_id, dtype=torch.long)
+        attn = torch.zeros(B, L, dtype=torch.long)
+        mask = torch.zeros(B, L, dtype=torch.bool)
+        blp = torch.zeros(B, L)
+        self.turn_rewards = torch.zeros(B, K)
+        for i, s in enumerate(samples):
+            n = len(s.token_ids)
+            ids[i, :n] = torch.tensor(s.token_ids)
+            attn[i, :n] = 1
+            mask[i, :n] = torch.tensor(s.mask, dtype=torch.bool)
+            blp[i, :n] = torch.tensor(s.behav_logp)
+            self.turn_rewards[i, : len(s.turn_rewards)] = torch.tensor(s.turn_rewards, dtype=torch.float32)
+        self.input_ids, self.attention_mask = ids, attn
+        self.targets, self.mask, self.behav_logp = ids[:, 1:], mask[:, 1:], blp[:, 1:]
+        self.rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+        self.group_ids = torch.tensor([s.group_id for s in samples])
+        self.num_turn_rewards = torch.tensor([len(s.turn_rewards) for s in samples])
+        self.size = B
+
+    def select(self, idx: torch.Tensor) -> "Batch":
+        b = copy.copy(self)
+        for k in _BATCH_TENSORS:
+            setattr(b, k, getattr(self, k)[idx])
+        b.size = len(idx)
+        return b
+
+    def to(self, device) -> "Batch":
+        b = copy.copy(self)
+        for k in _BATCH_TENSORS:
+            setattr(b, k, getattr(self, k).to(device))
+        return b
+
+
+def collate(groups: list[Group], pad_id: int) -> Batch:
+    return Batch(groups, pad_id)
+
+
+LOGP_CHUNK = 1024  # sequence positions per slice of the fp32 log-prob computation
+
+
+def _slice_logp(logits, targets, temperature: float):
+    logits = logits.float() / temperature  # the only fp32 copy of (a slice of) the logits
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
+
+
+def target_logp(logits, targets, temperature: float, chunk: int = LOGP_CHUNK):
+    """log softmax(logits / temperature)[target], (B, T), without a full-vocabulary fp32 tensor
+    for all positions: ``logit[target] - logsumexp(logits)`` in fp32, ``chunk`` positions at a
+    time. Under autograd each slice is checkpointed (recomputed in backward rather than
+    keeping its fp32 logits), which keeps the peak near 1.5x the fp32 size of ``logits``
+    instead of about 4x (bf16 logits of a 0.5B model: 150k vocabulary x 16k tokens is 10 GB
+    in fp32)."""
+    parts = []
+    for lg, tg in zip(logits.split(chunk, 1), targets.split(chunk, 1)):
+        if torch.is_grad_enabled() and lg.requires_grad:
+            parts.append(torch.utils.checkpoint.checkpoint(_slice_logp, lg, tg, temperature, use_reentrant=False))
+        else:
+            parts.append(_slice_logp(lg, tg, temperature))
+    return torch.cat(parts, 1)
+
+
+def token_logp(policy_forward, batch: Batch, temperature: float, micro_batch_size: int = 0):
+    """log pi(target_t) with logits / temperature (the distribution the generator sampled),
+    and values if the module has a value head (else None), by :func:`target_logp`.
+
+    Forwards ``micro_batch_size`` sequences at a time (0: all at once) and concatenates: for
+    no-grad passes (under autograd every micro-batch's graph would be kept). Each forward
+    drops the columns of right padding that none of its sequences reaches.
+    """
+    step = micro_batch_size or batch.size
+    parts = [batch] if step >= batch.size else [batch.select(i) for i in torch.arange(batch.size).split(step)]
+    width = batch.targets.shape[1]
+    logps, values = [], []
+    for mb in parts:
+        n = int(mb.attention_mask.sum(-1).max())  # sequences are left-aligned: columns >= n are padding
+        logits, v = policy_forward(mb.input_ids[:, :n], mb.attention_mask[:, :n])
+        lp = target_logp(logits[:, :-1], mb.targets[:, : n - 1], temperature)
+        del logits  # this micro-batch's logits go before the next forward
+        # back to the batch's width (the padding positions are masked out everywhere)
+        logps.append(torch.nn.functional.pad(lp, (0, width - (n - 1))))
+        values.append(None if v is None else torch.nn.functional.pad(v[:, :-1], (0, width - (n - 1))))
+    logp = logps[0] if len(logps) == 1 else torch.cat(logps)
+    if values[0] is None:
+        return logp, None
+    return logp, values[0] if len(values) == 1 else torch.cat(values)
+
+
+# ----------------------------------------------------------------------------- advantages
+# estimator name -> f(algorithm config, batch, old_logp, ref_logp, values) -> (advantages, PPO returns or None)
+
+
+def _gae(a: AlgorithmConfig, batch: Batch, old_logp, ref_logp, values):
+    # outcome reward on the last response token; GAE over response tokens (observations transparent)
+    T = batch.mask.shape[1]
+    pos = torch.arange(T, device=batch.mask.device).expand_as(batch.mask)
+    last = torch.where(batch.mask, pos, -1).max(-1).values.clamp(min=0)
+    r_tok = torch.zeros_like(old_logp)
+    r_tok[torch.arange(batch.size, device=r_tok.device), last] = batch.rewards
+    adv, returns = A.gae(r_tok, values, batch.mask, gamma=a.gamma, lam=a.lam)
+    mean = A.masked_mean(adv, batch.mask)
+    std = A.masked_mean((adv - mean) ** 2, batch.mask).sqrt()
+    return torch.where(batch.mask, (adv - mean) / (std + 1e-6), 0.0), returns
+
+
+def _turn(a: AlgorithmConfig, batch: Batch, old_logp, ref_logp, values):
+    # every turn's reward must sit on its own chunk: a turn without tokens would shift the credit
+    if not torch.equal(C.num_chunks(batch.mask), batch.num_turn_rewards):
+        raise ValueError("turn_credit=discounted: a sample's response chunks do not match its turn rewards")
+    return C.turn_advantages(batch.turn_rewards, batch.mask, batch.group_ids, a.gamma,
+                             std_normalize=a.std_normalize), None
+
+
+ADVANTAGES: dict[str, Callable] = {
+    "grpo": lambda a, b, old, ref, v: (A.grpo_advantages(b.rewards, b.group_ids, std_normalize=a.std_normalize), None),
+    "dr_grpo": lambda a, b, old, ref, v: (A.grpo_advantages(b.rewards, b.group_ids, std_normalize=False), None),
+    "gae": _gae,
+    "reinforce_pp": lambda a, b, old, ref, v: (
+        A.reinforce_pp_advantages(b.rewards, b.mask, old, ref, kl_coef=a.kl_coef), None),
+    "turn": _turn,
+    "ipa": lambda a, b, old, ref, v: (
+        C.ipa_advantages(b.rewards, b.group_ids, b.mask, a.ipa.gamma, std_normalize=a.std_normalize), None),
+}
+
+
+def compute_advantages(a: AlgorithmConfig, batch: Batch, old_logp, ref_logp, values):
+    """Advantages (B,) or (B, T) for the configured algorithm, and PPO returns (or None)."""
+    return ADVANTAGES[a.advantages](a, batch, old_logp, ref_logp, values)
+
+
+# ----------------------------------------------------------------------------- losses
+# loss name -> f(algorithm config, logp, old_logp, adv, batch, denom) -> (loss, metrics)
+
+
+def _ppo_clip(a: AlgorithmConfig, logp, old_logp, adv, batch: Batch, denom):
+    m = batch.mask
+    is_w = A.tis_weights(old_logp, batch.behav_logp, m, cap=a.tis_cap) if a.tis_cap > 0 else None
+    loss, met = A.ppo_clip_loss(logp, old_logp, adv, m, clip_low=a.clip_low, clip_high=a.clip_high,
+                                dual_clip=a.dual_clip, is_weight=is_w, agg=a.loss_agg, denom=denom)
+    if is_w is not None:
+        met["tis_weight_mean"] = A.masked_mean(is_w, m).item()
+    return loss, met
+
+
+LOSSES: dict[str, Callable] = {
+    "ppo_clip": _ppo_clip,
+    "topr": lambda a, logp, old, adv, b, denom: A.topr_loss(logp, b.behav_logp, adv, b.mask, agg=a.loss_agg,
+                                                            denom=denom),
+    "cispo": lambda a, logp, old, adv, b, denom: A.cispo_loss(
+        logp, b.behav_logp, adv, b.mask, eps_high=a.clip_high, eps_low=a.clip_low, agg=a.loss_agg, denom=denom),
+    "ipa": lambda a, logp, old, adv, b, denom: C.ipa_loss(
+        logp, b.behav_logp, adv, b.mask, ratio_low=a.ipa.ratio_low, ratio_high=a.ipa.ratio_high,
+        clip_low=a.clip_low, clip_high=a.clip_high, agg=a.loss_agg, denom=denom),
+}
+
+
+def compute_loss(a: AlgorithmConfig, logp, old_logp, adv, batch: Batch, ref_logp=None, values=None,
+                 returns=None, norm_mask=None) -> tuple[torch.Tensor, dict[str, float]]:
+    """The configured policy loss over masked response tokens (+ KL, + value loss).
+
+    Ratios: PPO's clip (grpo, ppo, reinforce_pp) is taken against the proximal policy
+    ``old_logp``, times the truncated IS weight pi_old / mu when ``tis_cap`` > 0 (decoupled
+    PPO); TOPR, CISPO and IPA take their ratio pi_theta / mu against the behaviour policy mu
+    itself (``batch.behav_logp``, the generator's log-probs), as their papers define it.
+    ``norm_mask``: the mask of the whole mini-batch when ``batch`` is one micro-batch of it,
+    whose counts then normalise every term, so the micro-batch losses add up to the
+    mini-batch's (None: ``batch`` is the whole mini-batch).
+    """
+    m, spec = batch.mask, a.spec
+    nm = m if norm_mask is None else norm_mask
+    denom = A.agg_denominator(nm, a.loss_agg)
+    loss, met = LOSSES[a.loss](a, logp, old_logp, adv, batch, denom)
+    met = {f"loss/{k}": v for k, v in met.items()}
+    met["loss/pg"] = float(loss.detach())
+    if a.kl_coef > 0 and not spec.kl_in_reward and ref_logp is not None:
+        kl = A.aggregate(A.kl_k3(logp, ref_logp), m, a.loss_agg, denom)
+        loss = loss + a.kl_coef * kl
+        met["loss/kl"] = float(kl.detach())
+    if spec.value_head and values is not None:
+        vf = A.aggregate((values - returns) ** 2, m, "token-mean", A.agg_denominator(nm, "token-mean"))
+        loss = loss + a.vf_coef * vf
+        met["loss/value"] = float(vf.detach())
+    met["loss/total"] = float(loss.detach())
+    return loss, met
+
+
+# Each micro-batch's loss is its share of the mini-batch's: these add up, other metrics average.
+_ADDITIVE = ("loss/pg", "loss/kl", "loss/value", "loss/total")
+
+
+def _combine(parts: list[dict[str, float]], additive=()) -> dict[str, float]:
+    return {k: sum(p[k] for p in parts) / (1 if k in additive else len(parts)) for k in parts[0]}
+
+
+def _rows(x, idx):
+    return None if x is None else x[idx]
+
+
+def update_policy(policy, a: AlgorithmConfig, batch: Batch, temperature: float, ref_forward=None) -> dict[str, float]:
+    """One training step on a batch: advantages, then ppo_epochs x mini_batches optimizer steps.
+
+    A mini-batch runs in micro-batches of ``engine.micro_batch_size`` sequences (0: at once):
+    each is forwarded and backwarded with its loss normalised by the *mini-batch's* token /
+    sequence counts, and their gradients accumulate into the mini-batch's one optimizer step,
+    the same step as unsplit. The batch moves to the policy's device first.
+    """
+    batch = batch.to(policy.device)
+    micro = policy.cfg.micro_batch_size
+    # One optimizer step over one forward: the proximal policy is the current one, so that
+    # forward's log-probs serve as old_logp, and no separate no-grad pass is needed.
+    single = a.ppo_epochs == 1 and a.mini_batches == 1 and not 0 < micro < batch.size
+    with torch.no_grad():
+        ref_logp = token_logp(ref_forward, batch, temperature, micro)[0] if ref_forward is not None else None
+        old_logp, old_values = (None, None) if single else token_logp(policy.forward, batch, temperature, micro)
+
+    def advantages(old, values):
+        ref = ref_logp if ref_logp is not None else old
+        return compute_advantages(a, batch, old, ref, None if values is None else values.detach())
+
+    adv, returns = (None, None) if single else advantages(old_logp, old_values)
+    steps = []
+    for _ in range(a.ppo_epochs):
+        for mini in torch.arange(batch.size).chunk(a.mini_batches):
+            norm_mask = batch.mask[mini]
+            parts = mini.split(micro) if micro else [mini]
+            micro_metrics = []
+            for i, idx in enumerate(parts):
+                mb = batch if single else batch.select(idx)
+                logp, values = token_logp(policy.forward, mb, temperature)
+                if single:
+                    old_logp = logp.detach()
+                    adv, returns = advantages(old_logp, values)
+                loss, met = compute_loss(a, logp, old_logp[idx], adv[idx], mb, _rows(ref_logp, idx), values,
+                                         _rows(returns, idx), norm_mask=norm_mask)
+                policy.backward(loss, last=i == len(parts) - 1)
+                micro_metrics.append(met)
+            steps.append({**_combine(micro_metrics, _ADDITIVE), "grad_norm": policy.step()})
+    return _combine(steps)
