@@ -19,7 +19,8 @@ Grading, SWE-bench style:
    run under pytest with a small reporting plugin, loaded before any conftest or test module:
    it takes its report path and a one-use key and removes both, and signs each line it
    writes (one per test phase) with that key, so lines written by anything else are ignored;
-3. outcomes are read per test id; a test that did not report (crash, timeout) failed.
+3. outcomes are read per test id; a test that did not report (crash, timeout) failed, and a
+   run cut off by ``test_timeout`` is flagged in ``info["tests_timed_out"]``.
 
 What this does not stop: the code under test runs in the same Python process as pytest, so
 code that deliberately patches pytest's reporting (or reads the plugin's key from memory)
@@ -512,6 +513,8 @@ class SWEEnv(SandboxToolEnv):
         still = [t for t in (*task.fail_to_pass, *task.pass_to_pass) if outcomes.get(t) != "passed"][:3]
         for t in still:
             lines.append(f"{t}: {outcomes.get(t, 'did not run')}\n" + truncate_observation(messages.get(t, ""), 600))
+        # A run cut off by test_timeout is said so, not left to look like failing tests.
         info.update(f2p_pass_fraction=f2p_frac, p2p_pass_fraction=p2p_frac, resolved=resolved,
+                    tests_timed_out=result.timed_out,
                     pass_fraction=(len(f2p) + len(p2p)) / max(1, len(task.fail_to_pass) + len(task.pass_to_pass)))
         return Evaluation(1.0 if resolved else 0.0, truncate_observation("\n".join(lines), 6000), info)

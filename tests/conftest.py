@@ -28,3 +28,40 @@ def swe_hub() -> str:
     url = subprocess.run([sys.executable, "-c", "from rockroll.envhub.store import default_hub_url as u; print(u())"],
                          env=_USER_ENV, capture_output=True, text=True, check=True).stdout.strip()
     return url
+
+
+# --------------------------------------------------------------------------- no silent skips
+# Under CI=true (.ci/run and `make test` set it) a skipped test is a failure: a skip there
+# means a dependency or a service CI is meant to provide went missing, and a suite that
+# silently tests less must not go green. The one exception: a test marked `gpu` on a
+# machine without a GPU, which no CPU runner can execute.
+def _strict() -> bool:
+    return os.environ.get("CI") == "true"
+
+
+def _no_gpu() -> bool:
+    import torch  # a declared test dependency
+
+    return not torch.cuda.is_available()
+
+
+def _fail_skip(report, where: str, gpu: bool) -> None:
+    if not (_strict() and report.skipped) or hasattr(report, "wasxfail"):
+        return
+    if gpu and _no_gpu():
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    report.outcome = "failed"
+    report.longrepr = f"CI=true: a skipped {where} is a failure (mark it `gpu` only if it needs a GPU): {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    _fail_skip(outcome.get_result(), "test", item.get_closest_marker("gpu") is not None)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield  # a module-level skip (importorskip, allow_module_level) skips a whole file
+    _fail_skip(outcome.get_result(), "module", False)

@@ -122,6 +122,57 @@ def test_editing_the_tests_does_not_count(env, tasks):
     assert (terminated, reward) == (True, 0.0) and "could not be read" in obs
 
 
+def _fix_that_breaks_another_test(tasks):
+    """Two tasks of one file, A and B: A's fix plus B's bug (B's fix reversed) makes A's
+    fail-to-pass tests pass and breaks some of A's pass-to-pass tests (B's fail-to-pass)."""
+    for a in tasks:
+        for b in tasks:
+            ma, mb = a.extra["mutation"], b.extra["mutation"]
+            if (a.repo == b.repo and ma["file"] == mb["file"] and ma["function"] != mb["function"]
+                    and set(b.fail_to_pass) & set(a.pass_to_pass) and not set(b.fail_to_pass) & set(a.fail_to_pass)):
+                return a, b
+    raise AssertionError("the default set has no two tasks to combine")
+
+
+def test_a_fix_that_breaks_a_passing_test_gets_nothing(env, tasks):
+    a, b = _fix_that_breaks_another_test(tasks)
+    broken = sorted(set(b.fail_to_pass) & set(a.pass_to_pass))
+    wrong_fix = bash(f"git apply <<'ROCKROLL_PATCH'\n{a.patch}ROCKROLL_PATCH\n"
+                     f"git apply -R <<'ROCKROLL_PATCH'\n{b.patch}ROCKROLL_PATCH")
+    env.reset(options={"task_id": a.id})
+    obs, *_ = env.step(wrong_fix)
+    assert "exit code: 0" in obs, obs
+    obs, reward, terminated, _, info = env.step("<submit/>")
+    # every test that had to be fixed passes, yet a test that had to keep passing broke: 0
+    assert info["f2p_pass_fraction"] == 1.0 and info["p2p_pass_fraction"] < 1.0, obs
+    assert (terminated, reward, info["resolved"], info["tests_timed_out"]) == (True, 0.0, False, False)
+    # the same wrong fix with the broken tests' file deleted: the grader runs the task's own
+    # tests, so the deletion is not graded and rescues nothing
+    test_file = broken[0].split("::")[0]
+    env.reset(options={"task_id": a.id})
+    env.step(wrong_fix)
+    obs, *_ = env.step(bash(f"git rm -q {test_file} && test ! -e {test_file} && echo deleted"))
+    assert _stdout(obs) == "deleted", obs
+    obs, reward, terminated, _, info = env.step("<submit/>")
+    assert (terminated, reward, info["resolved"]) == (True, 0.0, False), obs
+    assert test_file in info["ignored_files"] and info["p2p_pass_fraction"] < 1.0
+
+
+def test_a_grading_timeout_is_reported_as_one(swe_hub, tasks):
+    task = tasks[0]
+    module = task.extra["mutation"]["file"]
+    slow = SWEEnv(hub=swe_hub, test_timeout=20)
+    try:
+        slow.reset(options={"task_id": task.id})
+        slow.step(apply_patch(task.patch))
+        slow.step(bash(f"printf 'import time\\ntime.sleep(100000)\\n' >> {module}"))  # a fix that hangs
+        obs, reward, terminated, _, info = slow.step("<submit/>")
+        assert (terminated, reward, info["resolved"], info["tests_timed_out"]) == (True, 0.0, False, True), obs
+        assert "stopped after 20s" in obs
+    finally:
+        slow.close()
+
+
 COMMIT = "git -c user.name=agent -c user.email=agent@example.invalid commit -q"
 
 

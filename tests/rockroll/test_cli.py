@@ -38,11 +38,55 @@ def test_sandbox_shell_keeps_state_between_lines():
     assert "/tmp\n" in out.stdout and "42\n" in out.stdout
 
 
-def test_sandbox_ls_and_gc():
-    out = rr("sandbox", "ls", "--json")
-    assert out.returncode == 0 and isinstance(json.loads(out.stdout), list)
-    gc = rr("sandbox", "gc")
-    assert gc.returncode == 0 and gc.stdout.startswith("reaped")
+OWNER = """
+import os, sys
+from rockroll.sandbox import open_sandbox
+from rockroll.sandbox.registry import current_run
+sb = open_sandbox()
+print(current_run().run_id, sb.id, os.getpid(), flush=True)
+if sys.argv[1] == "die":
+    os._exit(0)  # no cleanup: a dead run is left behind
+for line in sys.stdin:
+    try:
+        print(sb.run(line).stdout.strip(), flush=True)
+    except Exception as e:
+        print(type(e).__name__, flush=True)
+"""
+
+
+def test_sandbox_ls_and_gc(tmp_path):
+    env = dict(os.environ, ROCKROLL_HOME=str(tmp_path / "home"))  # exactly the runs made here
+    cli = lambda *args: subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, timeout=120)  # noqa: E731
+    live = subprocess.Popen([sys.executable, "-c", OWNER, "live"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        live_run, live_sb, live_pid = live.stdout.readline().split()
+        dead = subprocess.run([sys.executable, "-c", OWNER, "die"], capture_output=True, text=True, env=env, timeout=120)
+        dead_run, dead_sb, dead_pid = dead.stdout.split()
+        listed = json.loads(cli("sandbox", "ls", "--json").stdout)
+        assert sorted((r["run_id"], r["pid"], r["alive"], r["sandboxes"]) for r in listed) == sorted(
+            [(live_run, int(live_pid), True, [live_sb]), (dead_run, int(dead_pid), False, [dead_sb])])
+        table = cli("sandbox", "ls").stdout.splitlines()
+        assert any(line.split()[:3] == [live_run, live_pid, "alive"] and live_sb in line for line in table)
+        assert any(line.split()[:3] == [dead_run, dead_pid, "dead"] and dead_sb in line for line in table)
+        # gc collects the dead run, and only it: the live owner's sandbox still answers
+        gc = cli("sandbox", "gc")
+        assert (gc.returncode, gc.stdout) == (0, f"reaped 1 run(s): {dead_run}\n")
+        assert [r["run_id"] for r in json.loads(cli("sandbox", "ls", "--json").stdout)] == [live_run]
+        live.stdin.write("echo still-here\n")
+        live.stdin.flush()
+        assert live.stdout.readline() == "still-here\n"
+        # gc --all collects the live run too: its sandbox is gone from under its owner
+        gc = cli("sandbox", "gc", "--all")
+        assert (gc.returncode, gc.stdout) == (0, f"reaped 1 run(s): {live_run}\n")
+        assert json.loads(cli("sandbox", "ls", "--json").stdout) == []
+        assert cli("sandbox", "ls").stdout == "no sandboxes\n"
+        live.stdin.write("echo gone\n")
+        live.stdin.flush()
+        assert live.stdout.readline() != "gone\n"
+    finally:
+        live.kill()
+        live.wait()
 
 
 def test_bench_group_lists_and_refuses_unknown_names():

@@ -96,8 +96,8 @@ def test_session_keeps_cwd_and_exports(box):
 
 def test_timeout_kills_command_not_session(box):
     box.run("export KEEP=yes")
-    r = box.run("sleep 31 & sleep 31", timeout=1)
-    assert r.timed_out and r.duration_s < 10
+    r = box.run("sleep 31 & sleep 31; echo finished", timeout=1)
+    assert r.timed_out and "finished" not in r.stdout  # cut off, not waited out
     assert box.run(f"echo $KEEP; {COUNT_SLEEPS}").stdout == "yes\n0\n"
 
 
@@ -277,9 +277,8 @@ def test_image_without_bash(sh_image):
         sb.run("mkdir -p '/tmp/it'\"'\"'s' && cd '/tmp/it'\"'\"'s' && export X='a b' Y=2")
         sb.run("unset Y")
         assert sb.run('pwd; echo "$X-${Y:-unset}"').stdout == "/tmp/it's\na b-unset\n"
-        start = time.monotonic()
-        r = sb.run("sleep 31 & sleep 31", timeout=1)
-        assert r.timed_out and time.monotonic() - start < 10
+        r = sb.run("sleep 31 & sleep 31; echo finished", timeout=1)
+        assert r.timed_out and "finished" not in r.stdout  # cut off, not waited out
         assert sb.run(f"pwd; {COUNT_SLEEPS}").stdout == "/tmp/it's\n0\n"
         snap = sb.snapshot()
         sb.restore(snap)

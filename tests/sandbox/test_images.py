@@ -156,7 +156,7 @@ def _cli_engine():
 
 
 def _sdk_engine():
-    docker = pytest.importorskip("docker", reason="the docker extra is not installed")
+    import docker
     from rockroll.sandbox.images import _SdkEngine
 
     return _SdkEngine(docker.from_env())

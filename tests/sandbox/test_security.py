@@ -2,12 +2,13 @@
 
 import os
 import socket
+import subprocess
 import threading
 from pathlib import Path
 
 import pytest
 
-from rockroll.sandbox import SandboxSpec, open_sandbox
+from rockroll.sandbox import SandboxFileError, SandboxSpec, open_sandbox
 
 PROJECT = Path(__file__).resolve().parents[2]
 
@@ -33,14 +34,29 @@ def test_cannot_read_host_secrets(sb, planted_secrets):
     assert "No such file" in r.stdout and "root:" not in r.stdout
 
 
+def _cgroup_file(sb, controller: str, name: str) -> str:
+    """A file of the sandbox's own cgroup, where the kernel records what the limit held."""
+    group = sb.aio._deploy.cgroup
+    assert group is not None, "this host cannot create cgroups: the limits cannot be read back"
+    return Path(group.dirs[controller], name).read_text()
+
+
 def test_cannot_see_docker_socket_or_host_processes(sb):
-    r = sb.run("ls -la /var/run/docker.sock /run/docker.sock 2>&1; ps -e -o pid=,comm=")
-    assert "No such file" in r.stdout
-    pids = [line.split()[0] for line in r.stdout.splitlines() if line.strip() and line.split()[0].isdigit()]
-    # only the sandbox's own processes: its agent is pid 1, nothing of the host's
-    assert "1" in pids and max(int(p) for p in pids) < 1000
-    assert str(os.getpid()) not in pids or int(os.getpid()) < 1000
-    assert "process_api" not in r.stdout and "pytest" not in r.stdout
+    r = sb.run("ls -la /var/run/docker.sock /run/docker.sock 2>&1")
+    assert r.stdout.count("No such file") == 2
+    marker = "4242.0417"  # a host process whose pid and command line we know
+    host = subprocess.Popen(["sleep", marker])
+    try:
+        r = sb.run(f"for p in /proc/[0-9]*; do echo \"${{p#/proc/}} $(tr '\\0' ' ' < $p/cmdline)\"; done",
+                   timeout=30)
+        seen = dict(line.partition(" ")[::2] for line in r.stdout.splitlines())
+        assert seen.get("1") and len(seen) >= 2  # it did list the sandbox's own processes
+        assert marker not in r.stdout  # the host's process is not there under any pid ...
+        assert marker not in seen.get(str(host.pid), "")  # ... nor under its host pid
+        assert "pytest" not in r.stdout  # nor is this test process
+    finally:
+        host.kill()
+        host.wait()
 
 
 def test_cannot_connect_to_host_loopback(sb):
@@ -62,8 +78,13 @@ def test_cannot_connect_to_host_loopback(sb):
 
 def test_fork_bomb_stops_at_pids_limit(spec):
     with open_sandbox(SandboxSpec(pids=64, memory_mb=256, timeout_s=30)) as bomb, open_sandbox(spec) as other:
-        r = bomb.run("bomb() { bomb | bomb & }; bomb; sleep 2; echo survived", timeout=15)
-        # the limit held: the host and the other sandbox still answer
+        bomb.run("bomb() { bomb | bomb & }; bomb; sleep 2; echo survived", timeout=15)
+        # the limit held: the kernel never let the sandbox hold more than 64 tasks, and it
+        # refused the bomb's forks at that limit (pids.events counts each refusal)
+        assert int(_cgroup_file(bomb, "pids", "pids.max")) == 64
+        assert 32 < int(_cgroup_file(bomb, "pids", "pids.peak")) <= 64
+        assert int(_cgroup_file(bomb, "pids", "pids.events").split()[1]) > 0
+        # the host and the other sandbox still answer
         assert other.run("echo fine").stdout == "fine\n"
         assert os.system("true") == 0
         bomb.reset()  # and the bombed sandbox recovers
@@ -74,6 +95,10 @@ def test_memory_hog_is_killed_and_reported():
     with open_sandbox(SandboxSpec(memory_mb=64, timeout_s=60)) as sb:
         r = sb.run("python3 -c \"b = bytearray(400 << 20); print('allocated')\"")
         assert r.exit_code == 137 and r.oom_killed and "allocated" not in r.stdout
+        # the kill came from the sandbox's own limit: its group's OOM killer fired, and its
+        # charge went up to the 64 MiB limit and never past it
+        assert sb.aio._deploy.cgroup.oom_kills() >= 1
+        assert 32 << 20 < sb.aio._deploy.cgroup.memory_peak_bytes() <= 64 << 20
         r = sb.run("echo alive")  # the session and agent survive the OOM kill
         assert r.stdout == "alive\n" and not r.oom_killed
 
@@ -116,23 +141,35 @@ def test_planted_symlink_cannot_read_host_file(sb, planted_secrets, tmp_path):
     sb.run(f"ln -s /root/.rockroll-test-secret leak; ln -s {PROJECT}/.rockroll-test-secret leak2; "
            "ln -s ../../../../../../root/.rockroll-test-secret leak3; mkdir d; ln -s /root d/rootlink")
     for name in ("leak", "leak2", "leak3"):
-        with pytest.raises(Exception) as err:
-            data = sb.read_file(name)
-            assert b"TOPSECRET" not in data
-        assert "TOPSECRET" not in str(err.value)
-        with pytest.raises(Exception):
+        # links resolve inside the sandbox, where the host's file does not exist: the SDK's
+        # typed file error, naming the sandbox, and not a byte of the secret
+        with pytest.raises(SandboxFileError) as err:
+            sb.read_file(name)
+        assert err.value.sandbox_id == sb.id and "TOPSECRET" not in str(err.value)
+        with pytest.raises(SandboxFileError) as err:
             sb.download(name, tmp_path / name)
-        assert not (tmp_path / name).exists() or b"TOPSECRET" not in (tmp_path / name).read_bytes()
+        assert err.value.sandbox_id == sb.id
+        assert not (tmp_path / name).exists()
     sb.download("d", tmp_path / "d")
     link = tmp_path / "d" / "rootlink"
     assert link.is_symlink() and os.readlink(link) == "/root"  # copied as a link, never followed
 
 
 def test_capabilities_are_dropped(sb):
-    r = sb.run("grep -E 'CapBnd|CapEff|NoNewPrivs' /proc/self/status; mount -t tmpfs none /mnt; "
-               "mknod /tmp/sda b 8 0; echo 1 > /proc/sys/vm/drop_caches", timeout=10)
+    r = sb.run("grep -E 'CapBnd|CapEff|NoNewPrivs' /proc/self/status", timeout=10)
     bnd = int(next(l for l in r.stdout.splitlines() if l.startswith("CapBnd")).split()[1], 16)
     assert not bnd & (1 << 21)  # CAP_SYS_ADMIN
     assert not bnd & (1 << 27)  # CAP_MKNOD
     assert "NoNewPrivs:\t1" in r.stdout
-    assert r.exit_code != 0 and "denied" in r.stderr.lower() or "read-only" in r.stderr.lower()
+    # each privileged act, one by one: refused, and nothing happened
+    r = sb.run("mount -t tmpfs none /mnt", timeout=10)
+    assert r.exit_code != 0 and "permission denied" in r.stderr.lower()
+    assert " /mnt " not in sb.run("cat /proc/self/mounts").stdout
+    r = sb.run("mknod /tmp/sda b 8 0", timeout=10)
+    assert r.exit_code != 0 and "not permitted" in r.stderr.lower()
+    assert sb.run("test -e /tmp/sda").exit_code == 1
+    # a sysctl write of the host's own value: harmless if it got through, refused if the limit holds
+    swappiness = Path("/proc/sys/vm/swappiness").read_text().strip()
+    for cmd in (f"echo {swappiness} > /proc/sys/vm/swappiness", f"sysctl -w vm.swappiness={swappiness}"):
+        r = sb.run(cmd, timeout=10)
+        assert r.exit_code != 0 and ("read-only" in r.stderr.lower() or "denied" in r.stderr.lower()), (cmd, r)

@@ -21,9 +21,9 @@ from schemathesis.generation import GenerationMode
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
 
-from rockroll.sandbox.cgroups import Cgroup, cgroup_mode
 from rockroll.sandbox.registry import proc_start_time
 
+from _leaks import leftovers
 from _server import Server
 
 TOKEN = "test-token-123"
@@ -52,15 +52,6 @@ def _wait(cond, timeout: float = 30.0, what: str = "condition") -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
-
-
-def _leftovers(run_id: str, run_dir: Path) -> list[str]:
-    """What a run may leak: its directory, cgroups named after it, mounts under it."""
-    left = [str(run_dir)] if run_dir.exists() else []
-    if cgroup_mode() != "none":
-        left += [name for name in Cgroup.leftovers() if name.startswith(run_id + ".")]
-    left += [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(run_dir) in line]
-    return left
 
 
 # --------------------------------------------------------------------------- auth and errors
@@ -212,7 +203,7 @@ def test_graceful_shutdown_closes_every_sandbox():
     assert srv.stop(signal.SIGTERM) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once done
     assert not any(_alive(a["init_pid"], a["init_start"]) or _alive(a["outer_pid"], a["outer_start"])
                    for a in agents)
-    assert _leftovers(srv.run_id, srv.run_dir) == []
+    assert leftovers(srv.run_id, srv.run_dir) == []
 
 
 def test_kill_9_then_restart_reaps_the_old_run():
@@ -225,7 +216,7 @@ def test_kill_9_then_restart_reaps_the_old_run():
     assert srv.run_dir.exists()  # nobody cleaned up ...
     again = Server()  # ... until the next server starts
     try:
-        assert _leftovers(srv.run_id, srv.run_dir) == []
+        assert leftovers(srv.run_id, srv.run_dir) == []
         _wait(lambda: not any(_alive(a["init_pid"], a["init_start"]) for a in agents), what="old agents to die")
     finally:
         again.stop()
@@ -341,7 +332,7 @@ def test_load_200_sandboxes_20000_commands_no_errors_no_leaks():
               f"{n_boxes * per_box / took:.0f} commands/s through the service")
     finally:
         assert srv.stop() in (0, -signal.SIGTERM)
-    assert _leftovers(srv.run_id, srv.run_dir) == []
+    assert leftovers(srv.run_id, srv.run_dir) == []
 
 
 # --------------------------------------------------------------------------- dashboard

@@ -60,6 +60,43 @@ def test_fork_makes_independent_copy_on_write_copies(sb):
             f.close()
 
 
+def test_fork_is_copy_on_write_both_ways(sb):
+    sb.write_file("/workspace/shared", b"base")
+    sb.write_file("/workspace/doomed", b"keep")
+    a, b = sb.fork(2)
+    try:
+        # a child's writes, new files and deletions: invisible to the parent and to its sibling
+        a.write_file("/workspace/shared", b"from a")
+        a.write_file("/workspace/only-a", b"a")
+        a.run("rm /workspace/doomed")
+        assert sb.read_file("/workspace/shared") == b.read_file("/workspace/shared") == b"base"
+        assert sb.run("ls /workspace").stdout == b.run("ls /workspace").stdout == "doomed\nshared\n"
+        # the parent's writes after the fork: invisible to the children
+        sb.write_file("/workspace/shared", b"parent later")
+        sb.write_file("/workspace/only-parent", b"p")
+        assert a.read_file("/workspace/shared") == b"from a" and b.read_file("/workspace/shared") == b"base"
+        assert a.run("ls /workspace").stdout == "only-a\nshared\n"
+        assert b.run("ls /workspace").stdout == "doomed\nshared\n"
+    finally:
+        a.close()
+        b.close()
+
+
+def test_restore_removes_later_files_and_brings_back_deleted_ones_byte_for_byte(sb):
+    blob = bytes(range(256)) * 4096 + b"\0tail\n"  # 1 MiB and change, every byte value, NULs
+    sb.write_file("/workspace/blob.bin", blob)
+    sb.write_file("/workspace/edited", b"before\n")
+    sb.run("mkdir -p /workspace/dir && echo x > /workspace/dir/x && chmod 640 /workspace/edited")
+    snap = sb.snapshot()
+    sb.run("rm -r /workspace/blob.bin /workspace/dir /etc/hostname; echo after >> /workspace/edited; "
+           "chmod 600 /workspace/edited; echo new > /workspace/new; mkdir /workspace/newdir")
+    sb.restore(snap)
+    assert sb.read_file("/workspace/blob.bin") == blob
+    assert sb.read_file("/workspace/edited") == b"before\n" and sb.read_file("/workspace/dir/x") == b"x\n"
+    assert sb.run("stat -c %a /workspace/edited; ls /workspace; test -e /etc/hostname && echo hostname").stdout \
+        == "640\nblob.bin\ndir\nedited\nhostname\n"
+
+
 def test_open_from_snapshot_and_reset_goes_to_image(spec, sb):
     sb.run("echo saved > /workspace/s")
     snap = sb.snapshot()

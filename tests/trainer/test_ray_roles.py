@@ -43,7 +43,7 @@ def test_worker_config_splits_the_batch_and_the_seed():
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray = pytest.importorskip("ray")
+    import ray
     from rockroll.trainer.ray_roles import init_local_ray
 
     init_local_ray(num_cpus=2)
