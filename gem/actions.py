@@ -161,7 +161,7 @@ _CONSTRUCT = re.compile(
     r"|(?P<tag><tool_call>|<bash>|<submit>)"
     r"|(?P<empty_submit>(?i:<submit\s*/>|<submit>\s*</submit>))"
     r"|(?P<submit_line>^[ \t]*(?i:submit)[ \t]*$)"
-    r'|(?P<json>[{\[]\s*")',
+    r'|(?P<json>\{\s*"|\[\s*[\[{"])',  # a list of objects too: its items are not read one by one
     re.MULTILINE,
 )
 #: A construct's span ``(end, actions)``; no actions for quoted code and JSON data.
@@ -190,10 +190,10 @@ def _fence(text: str, start: int) -> _Span | None:
     if lang in ("json", "") and close is not None:
         try:
             obj = json.loads(content)
-        except json.JSONDecodeError:
-            obj = None
-        if _is_tool_call_like(obj):
-            return end, _actions_from_json(obj)
+            if _is_tool_call_like(obj):
+                return end, _actions_from_json(obj)
+        except (json.JSONDecodeError, RecursionError):  # RecursionError: absurdly deep nesting
+            pass
     # Any other block is quoted code: it is neither an action nor searched for one.
     return end, []
 
@@ -214,10 +214,11 @@ def _tag(text: str, start: int, tag: str) -> _Span:
             return end, [_invalid("the <bash></bash> tag is empty")]
         return end, [Action(kind="bash", command=content.strip())]
     try:
-        obj = json.loads(content)
+        return end, _actions_from_json(json.loads(content))
     except json.JSONDecodeError as exc:
         return end, [_invalid(f"the <tool_call> content is not valid JSON ({exc.msg} at char {exc.pos})")]
-    return end, _actions_from_json(obj)
+    except RecursionError:
+        return end, [_invalid("the <tool_call> content is nested too deeply")]
 
 
 def _scan(text: str) -> tuple[list[Action], str]:
@@ -246,12 +247,11 @@ def _scan(text: str) -> tuple[list[Action], str]:
         elif kind in ("empty_submit", "submit_line"):
             span = match.end(), [Action(kind="submit")]
         elif json_failures_left > 0:
-            try:
+            try:  # JSON that is not a tool call is quoted data, like a code block
                 obj, end = decoder.raw_decode(text, start)
-            except json.JSONDecodeError:
-                json_failures_left -= 1
-            else:  # JSON that is not a tool call is quoted data, like a code block
                 span = end, _actions_from_json(obj) if _is_tool_call_like(obj) else []
+            except (json.JSONDecodeError, RecursionError):  # RecursionError: absurdly deep nesting
+                json_failures_left -= 1
         if span is None:
             search_from = start + 1
             continue
