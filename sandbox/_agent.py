@@ -83,6 +83,8 @@ class FrameReader:
             if len(self._buf) < end:
                 return
             header = json.loads(bytes(self._buf[FRAME.size:FRAME.size + hlen]))
+            if not isinstance(header, dict):  # both ends read fields off it: refuse, don't crash there
+                raise ValueError("frame header is not a JSON object")
             payload = bytes(self._buf[FRAME.size + hlen:end])
             del self._buf[:end]
             yield header, payload
