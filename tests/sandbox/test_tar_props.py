@@ -59,6 +59,7 @@ ATTACKS = [
     [("/", "victim", "file", "", b"pwned")], [("{P}/../outside/", "victim", "file", "", b"pwned")],
     [("{P}/", "a", "file", "", b"1"), ("{P}/", "a", "file", "", b"2")],  # duplicates
     [("{P}/", "null", "chr", "", b"")],
+    [("{P}/", "a", "dir", "", b""), ("{P}/", "a/l", "sym", "../../outside/victim", b"")],  # climbs out
 ]
 
 
