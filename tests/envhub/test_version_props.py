@@ -113,9 +113,13 @@ def test_total_order_consistent_with_equality(a, b, c):
         assert hash(a) == hash(b)
 
 
+same_core_pairs = st.tuples(versions, versions).map(lambda ab: (ab[0], Version(ab[0].major, ab[0].minor, ab[0].patch, ab[1].pre)))
+
+
 @PROPS
-@given(versions, versions)
-def test_order_is_semver_precedence(a, b):
+@given(st.tuples(versions, versions) | same_core_pairs)
+def test_order_is_semver_precedence(ab):
+    a, b = ab
     want = semver_cmp(str(a), str(b))
     assert (a < b, a == b, a > b) == (want < 0, want == 0, want > 0)
 
@@ -266,6 +270,18 @@ def test_manifest_from_hostile_json_is_a_manifest_or_a_manifest_error(data):
 
 
 MINIMAL = EnvManifest("env", "1.0.0", "", "", "host", "host", (), "pkg:Env")
+
+
+@PROPS
+@given(st.sampled_from(["host", "rootfs", "Host", "", "docker"]) | json_values)
+def test_manifest_system_is_host_or_rootfs(system):
+    data = {**json.loads(MINIMAL.to_json()), "system": system}
+    try:
+        m = EnvManifest.from_json(json.dumps(data).encode(), "hub/m.json")
+    except ManifestError as e:
+        assert system not in ("host", "rootfs") and e.key == "system"
+    else:
+        assert system in ("host", "rootfs") and m.system == system
 
 
 @PROPS
