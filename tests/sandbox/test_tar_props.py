@@ -174,44 +174,43 @@ def no_leftovers(world: World) -> None:
     assert [p.name for p in (world.base / "box").iterdir() if p.name != "dest"] == [], "a temp dir was left"
 
 
+def unpack_checked(spec, prefix: str, unpack) -> None:
+    """``unpack(tar bytes, dest)`` of the archive ``spec``: contained, and either
+    complete or refused with ``UnsafeArchiveError`` leaving nothing behind."""
+    with tempfile.TemporaryDirectory() as tmp:
+        world = World(Path(tmp))
+        data, infos = build(spec, prefix, world.outside)
+        before = world.snapshot()
+        try:
+            unpack(data, world.dest)
+        except UnsafeArchiveError:
+            assert not world.dest.exists()
+        else:
+            assert not obviously_unsafe(infos, prefix), "an unsafe archive was accepted"
+            check_unpacked(world, infos, prefix, plain=prefix == ".")
+        world.check_contained(before)
+        no_leftovers(world)
+
+
 @PROPS
 @given(archives)
 @attacks
 def test_plain_tar_never_lands_outside_dest(spec):
-    with tempfile.TemporaryDirectory() as tmp:
-        world = World(Path(tmp))
-        data, infos = build(spec, ".", world.outside)
-        before = world.snapshot()
-        try:
-            unpack_plain_tar(data, world.dest)
-        except UnsafeArchiveError:
-            assert not world.dest.exists()
-        else:
-            assert not obviously_unsafe(infos, "."), "an unsafe archive was accepted"
-            check_unpacked(world, infos, ".", plain=True)
-        world.check_contained(before)
-        no_leftovers(world)
+    unpack_checked(spec, ".", unpack_plain_tar)
+
+
+def _unpack_as_layer(data: bytes, dest: Path) -> None:
+    with tempfile.TemporaryDirectory() as scratch:  # not in the world whose state is compared
+        archive = Path(scratch) / "layer.tar.zst"
+        archive.write_bytes(zstandard.ZstdCompressor(write_checksum=True).compress(data))
+        unpack_layer(archive, dest, whiteouts="keep")
 
 
 @PROPS
 @given(archives)
 @attacks
 def test_layer_never_lands_outside_dest(spec):
-    with tempfile.TemporaryDirectory() as tmp:
-        world = World(Path(tmp))
-        data, infos = build(spec, "rootfs", world.outside)
-        archive = Path(tmp) / "layer.tar.zst"
-        archive.write_bytes(zstandard.ZstdCompressor(write_checksum=True).compress(data))
-        before = world.snapshot()
-        try:
-            unpack_layer(archive, world.dest, whiteouts="keep")
-        except UnsafeArchiveError:
-            assert not world.dest.exists()
-        else:
-            assert not obviously_unsafe(infos, "rootfs"), "an unsafe archive was accepted"
-            check_unpacked(world, infos, "rootfs", plain=False)
-        world.check_contained(before)
-        no_leftovers(world)
+    unpack_checked(spec, "rootfs", _unpack_as_layer)
 
 
 @PROPS
