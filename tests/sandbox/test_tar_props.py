@@ -60,6 +60,7 @@ ATTACKS = [
     [("{P}/", "a", "file", "", b"1"), ("{P}/", "a", "file", "", b"2")],  # duplicates
     [("{P}/", "null", "chr", "", b"")],
     [("{P}/", "a", "dir", "", b""), ("{P}/", "a/l", "sym", "../../outside/victim", b"")],  # climbs out
+    [("{P}/", "l", "sym", OUT, b""), ("{P}/", "h", "link", "{P}/l/victim", b"")],  # hardlink via a symlink
 ]
 
 
