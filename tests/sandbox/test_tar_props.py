@@ -23,7 +23,6 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-import pytest
 import zstandard
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
