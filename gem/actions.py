@@ -33,7 +33,10 @@ block, a ``<tool_call>``/``<bash>``/``<submit>`` tag, a JSON value -- takes its 
 nothing inside a span is read again. So a JSON tool call whose command mentions
 ``<bash>...</bash>`` or ``<submit/>`` is that one command, a ``<bash>`` command holding JSON
 text or a ```` ``` ```` line is that one command, and quoted code (other fences) and JSON that
-is not a tool call are neither actions nor searched for one.
+is not a tool call are neither actions nor searched for one. A JSON value is looked for where
+``{"`` or a ``[`` followed by ``"``, ``{`` or ``[`` starts (so an answer such as
+``\\boxed{[0, 1]}`` stays prose); a list whose first item is a number, ``true``, ``false``
+or ``null`` is therefore not one span, and an object in it is read on its own.
 
 Ambiguity: one tool action per turn. Two or more (two bash blocks, a bash block and a
 submit, a ``tool_calls`` list of two) give ``kind="invalid"`` with an error saying so --

@@ -21,7 +21,7 @@ from rockroll.envhub.errors import EnvNotFound, ManifestError
 from rockroll.envhub.manifest import SCHEMA, EnvManifest, LayerRef
 from rockroll.envhub.version import EnvRef, Version, latest_per_major, select, sort_versions
 
-PROPS = settings(max_examples=150, deadline=None, derandomize=True,
+PROPS = settings(max_examples=150, deadline=None, derandomize=True, database=None,
                  suppress_health_check=[HealthCheck.too_slow])
 
 # ---- strategies ----------------------------------------------------------------------------
@@ -113,7 +113,8 @@ def test_total_order_consistent_with_equality(a, b, c):
         assert hash(a) == hash(b)
 
 
-same_core_pairs = st.tuples(versions, versions).map(lambda ab: (ab[0], Version(ab[0].major, ab[0].minor, ab[0].patch, ab[1].pre)))
+same_core_pairs = st.tuples(versions, versions).map(
+    lambda ab: (ab[0], Version(ab[0].major, ab[0].minor, ab[0].patch, ab[1].pre)))
 
 
 @PROPS
@@ -305,7 +306,8 @@ def test_manifest_accepts_a_layer_entry_iff_well_formed(where, digest, size):
 
 @PROPS
 @given(st.binary(max_size=64) | st.text(max_size=64).map(str.encode)
-       | st.builds(lambda n, o: (o * n).encode(), st.integers(1, 100_000), st.sampled_from(["[", "{\"a\":", "[{\"b\":"])))
+       | st.builds(lambda n, o: (o * n).encode(), st.integers(1, 100_000),
+                   st.sampled_from(["[", "{\"a\":", "[{\"b\":"])))
 def test_manifest_from_arbitrary_bytes_is_a_manifest_error(raw):
     with pytest.raises(ManifestError):
         EnvManifest.from_json(raw, "hub/m.json")

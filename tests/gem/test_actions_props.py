@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from rockroll.gem.actions import Action, parse_action
 
-PROPS = settings(max_examples=200, deadline=None, derandomize=True,
+PROPS = settings(max_examples=200, deadline=None, derandomize=True, database=None,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 
 

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from rockroll.sandbox._agent import FRAME, MAX_FRAME, FrameReader, encode_frame  # noqa: I001 (the agent may move)
 
-PROPS = settings(max_examples=120, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+PROPS = settings(max_examples=120, deadline=None, derandomize=True, database=None,
+                 suppress_health_check=[HealthCheck.too_slow])
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),

@@ -31,7 +31,8 @@ from rockroll.sandbox._agent import extract_tar  # noqa: I001 (the agent may mov
 from rockroll.sandbox.errors import UnsafeArchiveError
 from rockroll.sandbox.layers import unpack_layer, unpack_plain_tar
 
-PROPS = settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+PROPS = settings(max_examples=150, deadline=None, derandomize=True, database=None,
+                 suppress_health_check=[HealthCheck.too_slow])
 
 OUT = "@OUT@"  # replaced by the absolute path of the outside folder of each example
 TYPES = {"file": tarfile.REGTYPE, "dir": tarfile.DIRTYPE, "sym": tarfile.SYMTYPE, "link": tarfile.LNKTYPE,
