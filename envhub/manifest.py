@@ -76,7 +76,7 @@ class EnvManifest:
         and every blob is verified against them when pulled)."""
         try:
             data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:  # deep nesting: RecursionError
             raise ManifestError(where, "(json)", str(e)) from None
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
             raise ManifestError(where, "schema", f"not a {SCHEMA} manifest")
@@ -89,7 +89,7 @@ class EnvManifest:
             out = []
             for item in value:
                 if (not isinstance(item, dict) or not _DIGEST.fullmatch(str(item.get("digest")))
-                        or not isinstance(item.get("size"), int) or item["size"] < 0):
+                        or type(item.get("size")) is not int or item["size"] < 0):  # bool is an int
                     raise ManifestError(where, key, f"bad layer entry {item!r}")
                 out.append(LayerRef(item["digest"], item["size"]))
             return tuple(out)

@@ -21,10 +21,13 @@ from typing import Iterable, Mapping
 
 from .errors import EnvNotFound
 
+# re.ASCII: without it \d also matches other scripts' digits, which int() reads too, so
+# "1\u0661.0.0" would parse as 11.0.0 and two files would name one version.
 _SEMVER = re.compile(
     r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
-    r"(?:-((?:0|[1-9]\d*|\d*[A-Za-z-][0-9A-Za-z-]*)(?:\.(?:0|[1-9]\d*|\d*[A-Za-z-][0-9A-Za-z-]*))*))?")
-_PARTIAL = re.compile(r"(0|[1-9]\d*)(?:\.(0|[1-9]\d*))?")
+    r"(?:-((?:0|[1-9]\d*|\d*[A-Za-z-][0-9A-Za-z-]*)(?:\.(?:0|[1-9]\d*|\d*[A-Za-z-][0-9A-Za-z-]*))*))?",
+    re.ASCII)
+_PARTIAL = re.compile(r"(0|[1-9]\d*)(?:\.(0|[1-9]\d*))?", re.ASCII)
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 

@@ -33,7 +33,10 @@ block, a ``<tool_call>``/``<bash>``/``<submit>`` tag, a JSON value -- takes its 
 nothing inside a span is read again. So a JSON tool call whose command mentions
 ``<bash>...</bash>`` or ``<submit/>`` is that one command, a ``<bash>`` command holding JSON
 text or a ```` ``` ```` line is that one command, and quoted code (other fences) and JSON that
-is not a tool call are neither actions nor searched for one.
+is not a tool call are neither actions nor searched for one. A JSON value is looked for where
+``{"`` or a ``[`` followed by ``"``, ``{`` or ``[`` starts (so an answer such as
+``\\boxed{[0, 1]}`` stays prose); a list whose first item is a number, ``true``, ``false``
+or ``null`` is therefore not one span, and an object in it is read on its own.
 
 Ambiguity: one tool action per turn. Two or more (two bash blocks, a bash block and a
 submit, a ``tool_calls`` list of two) give ``kind="invalid"`` with an error saying so --
@@ -161,7 +164,7 @@ _CONSTRUCT = re.compile(
     r"|(?P<tag><tool_call>|<bash>|<submit>)"
     r"|(?P<empty_submit>(?i:<submit\s*/>|<submit>\s*</submit>))"
     r"|(?P<submit_line>^[ \t]*(?i:submit)[ \t]*$)"
-    r'|(?P<json>[{\[]\s*")',
+    r'|(?P<json>\{\s*"|\[\s*[\[{"])',  # a list of objects too: its items are not read one by one
     re.MULTILINE,
 )
 #: A construct's span ``(end, actions)``; no actions for quoted code and JSON data.
@@ -190,10 +193,10 @@ def _fence(text: str, start: int) -> _Span | None:
     if lang in ("json", "") and close is not None:
         try:
             obj = json.loads(content)
-        except json.JSONDecodeError:
-            obj = None
-        if _is_tool_call_like(obj):
-            return end, _actions_from_json(obj)
+            if _is_tool_call_like(obj):
+                return end, _actions_from_json(obj)
+        except (json.JSONDecodeError, RecursionError):  # RecursionError: absurdly deep nesting
+            pass
     # Any other block is quoted code: it is neither an action nor searched for one.
     return end, []
 
@@ -214,10 +217,11 @@ def _tag(text: str, start: int, tag: str) -> _Span:
             return end, [_invalid("the <bash></bash> tag is empty")]
         return end, [Action(kind="bash", command=content.strip())]
     try:
-        obj = json.loads(content)
+        return end, _actions_from_json(json.loads(content))
     except json.JSONDecodeError as exc:
         return end, [_invalid(f"the <tool_call> content is not valid JSON ({exc.msg} at char {exc.pos})")]
-    return end, _actions_from_json(obj)
+    except RecursionError:
+        return end, [_invalid("the <tool_call> content is nested too deeply")]
 
 
 def _scan(text: str) -> tuple[list[Action], str]:
@@ -246,12 +250,11 @@ def _scan(text: str) -> tuple[list[Action], str]:
         elif kind in ("empty_submit", "submit_line"):
             span = match.end(), [Action(kind="submit")]
         elif json_failures_left > 0:
-            try:
+            try:  # JSON that is not a tool call is quoted data, like a code block
                 obj, end = decoder.raw_decode(text, start)
-            except json.JSONDecodeError:
-                json_failures_left -= 1
-            else:  # JSON that is not a tool call is quoted data, like a code block
                 span = end, _actions_from_json(obj) if _is_tool_call_like(obj) else []
+            except (json.JSONDecodeError, RecursionError):  # RecursionError: absurdly deep nesting
+                json_failures_left -= 1
         if span is None:
             search_from = start + 1
             continue

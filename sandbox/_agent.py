@@ -83,9 +83,41 @@ class FrameReader:
             if len(self._buf) < end:
                 return
             header = json.loads(bytes(self._buf[FRAME.size:FRAME.size + hlen]))
+            if not isinstance(header, dict):  # both ends read fields off it: refuse, don't crash there
+                raise ValueError("frame header is not a JSON object")
             payload = bytes(self._buf[FRAME.size + hlen:end])
             del self._buf[:end]
             yield header, payload
+
+
+# --------------------------------------------------------------------------- uploads
+
+
+def extract_tar(payload: bytes, dest: str) -> None:
+    """Unpack an uploaded tar into ``dest``. Paths stay inside the sandbox root whatever
+    they say, because this process's root *is* the sandbox root; within it, names and
+    hardlink targets must stay inside ``dest`` (tarfile's ``FilterError`` otherwise)."""
+    os.makedirs(dest, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(payload), mode="r:") as tar:
+        for member in tar:
+            if member.isdev():
+                continue
+            if hasattr(tarfile, "tar_filter"):
+                tar.extract(member, dest, numeric_owner=True, filter=_upload_filter)
+            else:
+                tar.extract(member, dest, numeric_owner=True)
+
+
+def _upload_filter(member, dest: str):
+    """tarfile's "tar" filter, which checks names but not hardlink targets: a hardlink to a
+    file outside ``dest`` would let a later member of the same name write through it."""
+    member = tarfile.tar_filter(member, dest)
+    if member.islnk():
+        root = os.path.realpath(dest)
+        target = os.path.realpath(os.path.join(root, member.linkname))
+        if os.path.commonpath([root, target]) != root:
+            raise tarfile.LinkOutsideDestinationError(member, target)
+    return member
 
 
 # --------------------------------------------------------------------------- syscalls
@@ -712,18 +744,7 @@ class Agent:
         return {"exists": True, "type": kind, "size": st.st_size, "mode": stat.S_IMODE(st.st_mode)}
 
     def op_tar_in(self, req, payload):
-        """Unpack an uploaded tar into a directory. Paths stay inside the sandbox root
-        whatever they say, because this process's root *is* the sandbox root."""
-        dest = req["path"]
-        os.makedirs(dest, exist_ok=True)
-        with tarfile.open(fileobj=io.BytesIO(payload), mode="r:") as tar:
-            for member in tar:
-                if member.isdev():
-                    continue
-                if hasattr(tarfile, "tar_filter"):
-                    tar.extract(member, dest, numeric_owner=True, filter="tar")
-                else:
-                    tar.extract(member, dest, numeric_owner=True)
+        extract_tar(payload, req["path"])
         return {}
 
     def op_tar_out(self, req, payload):
