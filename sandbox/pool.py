@@ -12,11 +12,12 @@ import collections
 import contextlib
 from typing import Any
 
-from .client import AsyncSandbox
+from .base import AsyncSandbox
+from .deployment.reaper import install_exit_handlers
 from .errors import SandboxError, SpecError
+from .factory import pool_class
 from .spec import SandboxSpec
-from .sync import Sandbox, run_sync, background_loop
-from .registry import install_exit_handlers
+from .sync import Sandbox, background_loop, run_sync
 
 
 class AsyncSandboxPool:
@@ -32,9 +33,9 @@ class AsyncSandboxPool:
     """
 
     def __new__(cls, spec: SandboxSpec | None = None, *args, **kwargs):
-        if spec is not None and spec.backend == "ray":  # spread over a Ray cluster instead
-            from .raycluster import AsyncRaySandboxPool
-            return AsyncRaySandboxPool(spec, *args, **kwargs)
+        own = pool_class(spec) if spec is not None else None
+        if own is not None:  # a backend with its own pool (ray: spread over the cluster)
+            return own(spec, *args, **kwargs)
         return super().__new__(cls)
 
     def __init__(self, spec: SandboxSpec | None = None, size: int = 4, *, health_interval_s: float = 5.0,
@@ -63,6 +64,16 @@ class AsyncSandboxPool:
     @property
     def idle(self) -> int:
         return len(self._idle)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def resize(self, size: int) -> None:
+        """Keep ``size`` idle sandboxes from now on: the refill task tops the pool up;
+        surplus idle ones drain as sandboxes are released."""
+        self.size = size
+        self._kick()
 
     @property
     def busy(self) -> int:
@@ -214,6 +225,10 @@ class SandboxPool:
     @property
     def replaced(self) -> int:
         return self._inner.replaced
+
+    @property
+    def closed(self) -> bool:
+        return self._inner.closed
 
     def acquire(self) -> Sandbox:
         inner = run_sync(self._inner.acquire())

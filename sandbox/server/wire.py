@@ -14,9 +14,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from . import errors
-from .errors import CapacityError, SandboxError, SpecError, UnsafeArchiveError
-from .spec import CommandResult, SandboxSpec, Snapshot
+from .. import errors
+from ..errors import CapacityError, SandboxError, SpecError, UnsafeArchiveError
+from ..spec import CommandResult, SandboxSpec, Snapshot
 
 API = "/v1"
 DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
