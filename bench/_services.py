@@ -132,7 +132,7 @@ class Service:
 class RayCluster:
     """A Ray cluster of ``nodes`` nodes on 127.0.0.1, one process group per node.
 
-    Started with ``python -m rockroll.sandbox.raycluster start`` (Ray's ``ray start``,
+    Started with ``python -m rockroll.sandbox.deployment.ray start`` (Ray's ``ray start``,
     keeping the loopback address). Ray's dashboard asks cloud metadata servers where it
     runs unless it finds a cluster config in ``$HOME``: the nodes get a private HOME that
     holds one, so no traffic leaves 127.0.0.1."""
@@ -160,7 +160,7 @@ class RayCluster:
         temp_dir = self.root / name
         temp_dir.mkdir()
         agent, grpc, metrics, rt_env = free_ports(4)
-        cmd = [sys.executable, "-m", "rockroll.sandbox.raycluster", "start", *args,
+        cmd = [sys.executable, "-m", "rockroll.sandbox.deployment.ray", "start", *args,
                "--node-ip-address=127.0.0.1", f"--num-cpus={self.cpus}", "--object-store-memory=100000000",
                f"--temp-dir={temp_dir}", "--disable-usage-stats",
                f"--dashboard-agent-listen-port={agent}", f"--dashboard-agent-grpc-port={grpc}",

@@ -69,7 +69,7 @@ def main() -> None:
     from rockroll.envhub import HubStore, LocalCache, build, publish, pull
     from rockroll.envhub.pull import forget
     from rockroll.sandbox import SandboxSpec, open_sandbox
-    from rockroll.sandbox.layers import digest_file
+    from rockroll.sandbox.storage.layers import digest_file
 
     moto, endpoint = start_moto()
     try:

@@ -234,7 +234,7 @@ class DockerBench:
                 return "no engine"
         except subprocess.TimeoutExpired:
             return "no engine"
-        from rockroll.sandbox.images import ensure_docker_image
+        from rockroll.sandbox.deployment.images import ensure_docker_image
 
         try:
             log("ensuring the Debian docker image (debootstrap on first use: minutes)")
@@ -280,7 +280,7 @@ def private_state_home():
     Each snapshot of the 100 MB workspace keeps ~200 MB (tarball + unpacked layer) and the
     API has no delete; a private home is removed whole at the end, Ctrl-C included.
     """
-    from rockroll.sandbox.rootfs import state_home
+    from rockroll.sandbox.home import state_home
 
     base = state_home()
     base.mkdir(parents=True, exist_ok=True)
@@ -367,7 +367,7 @@ async def _concurrent_creates(n: int) -> dict:
 
 
 def _sdk_client():
-    from rockroll.sandbox import remote
+    from rockroll.sandbox.runtime import remote
 
     return remote._client()  # noqa: SLF001 - the SDK's pooled client of this loop
 
@@ -417,8 +417,8 @@ def leftovers(run_ids: list[str], home: Path | None = None) -> list[str]:
     """Runs of ours that ``rockroll sandbox ls`` would still show alive, or with sandboxes.
     A dead run of ours with no sandbox left (a Ray host killed with its node) is removed,
     as ``rockroll sandbox gc`` would, but only ours."""
-    from rockroll.sandbox.registry import list_runs
-    from rockroll.sandbox.rootfs import state_home
+    from rockroll.sandbox.deployment.reaper import list_runs
+    from rockroll.sandbox.home import state_home
 
     for r in list_runs(home):
         if r.run_id in run_ids and not r.alive and not r.sandboxes:
@@ -497,7 +497,7 @@ def main() -> int:
             docker.cleanup()
 
         if "remote" in backends and ({"run", "cold", "concurrent"} & set(only)):
-            from rockroll.sandbox import remote
+            from rockroll.sandbox.runtime import remote
 
             log("remote: starting rockroll serve on 127.0.0.1")
             svc = Service("--max-sandboxes", "1100", env=base_env)
@@ -518,7 +518,7 @@ def main() -> int:
         if "ray" in backends and ({"run", "cold"} & set(only)):
             import ray
 
-            from rockroll.sandbox import raycluster
+            from rockroll.sandbox.deployment import ray as raycluster
             from rockroll.sandbox.sync import run_sync
 
             log(f"ray: starting a {args.ray_nodes}-node cluster on 127.0.0.1")
@@ -528,7 +528,7 @@ def main() -> int:
             raycluster.connect(cluster.address)
             spec = SandboxSpec(backend="ray")
             bench_cold_create(spec, 1)  # warm-up: starts the host actor(s)
-            run_ids += [s["run_id"] for _, s in run_sync(raycluster._cluster().stats())]  # noqa: SLF001
+            run_ids += [s["run_id"] for _, s in run_sync(raycluster.cluster().stats())]  # noqa: SLF001
             if "run" in only:
                 res["ray_run_true"] = stats(bench_run_true(spec, counts.run_true))
             if "cold" in only:

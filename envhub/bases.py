@@ -1,5 +1,5 @@
 """Base layers for env packages that do not sit on the host image: a Debian rootfs
-(debootstrap, via ``sandbox.images``) or a Docker image's filesystem (``docker export``),
+(debootstrap, via ``sandbox.deployment.images``) or a Docker image's filesystem (``docker export``),
 each packed once into a reproducible layer and remembered by its source.
 
 They are also image schemes of the local backend (``image="debian:bookworm"``,
@@ -15,7 +15,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from rockroll.sandbox.layers import pack_layer
+from rockroll.sandbox.storage.layers import pack_layer
 
 from .cache import LocalCache
 from .errors import BuildError
@@ -52,8 +52,8 @@ def _pack_rootfs(cache: LocalCache, staged: Path) -> LayerRef:
 
 def debian_base_layer(suite: str, cache: LocalCache) -> LayerRef:
     """The base layer of a minimal Debian ``suite``; the debootstrap rootfs is the one
-    ``sandbox.images`` caches (built on first use: minutes, needs the Debian mirror)."""
-    from rockroll.sandbox import images
+    ``sandbox.deployment.images`` caches (built on first use: minutes, needs the Debian mirror)."""
+    from rockroll.sandbox.deployment import images
 
     key = f"debian-{suite}"
     if (layer := _remembered(cache, key)) is not None:

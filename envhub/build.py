@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rockroll.sandbox import SandboxError, SandboxSpec, Snapshot, open_sandbox
-from rockroll.sandbox.layers import pack_layer, read_meta
+from rockroll.sandbox.storage.layers import pack_layer, read_meta
 
 from .bases import debian_base_layer, docker_base_layer
 from .cache import LocalCache, _write_atomic

@@ -22,8 +22,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rockroll.sandbox.rootfs import state_home
-from rockroll.sandbox.snapshots import SnapshotStore
+from rockroll.sandbox.home import state_home
+from rockroll.sandbox.storage.snapshots import SnapshotStore
 
 from .errors import HubError
 from .manifest import EnvManifest
@@ -124,7 +124,7 @@ def live_lower_dirs(home: Path) -> set[str] | None:
     """The overlay lower dirs of every live sandbox of ``home`` (read from the mountinfo of
     each sandbox's init, found through the run registry), or None if some live sandbox
     cannot be inspected (starting, or unreadable): then gc deletes nothing."""
-    from rockroll.sandbox.registry import list_runs
+    from rockroll.sandbox.deployment.reaper import list_runs
 
     lowers: set[str] = set()
     for run in list_runs(home):

@@ -14,8 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from rockroll.sandbox.errors import SpecError
-from rockroll.sandbox.rootfs import RootfsPlan, host_base_layer, host_binds, register_image_resolver
-from rockroll.sandbox.snapshots import SnapshotStore, register_snapshot_resolver
+from rockroll.sandbox.deployment.rootfs import RootfsPlan, host_base_layer, host_binds, register_image_resolver
+from rockroll.sandbox.storage.snapshots import SnapshotStore, register_snapshot_resolver
 from rockroll.sandbox.spec import Snapshot
 
 from .cache import LocalCache

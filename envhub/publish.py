@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Callable
 
-from rockroll.sandbox.layers import digest_file
+from rockroll.sandbox.storage.layers import digest_file
 
 from .cache import LocalCache
 from .errors import BlobCorrupted, EnvNotFound, HubError, VersionConflict

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rockroll.sandbox.errors import SnapshotError
-from rockroll.sandbox.layers import digest_file
+from rockroll.sandbox.storage.layers import digest_file
 
 from .cache import LocalCache
 from .errors import BlobCorrupted, EnvNotFound, StoreUnavailable, YankedWarning

@@ -2,7 +2,7 @@
 
 Layout under the URL::
 
-    blobs/sha256/<hex>               layer tarballs (sandbox.layers format), content-addressed
+    blobs/sha256/<hex>               layer tarballs (sandbox.storage.layers format), content-addressed
     envs/<name>/<version>.json       manifests, immutable, written last
     envs/<name>/<version>.yanked     yank markers (a small JSON with the reason)
 
@@ -38,7 +38,7 @@ def default_hub_url() -> str:
     env = os.environ.get("ROCKROLL_HUB")
     if env:
         return env
-    from rockroll.sandbox.rootfs import state_home
+    from rockroll.sandbox.home import state_home
 
     return f"file://{state_home() / 'hub'}"
 

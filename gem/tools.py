@@ -115,7 +115,7 @@ async def shared_pool(spec: SandboxSpec, size: int, snapshot: str | None = None,
     be awaited on the engine's loop, where the pools live."""
     key = json.dumps([spec.to_dict(), snapshot], sort_keys=True)
     pool = _POOLS.get(key)
-    if pool is None or pool._closed:
+    if pool is None or pool.closed:
         pool = _POOLS[key] = AsyncSandboxPool(spec, size, snapshot=snapshot)
         await pool.start(wait=False)  # warm up in the background; the first acquire creates
     _POOLS.move_to_end(key)

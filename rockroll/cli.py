@@ -101,7 +101,7 @@ def sandbox_shell(image, backend, memory_mb, cpus, network):
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def sandbox_ls(as_json):
     """List runs (processes that own sandboxes) and their sandboxes."""
-    from rockroll.sandbox.registry import list_runs
+    from rockroll.sandbox.deployment.reaper import list_runs
 
     runs = list_runs()
     if as_json:
@@ -121,7 +121,7 @@ def sandbox_ls(as_json):
               help="Also remove sandboxes of runs that are still alive.")
 def sandbox_gc(everything):
     """Remove what dead runs left behind: processes, cgroups, directories."""
-    from rockroll.sandbox.registry import reap_dead_runs
+    from rockroll.sandbox.deployment.reaper import reap_dead_runs
 
     reaped = reap_dead_runs(include_live=everything)
     click.echo(f"reaped {len(reaped)} run(s)" + (f": {' '.join(reaped)}" if reaped else ""))
@@ -150,7 +150,7 @@ def serve(host, port, token_env, max_sandboxes, idle_ttl, backend):
     try:
         import uvicorn
 
-        from rockroll.sandbox.service import create_app
+        from rockroll.sandbox.server.app import create_app
     except ImportError as e:
         raise click.ClickException(f"{e.name} is missing: pip install 'rockroll[service]'") from None
     token = os.environ.get(token_env) or secrets.token_urlsafe(32)
@@ -176,7 +176,7 @@ def sandbox_image() -> None:
 def sandbox_image_build(suite, packages):
     """Build a Debian image (debootstrap + docker import) unless docker already has it;
     print its tag, for SandboxSpec(image=TAG, backend="docker")."""
-    from rockroll.sandbox.images import ImageBuildError, ensure_docker_image
+    from rockroll.sandbox.deployment.images import ImageBuildError, ensure_docker_image
 
     try:
         tag = ensure_docker_image(suite, [p.strip() for p in packages.split(",") if p.strip()])

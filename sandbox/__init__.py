@@ -3,12 +3,18 @@
     from rockroll.sandbox import SandboxSpec, open_sandbox
     with open_sandbox(SandboxSpec()) as sb:
         print(sb.run("echo hi").stdout)
+
+Layout: ``base.py`` is the contract every backend implements, ``factory.py`` maps a
+backend name to its classes; ``runtime/`` holds the clients that talk to one sandbox,
+``deployment/`` where sandboxes run (local namespaces, docker, Ray hosts, crash reaping),
+``server/`` the HTTP service and ``storage/`` layers and snapshots.
 """
 
-from .client import AsyncSandbox, open_async_sandbox
+from .base import AsyncSandbox
 from .errors import (AgentDied, CapacityError, IsolationUnavailable, SandboxClosed, SandboxError,
                      SandboxFileError, SandboxLost, SandboxNotFound, SandboxStartError, SessionError,
                      SnapshotError, SpecError, UnsafeArchiveError)
+from .factory import open_async_sandbox
 from .spec import CommandResult, SandboxSpec, Snapshot
 from .sync import Sandbox, open_sandbox
 

@@ -7,19 +7,59 @@ ready, checks their health every ``health_interval_s`` and replaces dead ones.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import collections
 import contextlib
 from typing import Any
 
-from .client import AsyncSandbox
+from .base import AsyncSandbox
+from .deployment.reaper import install_exit_handlers
 from .errors import SandboxError, SpecError
+from .factory import pool_class
 from .spec import SandboxSpec
-from .sync import Sandbox, run_sync, background_loop
-from .registry import install_exit_handlers
+from .sync import Sandbox, background_loop, run_sync
 
 
-class AsyncSandboxPool:
+class AsyncPool(abc.ABC):
+    """The warm-pool contract every pool class keeps (``AsyncSandboxPool``, and a backend's
+    own, such as Ray's): ``acquire()`` never fails for lack of warm sandboxes,
+    ``release(sb)`` hands one back, ``close()`` closes every sandbox the pool owns.
+    ``async with`` starts the pool (filled) and closes it."""
+
+    _task: asyncio.Task | None = None  # the background task that keeps the pool warm
+
+    @abc.abstractmethod
+    async def start(self, *, wait: bool = True) -> "AsyncPool":
+        """Start keeping the pool warm; with ``wait``, return once it is filled."""
+
+    @abc.abstractmethod
+    async def acquire(self) -> AsyncSandbox:
+        """A ready sandbox (made on demand where none is warm). ``SandboxError`` once closed."""
+
+    @abc.abstractmethod
+    async def release(self, sb: AsyncSandbox) -> None:
+        """Give a sandbox back: reset into the pool in the background, or closed."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Close every sandbox of the pool and stop keeping it warm."""
+
+    @property
+    @abc.abstractmethod
+    def closed(self) -> bool:
+        """True once ``close()`` was called."""
+
+    async def __aenter__(self) -> "AsyncPool":
+        if self._task is None:
+            await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+class AsyncSandboxPool(AsyncPool):
     """A pool of ready sandboxes of one spec.
 
     ``acquire()`` returns an idle sandbox (creating one if none is ready, so it never
@@ -32,9 +72,9 @@ class AsyncSandboxPool:
     """
 
     def __new__(cls, spec: SandboxSpec | None = None, *args, **kwargs):
-        if spec is not None and spec.backend == "ray":  # spread over a Ray cluster instead
-            from .raycluster import AsyncRaySandboxPool
-            return AsyncRaySandboxPool(spec, *args, **kwargs)
+        own = pool_class(spec) if spec is not None else None
+        if own is not None:  # a backend with its own pool (ray: spread over the cluster)
+            return own(spec, *args, **kwargs)
         return super().__new__(cls)
 
     def __init__(self, spec: SandboxSpec | None = None, size: int = 4, *, health_interval_s: float = 5.0,
@@ -63,6 +103,16 @@ class AsyncSandboxPool:
     @property
     def idle(self) -> int:
         return len(self._idle)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def resize(self, size: int) -> None:
+        """Keep ``size`` idle sandboxes from now on: the refill task tops the pool up;
+        surplus idle ones drain as sandboxes are released."""
+        self.size = size
+        self._kick()
 
     @property
     def busy(self) -> int:
@@ -179,14 +229,6 @@ class AsyncSandboxPool:
         self._busy.clear()
         await asyncio.gather(*(sb.close() for sb in sandboxes), return_exceptions=True)
 
-    async def __aenter__(self) -> "AsyncSandboxPool":
-        if self._task is None:
-            await self.start()
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.close()
-
 
 class SandboxPool:
     """Sync twin of ``AsyncSandboxPool``: ``with SandboxPool(spec, size=8) as pool:``."""
@@ -214,6 +256,10 @@ class SandboxPool:
     @property
     def replaced(self) -> int:
         return self._inner.replaced
+
+    @property
+    def closed(self) -> bool:
+        return self._inner.closed
 
     def acquire(self) -> Sandbox:
         inner = run_sync(self._inner.acquire())

@@ -1,4 +1,4 @@
-"""The sync twin of ``AsyncSandbox``: the same names, blocking calls.
+"""The sync twin of ``AsyncSandbox``: the same names, blocking calls, over any backend.
 
 Each call runs the async method on one private event-loop thread shared by every sync
 sandbox of the process, so there is a single implementation of the protocol and a sync
@@ -12,8 +12,8 @@ import threading
 from concurrent.futures import Future
 from typing import Any, Coroutine, TypeVar
 
-from .client import AsyncSandbox
-from .registry import install_exit_handlers
+from .base import AsyncSandbox
+from .deployment.reaper import install_exit_handlers
 from .spec import CommandResult, SandboxSpec, Snapshot
 
 T = TypeVar("T")
@@ -118,6 +118,9 @@ class Sandbox:
     def exists(self, path: str) -> bool:
         return run_sync(self._inner.exists(path))
 
+    def stat(self, path: str) -> str | None:
+        return run_sync(self._inner.stat(path))
+
     def upload(self, local, remote: str) -> None:
         run_sync(self._inner.upload(local, remote))
 
@@ -149,7 +152,7 @@ class Sandbox:
         self.close()
 
     def __repr__(self) -> str:
-        return repr(self._inner).replace("AsyncSandbox", "Sandbox")
+        return f"<Sandbox of {self._inner!r}>"
 
 
 def open_sandbox(spec: SandboxSpec | None = None, *, snapshot: Any = None) -> Sandbox:

@@ -45,7 +45,7 @@ def init_local_ray(num_cpus: int | None = None) -> None:
     """A local Ray on 127.0.0.1 only (no dashboard), as the rest of rockroll does."""
     import ray
 
-    from rockroll.sandbox.raycluster import keep_loopback
+    from rockroll.sandbox.deployment.ray import keep_loopback
 
     if ray.is_initialized():
         return
@@ -229,7 +229,7 @@ class RayRoles(Roles):
         tokenizer = load_tokenizer(cfg.tokenizer, cfg.envs, Path(cfg.logging.dir) / "tokenizer")
         owns_ray = not ray.is_initialized()
         if owns_ray and cfg.ray.address:
-            from rockroll.sandbox.raycluster import connect
+            from rockroll.sandbox.deployment.ray import connect
 
             connect(cfg.ray.address)
         elif owns_ray:

@@ -1,6 +1,6 @@
 """Envs on a rootfs base instead of the host image: debian (debootstrap) and docker.
 
-The debian rootfs is the one ``sandbox.images`` caches; when the host already has one
+The debian rootfs is the one ``sandbox.deployment.images`` caches; when the host already has one
 (``/var/lib/rockroll/images``), the test's state home gets a hardlinked copy of it instead
 of running debootstrap again (minutes). The module builds it once."""
 
@@ -15,7 +15,7 @@ import pytest
 
 from rockroll.envhub import HubStore, build, publish, pull
 from rockroll.sandbox import SandboxSpec, open_sandbox
-from rockroll.sandbox import images
+from rockroll.sandbox.deployment import images
 
 SHARED_IMAGES = Path("/var/lib/rockroll/images")
 

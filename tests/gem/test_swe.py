@@ -19,7 +19,7 @@ from gymnasium.utils.env_checker import check_env
 from rockroll.gem.swe import SWEEnv, hub_swe_tasks
 from rockroll.gem.tools import _POOLS, close_pools
 from rockroll.registry.hub import register_hub
-from rockroll.sandbox.registry import current_run
+from rockroll.sandbox.deployment.reaper import current_run
 from rockroll.sandbox.sync import run_sync
 
 

@@ -12,7 +12,7 @@ import pytest
 from gymnasium.error import ResetNeeded
 from rockroll.gem import TerminalEnv, TerminalTask
 from rockroll.gem.tools import ENV_DIR, parse_records, shared_pool
-from rockroll.sandbox.registry import current_run
+from rockroll.sandbox.deployment.reaper import current_run
 from rockroll.sandbox.sync import run_sync
 
 TASKS = [

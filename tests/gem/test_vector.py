@@ -11,7 +11,7 @@ import pytest
 import rockroll  # noqa: F401 - registers the rock/ ids
 from gymnasium.vector import AutoresetMode
 from rockroll.gem import GemVectorEnv, MathEnv, TerminalEnv, make_vec
-from rockroll.sandbox.registry import current_run
+from rockroll.sandbox.deployment.reaper import current_run
 from rockroll.sandbox.sync import run_sync
 
 TASK_IDS = ["files-project-skeleton", "text-csv-total", "git-commit-file", "proc-exit-status",

@@ -41,7 +41,7 @@ def test_sandbox_shell_keeps_state_between_lines():
 OWNER = """
 import os, sys
 from rockroll.sandbox import open_sandbox
-from rockroll.sandbox.registry import current_run
+from rockroll.sandbox.deployment.reaper import current_run
 sb = open_sandbox()
 print(current_run().run_id, sb.id, os.getpid(), flush=True)
 if sys.argv[1] == "die":

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rockroll.sandbox.cgroups import Cgroup, cgroup_mode
-from rockroll.sandbox.rootfs import state_home
+from rockroll.sandbox.deployment.cgroups import Cgroup, cgroup_mode
+from rockroll.sandbox.home import state_home
 
 
 def _host_mount_tables() -> list[str]:

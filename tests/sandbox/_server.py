@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from rockroll.sandbox.rootfs import state_home
+from rockroll.sandbox.home import state_home
 
 
 def free_port() -> int:

@@ -1,4 +1,4 @@
-"""Tests of rockroll.sandbox.cgroups on the host's real cgroups (v1 or v2), no mocks.
+"""Tests of rockroll.sandbox.deployment.cgroups on the host's real cgroups (v1 or v2), no mocks.
 
 Every test runs under its own parent group (``ROCKROLL_CGROUP_PARENT``) so it cannot
 touch groups of a real engine or of another test, and removes what it made.
@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from rockroll.sandbox.cgroups import PARENT_ENV, Cgroup, Limits, cgroup_mode, rlimit_fallback
+from rockroll.sandbox.deployment.cgroups import PARENT_ENV, Cgroup, Limits, cgroup_mode, rlimit_fallback
 from rockroll.sandbox.errors import SandboxNotFound, SpecError
 
 MIB = 1024 * 1024

@@ -20,7 +20,7 @@ from rockroll.sandbox import AgentDied, SandboxSpec, SpecError, open_sandbox
 @pytest.fixture(scope="module")
 def client():
     try:
-        from rockroll.sandbox.docker import docker_client
+        from rockroll.sandbox.deployment.docker import docker_client
 
         engine = docker_client()
         engine.ping()
@@ -36,7 +36,7 @@ def client():
 
 @pytest.fixture(scope="module")
 def image(client):
-    from rockroll.sandbox.images import ensure_docker_image
+    from rockroll.sandbox.deployment.images import ensure_docker_image
 
     return ensure_docker_image()  # minutes the first time, cached afterwards
 
@@ -226,7 +226,7 @@ def test_fork_bomb_stops_at_pids_limit(image):
 
 def test_agent_death_then_reset(image):
     with open_sandbox(dspec(image)) as sb:
-        os.kill(sb.aio._deploy.init_pid, signal.SIGKILL)
+        os.kill(sb.aio._deploy.agent.init_pid, signal.SIGKILL)
         with pytest.raises(AgentDied):
             sb.run("true")
         sb.reset()
@@ -254,7 +254,7 @@ OWNER = textwrap.dedent("""
 
 
 def test_owner_killed_then_gc_removes_container(client, image):
-    from rockroll.sandbox.registry import reap_dead_runs
+    from rockroll.sandbox.deployment.reaper import reap_dead_runs
 
     owner = subprocess.Popen([sys.executable, "-c", OWNER, image], stdout=subprocess.PIPE, text=True)
     try:

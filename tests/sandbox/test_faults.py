@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from rockroll.sandbox import AgentDied, SandboxSpec, open_sandbox
-from rockroll.sandbox.cgroups import cgroup_mode
-from rockroll.sandbox.registry import current_run, list_runs, reap_dead_runs
+from rockroll.sandbox.deployment.cgroups import cgroup_mode
+from rockroll.sandbox.deployment.reaper import current_run, list_runs, reap_dead_runs
 
 from _leaks import leftovers
 
@@ -64,7 +64,7 @@ def test_kill_9_of_owner_leaves_nothing_after_next_start(tmp_path):
     script = textwrap.dedent("""
         import json, sys, time
         from rockroll.sandbox import open_sandbox, SandboxSpec
-        from rockroll.sandbox.registry import current_run
+        from rockroll.sandbox.deployment.reaper import current_run
         boxes = [open_sandbox(SandboxSpec(memory_mb=128)) for _ in range(3)]
         for b in boxes:
             b.run("sleep 1000 &")
@@ -108,7 +108,7 @@ def test_next_start_reaps_and_gc_cli(tmp_path):
 
 def test_sigterm_and_ctrl_c_clean_up():
     for sig in (signal.SIGTERM, signal.SIGINT):
-        script = ("import time\nfrom rockroll.sandbox import open_sandbox\nfrom rockroll.sandbox.registry import current_run\n"
+        script = ("import time\nfrom rockroll.sandbox import open_sandbox\nfrom rockroll.sandbox.deployment.reaper import current_run\n"
                   "sb = open_sandbox()\nprint(current_run().run_id, flush=True)\ntime.sleep(100)\n")
         proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, env=os.environ)
@@ -165,11 +165,11 @@ async def test_handshake_takes_ready_before_spawned():
     # The outer agent reports the pid it forked ("spawned") while init reports "ready" on the
     # same pipe: on a loaded host "ready" can come first, and the pid must still be recorded
     # (a crash reaper needs it). A process speaking the agent's framing in that order:
-    from rockroll.sandbox.client import AgentConnection
+    from rockroll.sandbox.runtime.agent import AgentConnection
 
     script = textwrap.dedent("""
         import os, sys, time
-        from rockroll.sandbox._agent import encode_frame
+        from rockroll.sandbox.runtime._agent import encode_frame
         os.write(1, encode_frame({"op": "ready", "ok": True, "pid": 1}))
         time.sleep(0.2)
         os.write(1, encode_frame({"op": "spawned", "init_pid": 4242}))

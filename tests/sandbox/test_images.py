@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from rockroll.sandbox.images import (ImageBuildError, apt_mirror, build_debian_rootfs, docker_image_tag,
+from rockroll.sandbox.deployment.images import (ImageBuildError, apt_mirror, build_debian_rootfs, docker_image_tag,
                                      ensure_docker_image, parse_apt_sources, rootfs_cache_dir)
 
 DEB822 = """\
@@ -84,7 +84,7 @@ def test_tag_is_per_package_set():
 
 
 def test_rootfs_cache_lives_under_state_home():
-    from rockroll.sandbox.rootfs import state_home
+    from rockroll.sandbox.home import state_home
 
     path = rootfs_cache_dir(docker_image_tag("bookworm"))
     assert path.parent == state_home() / "images" and "/" not in path.name
@@ -150,14 +150,14 @@ def test_ensure_docker_image_builds_imports_and_caches(docker_engine):
 
 
 def _cli_engine():
-    from rockroll.sandbox.images import _CliEngine
+    from rockroll.sandbox.deployment.images import _CliEngine
 
     return _CliEngine()
 
 
 def _sdk_engine():
     import docker
-    from rockroll.sandbox.images import _SdkEngine
+    from rockroll.sandbox.deployment.images import _SdkEngine
 
     return _SdkEngine(docker.from_env())
 

@@ -1,4 +1,4 @@
-"""Tests of rockroll.sandbox.layers: real files, real tarballs, a real overlayfs mount."""
+"""Tests of rockroll.sandbox.storage.layers: real files, real tarballs, a real overlayfs mount."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 import zstandard
 
 from rockroll.sandbox.errors import SnapshotError, UnsafeArchiveError
-from rockroll.sandbox.layers import LayerInfo, digest_file, pack_layer, read_meta, unpack_layer, unpack_plain_tar
+from rockroll.sandbox.storage.layers import LayerInfo, digest_file, pack_layer, read_meta, unpack_layer, unpack_plain_tar
 
 IS_ROOT = os.geteuid() == 0
 OPAQUE = "trusted.overlay.opaque"

@@ -10,7 +10,7 @@ import pytest
 
 from rockroll.sandbox import SandboxSpec, SpecError
 from rockroll.sandbox.pool import AsyncSandboxPool, SandboxPool
-from rockroll.sandbox.registry import current_run
+from rockroll.sandbox.deployment.reaper import current_run
 
 SPEC = SandboxSpec(memory_mb=128, timeout_s=30)
 

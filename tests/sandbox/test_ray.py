@@ -1,7 +1,7 @@
 """backend="ray" on a real two-node Ray cluster (head + second node, both on 127.0.0.1).
 
 Each node is started with Ray's own `ray start` (through `python -m
-rockroll.sandbox.raycluster`, which keeps the loopback address Ray would otherwise swap
+rockroll.sandbox.deployment.ray`, which keeps the loopback address Ray would otherwise swap
 for the machine's outward IP) in its own session, so the second node can be killed on
 its own by process group. No mocks: real actors, real sandboxes, a real node loss.
 """
@@ -23,10 +23,11 @@ import pytest
 import ray  # the ray extra is a declared test dependency (make test installs it)
 
 from rockroll.sandbox import SandboxLost, SandboxSpec, SandboxFileError, open_sandbox  # noqa: E402
-from rockroll.sandbox import raycluster  # noqa: E402
+from rockroll.sandbox.deployment import ray as raycluster  # noqa: E402
 from rockroll.sandbox.pool import SandboxPool  # noqa: E402
-from rockroll.sandbox.registry import list_runs, proc_start_time, reap_dead_runs  # noqa: E402
-from rockroll.sandbox.rootfs import state_home  # noqa: E402
+from rockroll.sandbox.deployment.process import proc_start_time
+from rockroll.sandbox.deployment.reaper import list_runs, reap_dead_runs  # noqa: E402
+from rockroll.sandbox.home import state_home  # noqa: E402
 
 SPEC = SandboxSpec(backend="ray", memory_mb=128, timeout_s=30)
 pytestmark = pytest.mark.timeout(600)
@@ -82,7 +83,7 @@ class Node:
 def _ray_start(args: list[str], temp_dir: Path, env: dict) -> Node:
     temp_dir.mkdir(parents=True)
     agent, grpc, metrics, rt_env = _free_ports(4)
-    cmd = [sys.executable, "-m", "rockroll.sandbox.raycluster", "start", *args,
+    cmd = [sys.executable, "-m", "rockroll.sandbox.deployment.ray", "start", *args,
            "--node-ip-address=127.0.0.1", "--num-cpus=1", "--object-store-memory=100000000",
            f"--temp-dir={temp_dir}", "--disable-usage-stats",
            f"--dashboard-agent-listen-port={agent}", f"--dashboard-agent-grpc-port={grpc}",
@@ -235,7 +236,7 @@ def test_pool_spreads_then_refills_after_node_loss(cluster):
 def _stats():
     from rockroll.sandbox.sync import run_sync
 
-    return run_sync(raycluster._cluster().stats())
+    return run_sync(raycluster.cluster().stats())
 
 
 def _wait_lost(sb, timeout: float = 60.0):

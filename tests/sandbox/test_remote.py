@@ -10,8 +10,8 @@ import pytest
 
 from rockroll.sandbox import (AgentDied, AsyncSandbox, SandboxClosed, SandboxError, SandboxFileError,
                               SandboxNotFound, SandboxSpec, SpecError, open_async_sandbox, open_sandbox)
-from rockroll.sandbox import remote
-from rockroll.sandbox.remote import AuthError, RemoteSandbox
+from rockroll.sandbox.runtime import remote
+from rockroll.sandbox.runtime.remote import AuthError, RemoteSandbox
 
 from _server import Server
 

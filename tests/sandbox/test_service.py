@@ -21,7 +21,7 @@ from schemathesis.generation import GenerationMode
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
 
-from rockroll.sandbox.registry import proc_start_time
+from rockroll.sandbox.deployment.process import proc_start_time
 
 from _leaks import leftovers
 from _server import Server
@@ -290,7 +290,7 @@ def test_openapi_fuzz_no_server_errors_and_schema_conformance(fuzz_server):
 @pytest.mark.timeout(1200)
 def test_load_200_sandboxes_20000_commands_no_errors_no_leaks():
     from rockroll.sandbox import SandboxSpec
-    from rockroll.sandbox.remote import RemoteSandbox
+    from rockroll.sandbox.runtime.remote import RemoteSandbox
 
     n_boxes, per_box = 200, 100
     srv = Server("--max-sandboxes", str(n_boxes))

@@ -7,7 +7,7 @@ import pytest
 import zstandard
 
 from rockroll.sandbox import SandboxSpec, SnapshotError, UnsafeArchiveError, open_sandbox
-from rockroll.sandbox.layers import read_meta
+from rockroll.sandbox.storage.layers import read_meta
 
 
 def test_snapshot_restore_in_place(sb):

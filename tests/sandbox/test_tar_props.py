@@ -27,9 +27,9 @@ import zstandard
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from rockroll.sandbox._agent import extract_tar  # noqa: I001 (the agent may move)
+from rockroll.sandbox.runtime._agent import extract_tar  # noqa: I001 (the agent may move)
 from rockroll.sandbox.errors import UnsafeArchiveError
-from rockroll.sandbox.layers import unpack_layer, unpack_plain_tar
+from rockroll.sandbox.storage.layers import unpack_layer, unpack_plain_tar
 
 PROPS = settings(max_examples=150, deadline=None, derandomize=True, database=None,
                  suppress_health_check=[HealthCheck.too_slow])

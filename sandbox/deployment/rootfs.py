@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ..home import state_home
+
 SKELETON_DIRS = {
     "workspace": 0o755, "tmp": 0o1777, "root": 0o700, "home": 0o755, "etc": 0o755,
     "var": 0o755, "var/tmp": 0o1777, "var/lib": 0o755, "var/log": 0o755, "var/cache": 0o755,
@@ -30,17 +32,6 @@ TOP_SYSTEM = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 ETC_DENY = {"shadow", "shadow-", "gshadow", "gshadow-", "sudoers", "sudoers.d", "ssh", "docker",
             "ssl/private", "machine-id", "hosts", "hostname", "resolv.conf", "mtab", "subuid",
             "subgid", "security/opasswd", "credstore", "credstore.encrypted", "wireguard"}
-
-
-def state_home() -> Path:
-    """Root of rockroll's host state (``$ROCKROLL_HOME``, else a per-user default)."""
-    env = os.environ.get("ROCKROLL_HOME")
-    if env:
-        return Path(env)
-    if os.geteuid() == 0:
-        return Path("/var/lib/rockroll")
-    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
-    return Path(base) / "rockroll"
 
 
 @dataclass(frozen=True)
@@ -170,7 +161,7 @@ def plan_for_image(image: str, home: Path | None = None) -> RootfsPlan:
     scheme registered with ``register_image_resolver`` (e.g. ``hub:name@1.2.0``)."""
     if image == "host":
         return RootfsPlan(lowers=(str(host_base_layer(home)),), binds=host_binds())
-    from .errors import SpecError
+    from ..errors import SpecError
 
     scheme, sep, ref = image.partition(":")
     fn = _IMAGE_RESOLVERS.get(scheme) if sep else None

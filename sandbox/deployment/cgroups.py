@@ -22,7 +22,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from .errors import IsolationUnavailable, SandboxError, SandboxNotFound, SandboxStartError, SpecError
+from ..errors import IsolationUnavailable, SandboxError, SandboxNotFound, SandboxStartError, SpecError
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 PARENT_ENV = "ROCKROLL_CGROUP_PARENT"
@@ -379,6 +379,13 @@ class Cgroup:
             return 0.0
         return int(self._read("cpuacct", "cpuacct.usage") or 0) / 1e9
 
+
+    def usage(self) -> dict[str, float] | None:
+        """CPU seconds and current memory, or None if the group cannot be read (gone)."""
+        try:
+            return {"cpu_seconds": self.cpu_seconds(), "memory_bytes": self.memory_bytes()}
+        except (OSError, ValueError, SandboxError):
+            return None
 
     def _exists(self, key: str, filename: str) -> bool:
         return os.path.exists(os.path.join(self.dirs[key], filename))

@@ -34,7 +34,7 @@ from typing import BinaryIO
 
 import zstandard
 
-from .errors import SnapshotError, SpecError, UnsafeArchiveError
+from ..errors import SnapshotError, SpecError, UnsafeArchiveError
 
 META_NAME = "rockroll.json"
 ROOT = "rootfs"

@@ -1,5 +1,5 @@
 """The HTTP wire format of ``rockroll serve``: one request/response model per action,
-shared by the service (``service.py``) and the SDK (``remote.py``), so the two cannot
+shared by the service (``server/``) and the SDK (``runtime/remote.py``), so the two cannot
 drift apart. Also the mapping between typed sandbox errors and HTTP statuses.
 
 Every error response body is ``{"error": <SandboxError subclass name>, "message": ...,
@@ -14,9 +14,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from . import errors
-from .errors import CapacityError, SandboxError, SpecError, UnsafeArchiveError
-from .spec import CommandResult, SandboxSpec, Snapshot
+from .. import errors
+from ..errors import CapacityError, SandboxError, SpecError, UnsafeArchiveError
+from ..spec import CommandResult, SandboxSpec, Snapshot
 
 API = "/v1"
 DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"

@@ -25,7 +25,7 @@ sandbox over one pipe. So ``run("true")`` costs a protocol round trip, never a
   do. Remove the cache with ``docker image prune -a --filter label=rockroll.chain``.
 - Cleanup: every container is labelled with its run, sandbox, owner uid and owner
   process; ``kill_now`` (also at exit) removes it, and ``reap_containers`` (called by
-  ``registry.reap_dead_runs``) removes those of dead owners after a kill -9.
+  ``reaper.reap_dead_runs``) removes those of dead owners after a kill -9.
 """
 
 from __future__ import annotations
@@ -34,18 +34,20 @@ import hashlib
 import importlib.util
 import os
 import shutil
-import stat
 import subprocess
-import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from . import _agent
+from ..errors import IsolationUnavailable, SandboxStartError, SpecError
+from ..runtime import _agent
+from ..spec import SandboxSpec
+from ..storage.whiteouts import apply_layer
 from .cgroups import Cgroup
-from .errors import IsolationUnavailable, SandboxStartError, SpecError
-from .local import LocalDeployment, start_agent
-from .registry import RunRegistry, proc_start_time
-from .spec import SandboxSpec
+from .process import AgentProcess, proc_start_time
+
+if TYPE_CHECKING:
+    from .reaper import RunRegistry
 
 LABEL_RUN, LABEL_SANDBOX, LABEL_OWNER = "rockroll.run", "rockroll.sandbox", "rockroll.owner"
 LABEL_OWNER_PID, LABEL_OWNER_START = "rockroll.owner.pid", "rockroll.owner.start"
@@ -55,7 +57,6 @@ KEEPALIVE = 'trap "exit 0" TERM; while :; do sleep 3600 & wait $!; done'
 _CAP_NAMES = {0: "CHOWN", 1: "DAC_OVERRIDE", 3: "FOWNER", 4: "FSETID", 5: "KILL", 6: "SETGID",
               7: "SETUID", 8: "SETPCAP", 10: "NET_BIND_SERVICE", 18: "SYS_CHROOT",
               29: "AUDIT_WRITE", 31: "SETFCAP"}
-OPAQUE_XATTR = "trusted.overlay.opaque"  # docker's overlay2 mounts without userxattr
 
 
 def docker_client():
@@ -107,17 +108,16 @@ def container_cgroup(pid: int) -> Cgroup:
     return Cgroup(str(pid), "v1", dirs)
 
 
-class DockerDeployment(LocalDeployment):
+class DockerDeployment:
     """Host side of one docker sandbox: its container and the agent that entered it.
 
-    The agent process is handled exactly as the local one (``record``, ``stop_agent``,
-    ``close`` are inherited); what differs is where it runs. Each ``spawn`` (start,
-    reset, restore, after a crash) gets a fresh container; the old one is removed in
-    the background.
+    The agent process is the local one's (an ``AgentProcess``: recorded, killed and
+    reaped the same way); what differs is where it runs. Each ``spawn`` (start, reset,
+    restore, after a crash) gets a fresh container; the old one is removed in the
+    background.
     """
 
     def __init__(self, spec: SandboxSpec, sandbox_id: str, run: RunRegistry):
-        # LocalDeployment.__init__ is not called: its directories and cgroup are local-only.
         if spec.network:
             raise SpecError("network", "the docker backend runs containers with network 'none' only")
         self.client = docker_client()
@@ -125,9 +125,7 @@ class DockerDeployment(LocalDeployment):
         self.image = resolve_image(spec.image)
         self.dir = run.add(sandbox_id, self.kill_now)
         self.gen = 0
-        self.proc: subprocess.Popen | None = None
-        self.init_pid: int | None = None
-        self.init_start: int | None = None
+        self.agent = AgentProcess(self.dir)
         self.container = None
         self.cgroup: Cgroup | None = None
         self._upper: Path | None = None
@@ -208,17 +206,22 @@ class DockerDeployment(LocalDeployment):
         cfg = {"id": self.id, "enter_pid": pid, "cgroup_procs": self.cgroup.procs_paths(),
                "workdir": self.spec.workdir, "env": dict(self.spec.env), "hostname": self.id,
                "sessions": sessions}
-        self.proc = start_agent(cfg)
-        return self.proc
+        return self.agent.start(cfg)
+
+    def record(self, init_pid: int) -> None:
+        self.agent.record(init_pid)
 
     def stop_agent(self) -> None:
         """Kill the agent and remove its container in the background."""
-        super().stop_agent()
+        self.agent.stop()
         container, self.container = self.container, None
         if container is not None:
             thread = threading.Thread(target=_remove, args=(container,), daemon=True)
             thread.start()
             self._removals.append(thread)
+
+    def oom_kills(self) -> int:
+        return self.cgroup.oom_kills() if self.cgroup else 0
 
     def freeze(self) -> None:
         if self.container is not None:
@@ -228,13 +231,25 @@ class DockerDeployment(LocalDeployment):
         if self.container is not None:
             self.container.unpause()
 
-    def _release(self) -> None:
-        """Wait for the container removals that restarts and close started. The cgroup is
-        docker's: it goes with the container, so it is not removed here."""
-        for thread in self._removals:
-            thread.join(timeout=60)
-        self._removals = []
-        self.cgroup = None
+    def usage(self) -> dict[str, float] | None:
+        return self.cgroup.usage() if self.cgroup else None
+
+    def kill_now(self) -> None:
+        """Synchronous, idempotent teardown (also called from atexit): the agent, then
+        the container removals that restarts and this started. The cgroup is docker's:
+        it goes with the container, so it is not removed here."""
+        with self._lock:
+            self.agent.kill()
+            self.stop_agent()
+            for thread in self._removals:
+                thread.join(timeout=60)
+            self._removals = []
+            self.cgroup = None
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def close(self) -> None:
+        self.kill_now()
+        self.run.discard(self.id)
 
 
 def _remove(container) -> None:
@@ -247,80 +262,6 @@ def _remove(container) -> None:
     except docker.errors.APIError as e:  # "removal already in progress" and the like
         if e.status_code != 409:
             raise
-
-
-# --------------------------------------------------------------------------- layers
-
-
-def apply_layer(layer: Path, upper: Path) -> None:
-    """Merge an unpacked layer (overlay whiteouts, as ``SnapshotStore.layer_dir`` holds)
-    into an overlay upper dir that is not mounted, as if stacked on top of it: a whiteout
-    or a non-directory replaces what is there; an opaque directory drops what was under
-    it; a plain directory merges (made opaque if it replaces a non-directory, which hid
-    everything below). Owners, modes and mtimes are kept; hardlinks within the layer stay
-    links. Nothing is followed: symlinks are copied as links."""
-    links: dict[tuple[int, int], Path] = {}
-    dirs: list[tuple[Path, os.stat_result]] = []  # attrs set last: filling a dir changes its mtime
-    for root, dirnames, filenames in os.walk(layer):  # top-down: a dir is settled before its children
-        dst_root = upper / os.path.relpath(root, layer)
-        for name in dirnames + filenames:
-            src, dst = os.path.join(root, name), dst_root / name
-            st = os.lstat(src)
-            if stat.S_ISDIR(st.st_mode):
-                opaque = _is_opaque(src)
-                existing = os.path.lexists(dst)
-                if opaque or (existing and (dst.is_symlink() or not dst.is_dir())):
-                    _remove_path(dst)
-                    os.mkdir(dst)
-                    os.setxattr(dst, OPAQUE_XATTR, b"y")
-                elif not existing:
-                    os.mkdir(dst)
-                dirs.append((dst, st))
-                continue
-            _remove_path(dst)
-            if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:  # whiteout
-                os.mknod(dst, stat.S_IFCHR, 0)
-            elif stat.S_ISLNK(st.st_mode):
-                os.symlink(os.readlink(src), dst)
-            elif stat.S_ISFIFO(st.st_mode):
-                os.mkfifo(dst)
-            elif stat.S_ISREG(st.st_mode):
-                if (st.st_dev, st.st_ino) in links:
-                    os.link(links[(st.st_dev, st.st_ino)], dst)
-                    continue
-                shutil.copyfile(src, dst, follow_symlinks=False)
-                if st.st_nlink > 1:
-                    links[(st.st_dev, st.st_ino)] = dst
-            else:
-                continue  # layers hold no sockets or devices
-            _set_attrs(dst, st)
-    for path, st in reversed(dirs):
-        _set_attrs(path, st)
-
-
-def _is_opaque(path: str) -> bool:
-    for key in (OPAQUE_XATTR, "user.overlay.opaque"):
-        try:
-            if os.getxattr(path, key, follow_symlinks=False) == b"y":
-                return True
-        except OSError:
-            pass
-    return False
-
-
-def _remove_path(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    elif os.path.lexists(path):
-        path.unlink()
-
-
-def _set_attrs(path: Path, st: os.stat_result) -> None:
-    """Owner, then mode (chown clears setuid bits), then mtime; never through a symlink."""
-    os.chown(path, st.st_uid, st.st_gid, follow_symlinks=False)
-    if not stat.S_ISLNK(st.st_mode):
-        os.chmod(path, stat.S_IMODE(st.st_mode))
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)
 
 
 # --------------------------------------------------------------------------- gc

@@ -1,6 +1,6 @@
 """The ``remote`` backend: a sandbox held by a ``rockroll serve`` service, driven over HTTP.
 
-``RemoteSandbox`` has ``AsyncSandbox``'s methods, signatures and errors, so
+``RemoteSandbox`` is an ``AsyncSandbox`` (same methods, signatures and errors), so
 ``open_sandbox(SandboxSpec(backend="remote"))`` and the sync ``Sandbox`` work unchanged.
 The service is found from ``configure(url, token)`` or, by default, ``$ROCKROLL_URL``
 (``http://127.0.0.1:8765``) and ``$ROCKROLL_TOKEN``.
@@ -15,23 +15,20 @@ classes a local sandbox raises (``wire.error_from_body``).
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import os
-import tarfile
-import uuid
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterable, AsyncIterator
 
 import httpx
 
-from .client import CHUNK
-from .errors import AgentDied, SandboxClosed, SandboxError, SandboxLost, SandboxNotFound, SnapshotError, SpecError
-from .layers import unpack_plain_tar
-from .spec import CommandResult, SandboxSpec, Snapshot
-from .wire import API, AuthError, ResultOut, SandboxOut, SnapshotOut, error_from_body
+from ..base import CHUNK, AsyncSandbox, file_chunks
+from ..errors import (AgentDied, SandboxClosed, SandboxError, SandboxLost, SandboxNotFound,
+                      SnapshotError, SpecError)
+from ..server.wire import API, AuthError, ResultOut, SandboxOut, SnapshotOut, error_from_body
+from ..spec import CommandResult, SandboxSpec, Snapshot
 
 DEFAULT_URL = "http://127.0.0.1:8765"
 RETRIES = 4            # attempts after the first, for calls that may be repeated
@@ -75,13 +72,13 @@ def _client() -> httpx.AsyncClient:
     return client
 
 
-class RemoteSandbox:
+class RemoteSandbox(AsyncSandbox):
     """A sandbox held by a ``rockroll serve`` service. See ``AsyncSandbox`` for the
     contract of each method: they are the same, over HTTP."""
 
     def __init__(self, spec: SandboxSpec, sandbox_id: str, ep: Endpoint):
-        self.spec, self.id, self._ep = spec, sandbox_id, ep
-        self._closed = False
+        super().__init__(spec, sandbox_id)
+        self._ep = ep
         self._alive = True
 
     # ----------------------------------------------------------------- plumbing
@@ -95,17 +92,15 @@ class RemoteSandbox:
         if isinstance(exc, (AgentDied, SandboxClosed, SandboxNotFound)):
             self._alive = False
 
-    def _ensure_open(self) -> None:
-        if self._closed:
-            raise SandboxClosed("sandbox is closed", sandbox_id=self.id)
-
     def _url(self, suffix: str = "") -> str:
         return f"{API}/sandboxes/{self.id}{suffix}"
 
     # ----------------------------------------------------------------- lifecycle
     @classmethod
-    async def create(cls, spec: SandboxSpec | None = None, *, snapshot: Any = None,
-                     url: str | None = None, token: str | None = None) -> "RemoteSandbox":
+    async def open(cls, spec: SandboxSpec | None = None, *, snapshot: Any = None,
+                   url: str | None = None, token: str | None = None) -> "RemoteSandbox":
+        """A new sandbox on the service at ``url`` (default: ``configure()``, else the
+        environment)."""
         spec = spec or SandboxSpec(backend="remote")
         ep = Endpoint(url.rstrip("/"), token) if url else endpoint()
         body = spec.to_dict()
@@ -114,6 +109,8 @@ class RemoteSandbox:
         # POST is not repeated after the request went out: a retry could create a second sandbox.
         resp = await _request(ep, "POST", f"{API}/sandboxes", json_body=body)
         return cls(spec, SandboxOut.model_validate(resp.json()).id, ep)
+
+    create = open  # ``RemoteSandbox.create(spec, url=..., token=...)``: this service, not the factory's
 
     @property
     def alive(self) -> bool:
@@ -141,12 +138,6 @@ class RemoteSandbox:
         except SandboxError:
             return False
         return bool(ok)
-
-    async def __aenter__(self) -> "RemoteSandbox":
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.close()
 
     # ----------------------------------------------------------------- commands
     @staticmethod
@@ -190,56 +181,52 @@ class RemoteSandbox:
         await self._call("DELETE", self._url(f"/sessions/{_quote(name)}"))
 
     # ----------------------------------------------------------------- files
-    async def write_file(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
-        self._ensure_open()
-        data = data.encode() if isinstance(data, str) else bytes(data)
-        await self._call("PUT", self._url("/files"), params={"path": path, "mode": mode}, content=lambda: data)
-
     async def read_file(self, path: str) -> bytes:
         self._ensure_open()
         return (await self._call("GET", self._url("/files"), params={"path": path})).content
 
-    async def exists(self, path: str) -> bool:
+    async def stat(self, path: str) -> str | None:
         self._ensure_open()
-        return (await self._call("GET", self._url("/exists"), params={"path": path})).json()["exists"]
+        out = (await self._call("GET", self._url("/exists"), params={"path": path})).json()
+        return out.get("type") or "other" if out["exists"] else None
 
-    async def upload(self, local: str | os.PathLike, remote: str) -> None:
-        """Copy a local file (streamed) or directory (as a tar) into the sandbox."""
+    async def write_stream(self, path: str, chunks: AsyncIterable[bytes], *, mode: int = 0o644,
+                           tar: bool = False) -> int:
+        """The chunks go as the body of one PUT, streamed, and never twice: a consumed
+        iterator cannot start over, so a failed send raises ``SandboxLost``."""
         self._ensure_open()
-        local = Path(local)
-        if local.is_dir():
-            buf = io.BytesIO()
-            with tarfile.open(fileobj=buf, mode="w:", format=tarfile.PAX_FORMAT) as tar:
-                tar.add(local, arcname=".")
-            body = buf.getvalue()
-            await self._call("PUT", self._url("/files"), params={"path": remote, "tar": "true"},
-                             content=lambda: body)
-            return
-        mode = local.stat().st_mode & 0o777
-        await self._call("PUT", self._url("/files"), params={"path": remote, "mode": mode},
-                         content=lambda: _file_chunks(local))
+        sent, pulled = 0, False
 
-    async def download(self, remote: str, local: str | os.PathLike) -> None:
-        """Copy a sandbox file (streamed to a temp file, then renamed) or directory (a tar
-        unpacked with the safe layer rules) to the host."""
+        async def body() -> AsyncIterator[bytes]:
+            nonlocal sent, pulled
+            pulled = True
+            async for chunk in chunks:
+                sent += len(chunk)
+                yield chunk
+
+        def once() -> AsyncIterator[bytes]:
+            if pulled:  # a retry would send what is left of a consumed stream: a cut file
+                raise SandboxLost(f"the connection failed while sending {path}", sandbox_id=self.id)
+            return body()
+
+        params = {"path": path, "tar": "true"} if tar else {"path": path, "mode": mode}
+        await self._call("PUT", self._url("/files"), params=params, content=once)
+        return sent
+
+    async def read_stream(self, path: str) -> tuple[str, AsyncIterator[bytes]]:
         self._ensure_open()
-        local = Path(local)
-        resp = await self._call("GET", self._url("/files"), params={"path": remote}, stream=True)
-        tmp = local.with_name(f".{local.name}.{uuid.uuid4().hex[:6]}.part")
-        try:
-            with open(tmp, "w+b") as f:
+        resp = await self._call("GET", self._url("/files"), params={"path": path}, stream=True)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            try:
                 async for chunk in resp.aiter_bytes(CHUNK):
-                    f.write(chunk)
-                if resp.headers.get("x-rockroll-type") == "dir":
-                    f.seek(0)
-                    await asyncio.to_thread(unpack_plain_tar, f, local)
-                    return
-            os.replace(tmp, local)
-        except httpx.HTTPError as e:
-            raise SandboxLost(f"download of {remote} was cut: {e}", sandbox_id=self.id) from e
-        finally:
-            await resp.aclose()
-            tmp.unlink(missing_ok=True)
+                    yield chunk
+            except httpx.HTTPError as e:
+                raise SandboxLost(f"download of {path} was cut: {e}", sandbox_id=self.id) from e
+            finally:
+                await resp.aclose()
+
+        return ("dir" if resp.headers.get("x-rockroll-type") == "dir" else "file"), chunks()
 
     # ----------------------------------------------------------------- snapshots
     async def snapshot(self) -> Snapshot:
@@ -248,7 +235,7 @@ class RemoteSandbox:
         self._ensure_open()
         return SnapshotOut.model_validate((await self._call("POST", self._url("/snapshots"))).json()).to_snapshot()
 
-    async def restore(self, snapshot: "Snapshot | str | Path") -> None:
+    async def restore(self, snapshot: Snapshot | str | Path) -> None:
         self._ensure_open()
         digest = await _snapshot_digest(self._ep, snapshot)
         await self._call("POST", self._url("/restore"), json_body={"snapshot": digest})
@@ -261,9 +248,8 @@ class RemoteSandbox:
         resp = await self._call("POST", self._url("/fork"), json_body={"n": n})
         return [RemoteSandbox(self.spec, SandboxOut.model_validate(o).id, self._ep) for o in resp.json()]
 
-    def __repr__(self) -> str:
-        state = "closed" if self._closed else "alive" if self._alive else "dead"
-        return f"<RemoteSandbox {self.id} image={self.spec.image!r} {state} at {self._ep.url}>"
+    def _describe(self) -> str:
+        return f"{super()._describe()} at {self._ep.url}"
 
 
 # --------------------------------------------------------------------------- HTTP
@@ -331,14 +317,7 @@ async def _sse(resp: httpx.Response) -> AsyncIterator[tuple[str, str]]:
             data.append(line[5:].lstrip(" "))
 
 
-async def _file_chunks(path: Path) -> AsyncIterator[bytes]:
-    """A file as an async body, ``CHUNK`` bytes at a time (reads off the event loop)."""
-    with open(path, "rb") as f:
-        while chunk := await asyncio.to_thread(f.read, CHUNK):
-            yield chunk
-
-
-async def _snapshot_digest(ep: Endpoint, snapshot: "Snapshot | str | Path") -> str:
+async def _snapshot_digest(ep: Endpoint, snapshot: Snapshot | str | Path) -> str:
     """The digest the service knows a snapshot by: a ``Snapshot`` or a ``sha256:`` digest
     as is; a local tarball path is uploaded first (its parents must be on the service)."""
     if isinstance(snapshot, Snapshot):
@@ -348,7 +327,7 @@ async def _snapshot_digest(ep: Endpoint, snapshot: "Snapshot | str | Path") -> s
     path = Path(snapshot)
     if not path.is_file():
         raise SnapshotError(f"no snapshot tarball at {path}")
-    resp = await _request(ep, "POST", f"{API}/snapshots", content=lambda: _file_chunks(path))
+    resp = await _request(ep, "POST", f"{API}/snapshots", content=lambda: file_chunks(path))
     return resp.json()["digest"]
 
 

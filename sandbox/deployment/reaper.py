@@ -1,4 +1,4 @@
-"""Run registry: every sandbox is registered under the id of the process run that owns it.
+"""Crash reaping: every sandbox is registered under the id of the process run that owns it.
 
 Layout: ``<state_home>/runs/<run_id>/run.json`` names the owner (pid and its start time,
 so a recycled pid is not mistaken for a live owner); each sandbox has a directory
@@ -28,17 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .rootfs import state_home
-
-
-def proc_start_time(pid: int) -> int | None:
-    """Kernel start time of a process (clock ticks since boot), None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    return int(data[data.rindex(b")") + 2:].split()[19])
+from ..home import state_home
+from .process import proc_start_time
 
 
 def owner_alive(info: dict) -> bool:
@@ -90,8 +81,8 @@ def reap_dead_runs(home: Path | None = None, *, include_live: bool = False,
     Returns the ids of the runs reaped. ``include_live`` also reaps runs whose owner is
     alive (``rockroll sandbox gc --all``); ``keep`` is never reaped (the caller's run).
     """
+    from ..errors import SandboxError
     from .cgroups import Cgroup, cgroup_mode
-    from .errors import SandboxError
 
     reaped = []
     for run in list_runs(home):

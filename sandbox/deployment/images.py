@@ -5,7 +5,7 @@ so an image builds wherever ``apt-get`` works. Rootfs trees are cached under the
 rockroll state home, one per (suite, package set); the docker image is imported only
 when ``docker image inspect`` does not already know its tag.
 
-    from rockroll.sandbox.images import ensure_docker_image
+    from rockroll.sandbox.deployment.images import ensure_docker_image
     tag = ensure_docker_image("bookworm", ["python3"])   # rockroll/debian:bookworm-1a2b3c4d
 """
 
@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-from .errors import SandboxError
+from ..errors import SandboxError
 
 APT_SOURCE_FILES = ("/etc/apt/sources.list", "/etc/apt/sources.list.d/*.list",
                     "/etc/apt/sources.list.d/*.sources")
@@ -226,7 +226,7 @@ def docker_image_tag(suite: str = "bookworm", packages: Iterable[str] = ()) -> s
 
 def rootfs_cache_dir(tag: str) -> Path:
     """Where the rootfs of an image tag is cached: ``<state home>/images/<repo_tag>``."""
-    from .rootfs import state_home
+    from ..home import state_home
 
     return state_home() / "images" / re.sub(r"[^A-Za-z0-9_.-]", "_", tag)
 

@@ -15,9 +15,9 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from .errors import SnapshotError
+from ..errors import SnapshotError
 from .layers import digest_file, read_meta, unpack_layer
-from .spec import Snapshot
+from ..spec import Snapshot
 
 
 # Snapshot-ref schemes other packages plug in (``"hub:name@ver#snap"`` from

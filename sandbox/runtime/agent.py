@@ -1,34 +1,32 @@
-"""What you can do in a sandbox: the async API, the same for every backend.
+"""The client of our agent (``_agent.py``): a sandbox of the local and docker backends.
 
-``AsyncSandbox`` speaks the agent protocol (``_agent.py``) over a pipe pair, with many
-requests in flight at once (one per session), and leaves starting and stopping to a
-deployment (``local.py``). The sync ``Sandbox`` in ``sync.py`` wraps this class.
+``AgentSandbox`` speaks the agent protocol over a pipe pair, with many requests in flight
+at once (one per session), and leaves starting and stopping to a deployment
+(``deployment/local.py``, ``deployment/docker.py``); the factory says which.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import os
 import posixpath
 import shutil
-import tarfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, AsyncIterable, AsyncIterator
 
+from ..base import CHUNK, AsyncSandbox, once
+from ..deployment.base import Deployment
+from ..deployment.reaper import current_run, install_exit_handlers
+from ..errors import (AgentDied, IsolationUnavailable, SandboxClosed, SandboxError, SandboxFileError,
+                      SandboxStartError, SessionError, SnapshotError, SpecError)
+from ..spec import CommandResult, SandboxSpec, Snapshot
+from ..storage.layers import pack_layer, read_meta
+from ..storage.snapshots import SnapshotStore, copy_tree
 from ._agent import FrameReader, encode_frame
-from .errors import (AgentDied, SandboxClosed, SandboxError, SandboxFileError, SandboxStartError,
-                     SessionError, SnapshotError, IsolationUnavailable)
-from .layers import pack_layer
-from .local import Deployment, LocalDeployment
-from .registry import current_run, install_exit_handlers
-from .snapshots import SnapshotStore, copy_tree
-from .spec import CommandResult, SandboxSpec, Snapshot
 
-CHUNK = 4 << 20  # file transfers move in chunks of this size: bounded memory either way
 # Tasks closing sandboxes whose create() was cancelled mid-build (held here: the loop keeps
 # only weak references to tasks).
 _ORPHAN_CLOSERS: set[asyncio.Task] = set()
@@ -175,44 +173,33 @@ class AgentConnection:
         return init_pid
 
 
-class AsyncSandbox:
-    """An isolated Linux sandbox driven with bash (async API; ``Sandbox`` is the sync twin).
+class AgentSandbox(AsyncSandbox):
+    """A sandbox whose agent runs on this host, started by a deployment (local
+    namespaces or a docker container). An agent crash raises ``AgentDied``; ``reset()``
+    recovers. See ``AsyncSandbox`` for each method's contract."""
 
-    Create with ``await AsyncSandbox.create(spec)`` or ``async with open_async_sandbox(spec)``.
-    Commands run in named, persistent bash sessions (``session=None``: "default"), where
-    cwd and exported variables survive between calls. Relative paths in file operations
-    are relative to ``spec.workdir``. ``close()`` is idempotent; after it every call
-    raises ``SandboxClosed``. An agent crash raises ``AgentDied``; ``reset()`` recovers.
-    """
-
-    def __init__(self, spec: SandboxSpec, sandbox_id: str):
-        self.spec, self.id = spec, sandbox_id
+    def __init__(self, spec: SandboxSpec, sandbox_id: str, deployment: type):
+        super().__init__(spec, sandbox_id)
         self.run_id = current_run().run_id
+        self._deployment = deployment
         self._deploy: Deployment | None = None
         self._conn: AgentConnection | None = None
         self._layers: tuple[str, ...] = ()  # snapshot chain mounted above the image
         self._oom_seen = 0
-        self._closed = False
         self._lock = asyncio.Lock()  # serializes restarts against each other
         self.created = time.time()
         self.store = SnapshotStore(current_run().home)
 
     # ----------------------------------------------------------------- lifecycle
     @classmethod
-    async def create(cls, spec: SandboxSpec | None = None, *, snapshot: Any = None) -> "AsyncSandbox":
-        spec = spec or SandboxSpec()
-        if spec.backend == "remote":  # a service holds it; same methods over HTTP (remote.py)
-            from .remote import RemoteSandbox
-            return await RemoteSandbox.create(spec, snapshot=snapshot)
-        if spec.backend == "ray":  # a host actor on a Ray node holds it (raycluster.py)
-            from .raycluster import RaySandbox
-            return await RaySandbox.create(spec, snapshot=snapshot)
+    async def open(cls, spec: SandboxSpec, *, deployment: type, snapshot: Any = None) -> "AgentSandbox":
+        """Start a sandbox of ``spec`` on ``deployment`` (a ``Deployment`` class)."""
         install_exit_handlers()  # SIGTERM -> normal exit -> atexit closes every sandbox
-        self = cls(spec, "sb-" + uuid.uuid4().hex[:10])
+        self = cls(spec, "sb-" + uuid.uuid4().hex[:10], deployment)
         # The build runs in threads, which a cancellation cannot stop: a thread would finish
         # a sandbox nobody holds. So the build is shielded, and a cancelled caller leaves a
         # task behind that closes the sandbox once it is built.
-        build = asyncio.ensure_future(self._build(_deployment_class(spec.backend), snapshot))
+        build = asyncio.ensure_future(self._build(snapshot))
         try:
             await asyncio.shield(build)
         except asyncio.CancelledError:
@@ -222,10 +209,10 @@ class AsyncSandbox:
             raise
         return self
 
-    async def _build(self, deployment: type, snapshot: Any) -> None:
+    async def _build(self, snapshot: Any) -> None:
         try:
             # Building a deployment touches the filesystem and cgroups: keep it off the loop.
-            self._deploy = await asyncio.to_thread(deployment, self.spec, self.id, current_run())
+            self._deploy = await asyncio.to_thread(self._deployment, self.spec, self.id, current_run())
             sessions: dict[str, str] = {}
             if snapshot is not None:
                 snap = await asyncio.to_thread(self.store.load, snapshot)
@@ -260,7 +247,6 @@ class AsyncSandbox:
             await self._start(sessions)
 
     async def reset(self) -> None:
-        """Back to the image: files, sessions and processes all fresh."""
         await self._restart((), {})
 
     async def close(self) -> None:
@@ -275,16 +261,6 @@ class AsyncSandbox:
         if self._deploy:
             await asyncio.to_thread(self._deploy.close)
 
-    async def __aenter__(self) -> "AsyncSandbox":
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.close()
-
-    def _ensure_open(self) -> None:
-        if self._closed:
-            raise SandboxClosed("sandbox is closed", sandbox_id=self.id)
-
     async def _request(self, header: dict, payload: bytes = b"", *, stream: asyncio.Queue | None = None
                        ) -> tuple[dict, bytes]:
         self._ensure_open()
@@ -295,7 +271,6 @@ class AsyncSandbox:
         return not self._closed and self._conn is not None and not self._conn.dead
 
     async def ping(self) -> bool:
-        """Health check: True if the agent answers."""
         try:
             await asyncio.wait_for(self._request({"op": "ping"}), 5.0)
             return True
@@ -305,18 +280,10 @@ class AsyncSandbox:
     # ----------------------------------------------------------------- commands
     async def run(self, cmd: str, *, timeout: float | None = None, session: str | None = None,
                   env: dict[str, str] | None = None, cwd: str | None = None) -> CommandResult:
-        """Run ``cmd`` with bash in a session; stdout and stderr come back separately.
-
-        A timeout kills the command's process group (``timed_out=True``), not the session.
-        With ``env`` or ``cwd`` the command runs in a throwaway subshell, so its own
-        ``cd``/``export`` do not persist.
-        """
         return await self._run(cmd, timeout, session, env, cwd, None)
 
     async def run_stream(self, cmd: str, *, timeout: float | None = None, session: str | None = None,
                          env: dict[str, str] | None = None, cwd: str | None = None):
-        """Like ``run``, as an async iterator: yields ``("stdout" | "stderr", text)`` chunks
-        while the command runs, then the final ``CommandResult`` as its last item."""
         queue: asyncio.Queue = asyncio.Queue()
         task = asyncio.ensure_future(self._run(cmd, timeout, session, env, cwd, queue))
         try:
@@ -340,7 +307,6 @@ class AsyncSandbox:
     async def _run(self, cmd, timeout, session, env, cwd, stream) -> CommandResult:
         timeout = self.spec.timeout_s if timeout is None else timeout
         if env and not all(isinstance(k, str) and k.isidentifier() for k in env):
-            from .errors import SpecError
             raise SpecError("env", "variable names must be identifiers")
         header, body = await self._request({
             "op": "run", "cmd": cmd, "session": session or "default", "timeout": timeout,
@@ -370,13 +336,6 @@ class AsyncSandbox:
             raise SandboxFileError(f"bad path {path!r}", sandbox_id=self.id)
         return posixpath.normpath(posixpath.join(self.spec.workdir, path))
 
-    async def write_file(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
-        data = data.encode() if isinstance(data, str) else bytes(data)
-        target = self._path(path)
-        for offset in range(0, max(len(data), 1), CHUNK):
-            await self._request({"op": "write", "path": target, "mode": mode, "offset": offset,
-                                 "truncate": offset == 0}, data[offset:offset + CHUNK])
-
     async def read_file(self, path: str) -> bytes:
         target, chunks, offset = self._path(path), [], 0
         while True:
@@ -387,60 +346,57 @@ class AsyncSandbox:
             if not body or offset >= header["size"]:
                 return b"".join(chunks)
 
-    async def exists(self, path: str) -> bool:
+    async def stat(self, path: str) -> str | None:
         header, _ = await self._request({"op": "stat", "path": self._path(path)})
-        return header["exists"]
+        return header["type"] if header["exists"] else None
 
-    async def upload(self, local: str | os.PathLike, remote: str) -> None:
-        """Copy a local file or directory into the sandbox (a directory goes as a tar)."""
-        local = Path(local)
-        if local.is_dir():
-            buf = io.BytesIO()
-            with tarfile.open(fileobj=buf, mode="w:", format=tarfile.PAX_FORMAT) as tar:
-                tar.add(local, arcname=".")
-            await self._request({"op": "tar_in", "path": self._path(remote)}, buf.getvalue())
-            return
-        target = self._path(remote)
-        mode = local.stat().st_mode & 0o777
-        with open(local, "rb") as f:
-            offset = 0
-            while True:
-                chunk = f.read(CHUNK)
-                if not chunk and offset:
-                    return
-                await self._request({"op": "write", "path": target, "mode": mode, "offset": offset,
-                                     "truncate": offset == 0}, chunk)
-                offset += len(chunk)
-                if len(chunk) < CHUNK:
-                    return
+    async def write_stream(self, path: str, chunks: AsyncIterable[bytes], *, mode: int = 0o644,
+                           tar: bool = False) -> int:
+        """Each ``CHUNK`` bytes go as one agent request as they arrive (a tar goes whole:
+        the agent unpacks it from one frame)."""
+        target = self._path(path)
+        if tar:
+            data = b"".join([chunk async for chunk in chunks])
+            await self._request({"op": "tar_in", "path": target}, data)
+            return len(data)
+        buf, offset = bytearray(), 0
 
-    async def download(self, remote: str, local: str | os.PathLike) -> None:
-        """Copy a sandbox file or directory to the host. A directory arrives as a tar
-        unpacked with the safe layer rules: links inside it are never followed."""
-        local = Path(local)
-        header, _ = await self._request({"op": "stat", "path": self._path(remote)})
+        async def flush(data: bytes) -> None:
+            nonlocal offset
+            await self._request({"op": "write", "path": target, "mode": mode, "offset": offset,
+                                 "truncate": offset == 0}, data)
+            offset += len(data)
+
+        async for chunk in chunks:
+            buf += chunk
+            while len(buf) >= CHUNK:
+                await flush(bytes(buf[:CHUNK]))
+                del buf[:CHUNK]
+        if buf or offset == 0:
+            await flush(bytes(buf))
+        return offset
+
+    async def read_stream(self, path: str) -> tuple[str, AsyncIterator[bytes]]:
+        target = self._path(path)
+        header, _ = await self._request({"op": "stat", "path": target})
         if not header["exists"]:
-            raise SandboxFileError(f"no such file: {remote}", sandbox_id=self.id)
+            raise SandboxFileError(f"no such file: {path}", sandbox_id=self.id)
         if header["type"] == "dir":
-            _, body = await self._request({"op": "tar_out", "path": self._path(remote)})
-            from .layers import unpack_plain_tar
+            _, body = await self._request({"op": "tar_out", "path": target})
+            return "dir", once(body)
+        first, body = await self._request({"op": "read", "path": target, "offset": 0, "length": CHUNK})
 
-            await asyncio.to_thread(unpack_plain_tar, body, local)
-            return
-        tmp = local.with_name(f".{local.name}.{uuid.uuid4().hex[:6]}.part")
-        try:
-            with open(tmp, "wb") as f:
-                offset = 0
-                while True:
-                    h, body = await self._request({"op": "read", "path": self._path(remote),
-                                                   "offset": offset, "length": CHUNK})
-                    f.write(body)
-                    offset += len(body)
-                    if not body or offset >= h["size"]:
-                        break
-            os.replace(tmp, local)
-        finally:
-            tmp.unlink(missing_ok=True)
+        async def chunks() -> AsyncIterator[bytes]:
+            h, data, offset = first, body, 0
+            while True:
+                if data:
+                    yield data
+                offset += len(data)
+                if not data or offset >= h["size"]:
+                    return
+                h, data = await self._request({"op": "read", "path": target, "offset": offset, "length": CHUNK})
+
+        return "file", chunks()
 
     # ----------------------------------------------------------------- snapshots
     async def snapshot(self) -> Snapshot:
@@ -480,62 +436,29 @@ class AsyncSandbox:
                                 f"this sandbox runs {self.spec.image!r}", sandbox_id=self.id)
 
     def _sessions_of(self, snap: Snapshot) -> dict[str, str]:
-        from .layers import read_meta
-
         return dict(read_meta(self.store.tarball(snap.digest)).get("sessions", {}))
 
-    async def restore(self, snapshot: "Snapshot | str | Path") -> None:
-        """Return this sandbox, in place, to a snapshot's files and sessions."""
+    async def restore(self, snapshot: Snapshot | str | Path) -> None:
         self._ensure_open()
         snap = await asyncio.to_thread(self.store.load, snapshot)
         self._check_image(snap)
         sessions = await asyncio.to_thread(self._sessions_of, snap)
         await self._restart(snap.layers, sessions)
 
-    async def fork(self, n: int = 1) -> list["AsyncSandbox"]:
+    async def fork(self, n: int = 1) -> list["AgentSandbox"]:
         """``n`` new sandboxes sharing this one's current state copy-on-write (the
         snapshot is their common lower layer)."""
         if not isinstance(n, int) or n < 1:
-            from .errors import SpecError
             raise SpecError("n", "must be a positive integer")
         snap = await self.snapshot()
-        results = await asyncio.gather(*(AsyncSandbox.create(self.spec, snapshot=snap) for _ in range(n)),
-                                       return_exceptions=True)
+        results = await asyncio.gather(*(type(self).open(self.spec, deployment=self._deployment, snapshot=snap)
+                                         for _ in range(n)), return_exceptions=True)
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
             await asyncio.gather(*(r.close() for r in results if isinstance(r, AsyncSandbox)))
             raise failed[0]
         return list(results)
 
-    def __repr__(self) -> str:
-        state = "closed" if self._closed else "alive" if self.alive else "dead"
-        return f"<AsyncSandbox {self.id} image={self.spec.image!r} {state}>"
+    def usage(self) -> dict[str, float] | None:
+        return self._deploy.usage() if self._deploy else None
 
-
-def _deployment_class(backend: str) -> type:
-    """The deployment that starts agents for a backend (imported lazily: heavy extras)."""
-    if backend == "local":
-        return LocalDeployment
-    if backend == "docker":
-        from .docker import DockerDeployment  # noqa: PLC0415 - needs the docker SDK
-        return DockerDeployment
-    raise IsolationUnavailable(f"backend {backend!r} is not available in this build")
-
-
-class open_async_sandbox:
-    """``async with open_async_sandbox(spec) as sb:`` (or ``sb = await open_async_sandbox(spec)``)."""
-
-    def __init__(self, spec: SandboxSpec | None = None, *, snapshot: Any = None):
-        self._args = (spec, snapshot)
-        self._sb: AsyncSandbox | None = None
-
-    def __await__(self):
-        return AsyncSandbox.create(self._args[0], snapshot=self._args[1]).__await__()
-
-    async def __aenter__(self) -> AsyncSandbox:
-        self._sb = await AsyncSandbox.create(self._args[0], snapshot=self._args[1])
-        return self._sb
-
-    async def __aexit__(self, *exc) -> None:
-        if self._sb:
-            await self._sb.close()

@@ -1,0 +1,45 @@
+"""The deployment contract: where one sandbox runs (SWE-ReX's runtime/deployment split).
+
+A runtime that speaks our agent protocol (``runtime/agent.py``) drives any deployment
+through this interface; the agent and its protocol are the same everywhere.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Protocol
+
+
+class Deployment(Protocol):
+    """Where a sandbox runs: starts, stops and locates its agent process."""
+
+    upper: Path  # the sandbox's writable layer, as a host path (snapshots pack it)
+
+    def spawn(self, layers: list[Path], sessions: dict[str, str]) -> subprocess.Popen:
+        """Start a fresh agent over snapshot ``layers`` (top first); its stdin/stdout
+        carry the protocol and its first frame was the config."""
+
+    def record(self, init_pid: int) -> None:
+        """Remember the agent's pids so a later run can reap them after a crash."""
+
+    def stop_agent(self) -> None:
+        """Kill the current agent and everything it started (not blocking)."""
+
+    def oom_kills(self) -> int:
+        """How many processes the memory limit has killed so far."""
+
+    def freeze(self) -> None:
+        """Pause every process of the sandbox (while its upper layer is copied)."""
+
+    def thaw(self) -> None:
+        """Resume what ``freeze`` paused."""
+
+    def usage(self) -> dict[str, float] | None:
+        """``{"cpu_seconds", "memory_bytes"}`` so far, or None where nothing tells."""
+
+    def kill_now(self) -> None:
+        """Synchronous, idempotent teardown (atexit calls it)."""
+
+    def close(self) -> None:
+        """Tear down and unregister."""

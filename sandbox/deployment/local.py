@@ -1,0 +1,139 @@
+"""The local deployment: a sandbox as Linux namespaces + overlayfs + cgroups, no daemon.
+
+This module only starts, stops and locates sandboxes; what you can *do* in one lives in
+``runtime/agent.py`` and is the same for every backend (SWE-ReX's runtime/deployment split).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import IsolationUnavailable, SandboxStartError, SpecError
+from ..spec import SandboxSpec
+from .cgroups import Cgroup, Limits, cgroup_mode, rlimit_fallback
+from .process import AgentProcess
+from .rootfs import plan_for_image
+
+if TYPE_CHECKING:
+    from .reaper import RunRegistry
+
+
+def check_isolation() -> None:
+    """Fail clearly, naming the docker backend, where this host cannot isolate."""
+    if not sys.platform.startswith("linux"):
+        raise IsolationUnavailable(
+            f"the local backend needs Linux namespaces and overlayfs; this is {sys.platform}. "
+            "Use backend='docker' instead.")
+    if not os.path.exists("/proc/self/ns/pid") or "overlay" not in Path("/proc/filesystems").read_text():
+        raise IsolationUnavailable(
+            "this kernel lacks namespaces or overlayfs; use backend='docker' instead.")
+    if os.geteuid() != 0 and not _userns_allowed():
+        raise IsolationUnavailable(
+            "not root and unprivileged user namespaces are disabled; run as root, enable "
+            "kernel.unprivileged_userns_clone, or use backend='docker'.")
+
+
+def _userns_allowed() -> bool:
+    try:
+        return Path("/proc/sys/kernel/unprivileged_userns_clone").read_text().strip() != "0"
+    except OSError:
+        return True  # upstream kernels have no switch: allowed unless userns max is 0
+
+
+class LocalDeployment:
+    """Host side of one local sandbox: its directories, cgroup and agent process."""
+
+    def __init__(self, spec: SandboxSpec, sandbox_id: str, run: RunRegistry):
+        check_isolation()
+        if spec.disk_mb is not None:
+            # The overlay upper lives on the host's filesystem, which has no per-directory
+            # quota here; refusing beats pretending to enforce a limit.
+            raise SpecError("disk_mb", "the local backend cannot enforce a disk limit; use "
+                                       "backend='docker' or leave disk_mb unset")
+        self.spec, self.id, self.run = spec, sandbox_id, run
+        self.plan = plan_for_image(spec.image, run.home)
+        self.dir = run.add(sandbox_id, self.kill_now)
+        (self.dir / "rootfs").mkdir(exist_ok=True)
+        self.gen = 0
+        self.agent = AgentProcess(self.dir)
+        self.userns = os.geteuid() != 0
+        self.limits = Limits(cpus=spec.cpus, memory_mb=spec.memory_mb, pids=spec.pids)
+        self.cgroup = None
+        if cgroup_mode() != "none":
+            try:
+                self.cgroup = Cgroup.create(f"{run.cgroup_tag}.{sandbox_id}", self.limits)
+            except SandboxStartError as e:
+                run.discard(sandbox_id)
+                raise SandboxStartError(str(e), sandbox_id=sandbox_id) from e
+        self._lock = threading.Lock()
+
+    @property
+    def upper(self) -> Path:
+        return self.dir / f"upper{self.gen}"
+
+    def spawn(self, layers: list[Path], sessions: dict[str, str]) -> subprocess.Popen:
+        """Start a fresh agent over ``layers`` (top first) + the image, with an empty upper."""
+        self.gen += 1
+        upper, work = self.dir / f"upper{self.gen}", self.dir / f"work{self.gen}"
+        upper.mkdir()
+        work.mkdir()
+        os.chmod(upper, 0o755)
+        cfg = {
+            "id": self.id,
+            "rootfs": str(self.dir / "rootfs"),
+            "lowers": [str(p) for p in layers] + list(self.plan.lowers),
+            "upper": str(upper), "work": str(work),
+            "binds": [list(b) for b in self.plan.binds],
+            "cgroup_procs": self.cgroup.procs_paths() if self.cgroup else [],
+            "rlimits": [] if self.cgroup else [[r, s, h] for r, (s, h) in rlimit_fallback(self.limits)],
+            "userns": self.userns, "network": self.spec.network,
+            "hostname": self.id, "workdir": self.spec.workdir, "env": dict(self.spec.env),
+            "sessions": sessions,
+        }
+        return self.agent.start(cfg)
+
+    def record(self, init_pid: int) -> None:
+        self.agent.record(init_pid)
+
+    def stop_agent(self) -> None:
+        """Kill the current agent (and with it the whole pid namespace); delete the old
+        generation's directories once it is reaped, in the background."""
+        gen = self.gen
+        self.agent.stop(then=lambda: self._drop_generation(gen))
+
+    def _drop_generation(self, gen: int) -> None:
+        for name in (f"upper{gen}", f"work{gen}"):
+            shutil.rmtree(self.dir / name, ignore_errors=True)
+
+    def oom_kills(self) -> int:
+        return self.cgroup.oom_kills() if self.cgroup else 0
+
+    def freeze(self) -> None:
+        if self.cgroup:
+            self.cgroup.freeze()
+
+    def thaw(self) -> None:
+        if self.cgroup:
+            self.cgroup.thaw()
+
+    def usage(self) -> dict[str, float] | None:
+        return self.cgroup.usage() if self.cgroup else None
+
+    def kill_now(self) -> None:
+        """Synchronous, idempotent teardown (also called from atexit)."""
+        with self._lock:
+            self.agent.kill()
+            if self.cgroup:
+                self.cgroup.remove()
+                self.cgroup = None
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def close(self) -> None:
+        self.kill_now()
+        self.run.discard(self.id)

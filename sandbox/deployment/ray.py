@@ -1,0 +1,453 @@
+"""``backend="ray"``, the placement side: one host actor per node of a Ray cluster.
+
+Deployment, not runtime (the SWE-ReX split): each node runs one ``SandboxHost`` actor
+that drives ordinary local sandboxes (``backend="local"``) and warm pools on that node;
+``runtime/ray.py``'s ``RaySandbox`` is the client, forwarding every call to its host,
+and ``ray_pool.py`` spreads a warm pool over the hosts.
+
+- Placement is by load, not by Ray resources: a sandbox is not a Ray task, so charging
+  it ``num_cpus`` would only starve Ray's own scheduling. A new sandbox goes to the host
+  with the fewest sandboxes (busy + warm) per CPU of its node.
+- A lost node (or host actor) turns every call on its sandboxes into ``SandboxLost``;
+  their agents die with the host process (stdin EOF and PDEATHSIG), so nothing leaks.
+- ``AsyncRaySandboxPool`` (``ray_pool.py``) splits its size over the hosts by CPU and re-splits it over
+  the survivors when a host is lost; ``SandboxPool(SandboxSpec(backend="ray"))`` is one.
+
+Connection: ``RAY_ADDRESS`` (else ``"auto"``). Ray replaces a loopback node address
+with the machine's outward IP; for a loopback cluster address we keep loopback (see
+``keep_loopback``). ``python -m rockroll.sandbox.deployment.ray start ...`` is Ray's own
+``ray start`` with that rule, for a single-machine cluster on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import importlib
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from .. import errors
+from ..base import AsyncSandbox, once
+from ..errors import IsolationUnavailable, SandboxError, SandboxLost
+from ..home import state_home
+from ..pool import AsyncSandboxPool
+from ..spec import SandboxSpec
+from ..storage.snapshots import SnapshotStore
+from .reaper import current_run
+
+NAMESPACE = "rockroll"
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+REVIVE_S = 30.0      # a node whose host was lost is not offered a new host for this long
+REFRESH_S = 2.0      # how stale the node list may be before a placement re-reads it
+STATS_TIMEOUT_S = 10.0
+
+
+# ===================================================================== connection
+def _ray():
+    """Ray, imported lazily (an optional extra); absolute, so never this module."""
+    try:
+        return importlib.import_module("ray")
+    except ImportError as e:
+        raise IsolationUnavailable("backend='ray' needs Ray: pip install 'rockroll[ray]'") from e
+
+
+def keep_loopback() -> None:
+    """Make Ray keep a loopback node/cluster address instead of swapping in the
+    machine's outward IP (which Ray does so that other machines can reach the node).
+    A cluster on 127.0.0.1 is one machine by construction, and on shared hosts loopback
+    is the only address we may send traffic to. Affects only loopback host strings."""
+    services = importlib.import_module("ray._private.services")
+    original = services.resolve_ip_for_localhost
+    if getattr(original, "_rockroll_loopback", False):
+        return
+
+    def resolve(host: str) -> str:
+        return host if host in LOOPBACK else original(host)
+
+    resolve._rockroll_loopback = True
+    services.resolve_ip_for_localhost = resolve
+
+
+def _is_loopback(address: str) -> bool:
+    host = address.split("://")[-1].rsplit(":", 1)[0].strip("[]")
+    return host in LOOPBACK
+
+
+_connect_lock = threading.Lock()
+
+
+def connect(address: str | None = None) -> None:
+    """Join the Ray cluster at ``address`` (default ``$RAY_ADDRESS``, else ``"auto"``),
+    unless this process already did. Blocking (seconds): call it off the event loop."""
+    ray = _ray()
+    with _connect_lock:
+        if ray.is_initialized():
+            return
+        address = address or os.environ.get("RAY_ADDRESS") or "auto"
+        extra = {}
+        if _is_loopback(address):
+            keep_loopback()
+            extra["_node_ip_address"] = "127.0.0.1"
+        ray.init(address=address, namespace=NAMESPACE, ignore_reinit_error=True,
+                 log_to_driver=False, **extra)
+
+
+# ===================================================================== wire format
+def pack_error(e: SandboxError) -> tuple:
+    """Errors cross the wire as (class name, args, attributes), not pickled: several
+    of our exception classes take constructor arguments that differ from their args."""
+    return type(e).__name__, e.args, dict(e.__dict__)
+
+
+def unpack_error(packed: tuple) -> SandboxError:
+    name, args, state = packed
+    cls = getattr(errors, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, SandboxError)):
+        cls = SandboxError
+    exc = cls.__new__(cls)
+    Exception.__init__(exc, *args)
+    exc.__dict__.update(state)
+    return exc
+
+
+def import_layers(store: SnapshotStore, blobs: dict[str, bytes]) -> None:
+    """Add layer tarballs received from another node; each digest is recomputed."""
+    for digest, data in blobs.items():
+        if store.tarball(digest).exists():
+            continue
+        store.tar_root.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=store.tar_root, suffix=".part", delete=False) as f:
+            f.write(data)
+        try:
+            got = store.import_tarball(Path(f.name))
+        finally:
+            os.unlink(f.name)
+        if got != digest:
+            raise errors.SnapshotError(f"layer received as {digest} has digest {got}")
+
+
+def missing_layers(store: SnapshotStore, digests) -> list[str]:
+    return [d for d in digests if not store.tarball(d).exists()]
+
+
+# ===================================================================== the actor
+class SandboxHost:
+    """One per node (a Ray async actor): that node's sandboxes by id, and warm pools by
+    pool id. Every method returns ``("ok", value)`` or ``("err", packed error)``."""
+
+    _OPS = frozenset({"run", "read_file", "stat", "sessions", "close_session", "reset", "ping"})
+
+    def __init__(self, node_id: str):
+        self.node_id = node_id
+        self.boxes: dict[str, AsyncSandbox] = {}
+        self.owner: dict[str, str] = {}  # sandbox id -> pool id it was acquired from
+        self.pools: dict[str, AsyncSandboxPool] = {}
+        self.store = SnapshotStore(state_home())
+
+    def _box(self, sid: str) -> AsyncSandbox:
+        sb = self.boxes.get(sid)
+        if sb is None:
+            raise errors.SandboxNotFound("no such sandbox on this node", sandbox_id=sid)
+        return sb
+
+    def _adopt(self, sb: AsyncSandbox, pool_id: str | None = None) -> str:
+        self.boxes[sb.id] = sb
+        if pool_id:
+            self.owner[sb.id] = pool_id
+        return sb.id
+
+    async def _guard(self, fn, *args):
+        try:
+            return "ok", await fn(*args)
+        except SandboxError as e:
+            return "err", pack_error(e)
+
+    # -- liveness and load
+    async def stats(self) -> dict:
+        return {"node": self.node_id, "pid": os.getpid(), "run_id": _run_id(),
+                "sandboxes": len(self.boxes),
+                "pools": {pid: {"idle": p.idle, "replaced": p.replaced} for pid, p in self.pools.items()}}
+
+    # -- lifecycle
+    async def create(self, spec: dict, digest: str | None):
+        async def make():
+            sb = await AsyncSandbox.create(SandboxSpec.from_dict(spec), snapshot=digest)
+            return self._adopt(sb)
+        return await self._guard(make)
+
+    async def close(self, sid: str):
+        async def close():
+            sb, pool = self.boxes.pop(sid, None), self.pools.get(self.owner.pop(sid, ""))
+            if sb is not None:
+                await (pool.release(sb) if pool is not None else sb.close())
+        return await self._guard(close)
+
+    # -- the sandbox API, forwarded
+    async def call(self, sid: str, op: str, args: tuple, kwargs: dict):
+        if op not in self._OPS:
+            return "err", pack_error(SandboxError(f"unknown operation {op!r}", sandbox_id=sid))
+        return await self._guard(lambda: getattr(self._box(sid), op)(*args, **kwargs))
+
+    async def run_stream(self, sid: str, cmd: str, kwargs: dict):
+        try:
+            async for item in self._box(sid).run_stream(cmd, **kwargs):
+                yield "ok", item
+        except SandboxError as e:
+            yield "err", pack_error(e)
+
+    async def write_bytes(self, sid: str, path: str, data: bytes, mode: int, tar: bool):
+        """The sandbox's own ``write_stream`` of bytes that came whole through Ray."""
+        async def write():
+            return await self._box(sid).write_stream(path, once(data), mode=mode, tar=tar)
+        return await self._guard(write)
+
+    async def read_bytes(self, sid: str, path: str):
+        """``(kind, bytes)`` of the sandbox's own ``read_stream``, whole: Ray carries objects."""
+        async def read():
+            kind, chunks = await self._box(sid).read_stream(path)
+            return kind, b"".join([chunk async for chunk in chunks])
+        return await self._guard(read)
+
+    # -- snapshots: tarballs live in each node's store; only missing layers travel
+    async def snapshot(self, sid: str):
+        async def snapshot():
+            snap = await self._box(sid).snapshot()
+            return dataclasses.replace(snap, path=None)
+        return await self._guard(snapshot)
+
+    async def missing_layers(self, digests: list[str]) -> list[str]:
+        return missing_layers(self.store, digests)
+
+    async def export_layers(self, digests: list[str]) -> dict[str, bytes]:
+        return {d: self.store.tarball(d).read_bytes() for d in digests}
+
+    async def import_layers(self, blobs: dict[str, bytes]):
+        return await self._guard(lambda: asyncio.to_thread(import_layers, self.store, blobs))
+
+    async def restore(self, sid: str, digest: str):
+        return await self._guard(lambda: self._box(sid).restore(digest))
+
+    async def fork(self, sid: str, n: int):
+        async def fork():
+            return [self._adopt(sb) for sb in await self._box(sid).fork(n)]
+        return await self._guard(fork)
+
+    # -- warm pools
+    async def pool_resize(self, pool_id: str, spec: dict, size: int, health_interval_s: float, wait: bool):
+        """Open the pool (or change its share) and, with ``wait``, fill it."""
+        async def resize():
+            pool = self.pools.get(pool_id)
+            if pool is None:
+                pool = AsyncSandboxPool(SandboxSpec.from_dict(spec), size, health_interval_s=health_interval_s)
+                self.pools[pool_id] = pool
+                await pool.start(wait=wait)
+                return
+            pool.resize(size)
+        return await self._guard(resize)
+
+    async def pool_acquire(self, pool_id: str):
+        async def acquire():
+            pool = self.pools.get(pool_id)
+            if pool is None:
+                raise SandboxError(f"no pool {pool_id} on this node")
+            return self._adopt(await pool.acquire(), pool_id)
+        return await self._guard(acquire)
+
+    async def pool_close(self, pool_id: str):
+        pool = self.pools.pop(pool_id, None)
+        for sid in [s for s, p in self.owner.items() if p == pool_id]:
+            self.owner.pop(sid)
+        if pool is not None:
+            await pool.close()
+        return "ok", None
+
+
+def _run_id() -> str:
+    return current_run().run_id
+
+
+
+# ===================================================================== client side
+def _lost_errors() -> tuple[type, ...]:
+    exc = _ray().exceptions
+    names = ("RayActorError", "NodeDiedError", "WorkerCrashedError", "ObjectLostError",
+             "LocalRayletDiedError")
+    return tuple(getattr(exc, n) for n in names if hasattr(exc, n))
+
+
+class HostRef:
+    """The driver's handle on one host actor; turns Ray failures into sandbox errors."""
+
+    def __init__(self, actor, node_id: str, cpus: float):
+        self.actor, self.node_id, self.cpus = actor, node_id, max(cpus, 1.0)
+        self.lost = False
+
+    @contextlib.contextmanager
+    def translating(self, sandbox_id: str | None):
+        """Ray's failures as ours: a dead actor or node is ``SandboxLost``."""
+        ray = _ray()
+        try:
+            yield
+        except _lost_errors() as e:
+            self.lost = True
+            cluster().forget(self)
+            raise SandboxLost(f"sandbox host on node {self.node_id[:8]} is gone ({type(e).__name__})",
+                              sandbox_id=sandbox_id) from None
+        except ray.exceptions.RayError as e:
+            raise SandboxError(f"sandbox host failed: {e}", sandbox_id=sandbox_id) from e
+
+    async def invoke(self, method: str, *args, sandbox_id: str | None = None):
+        """Call an actor method that answers ``(status, value)``; raise what it raised."""
+        if self.lost:
+            raise SandboxLost(f"sandbox host on node {self.node_id[:8]} is gone", sandbox_id=sandbox_id)
+        with self.translating(sandbox_id):
+            status, value = await getattr(self.actor, method).remote(*args)
+        if status == "err":
+            raise unpack_error(value)
+        return value
+
+    async def raw(self, method: str, *args, timeout: float | None = None):
+        """Call an actor method that returns plainly (stats, layer lists)."""
+        with self.translating(None):
+            return await asyncio.wait_for(_awaited(getattr(self.actor, method).remote(*args)), timeout)
+
+
+async def _awaited(ref):
+    return await ref
+
+
+class RayCluster:
+    """The driver's view of the hosts: one ``SandboxHost`` per alive node, created on
+    first use and whenever a node appears; placement by load (see the module doc)."""
+
+    def __init__(self):
+        self.hosts: dict[str, HostRef] = {}
+        self.banned: dict[str, float] = {}  # node id -> when its host was lost
+        self.pending: dict[str, int] = {}   # creations in flight per node, so that a
+        self.refreshed = 0.0                # burst of creates does not all pick one node
+        self.job: str | None = None         # the Ray connection these hosts belong to
+
+    async def refresh(self, *, force: bool = False) -> list[HostRef]:
+        if force or time.monotonic() - self.refreshed > REFRESH_S:
+            await asyncio.to_thread(connect)
+            job = _ray().get_runtime_context().get_job_id()
+            if job != self.job:  # a new connection: the old actor handles mean nothing
+                self.hosts, self.banned, self.job = {}, {}, job
+            nodes = await asyncio.to_thread(_ray().nodes)
+            await self._sync(nodes)
+            self.refreshed = time.monotonic()
+        return [h for h in self.hosts.values() if not h.lost]
+
+    async def _sync(self, nodes: list[dict]) -> None:
+        alive = {n["NodeID"]: n for n in nodes if n.get("Alive")}
+        for node_id in list(self.hosts):
+            if node_id not in alive:
+                self.hosts.pop(node_id).lost = True
+        now = time.monotonic()
+        new = [HostRef(_start_host(node_id), node_id, info.get("Resources", {}).get("CPU", 1.0))
+               for node_id, info in alive.items()
+               if node_id not in self.hosts and now - self.banned.get(node_id, -REVIVE_S) >= REVIVE_S]
+        for host, ok in zip(new, await asyncio.gather(*(self._ready(h) for h in new))):
+            if ok:
+                self.hosts[host.node_id] = host
+
+    async def _ready(self, host: HostRef) -> bool:
+        try:
+            await host.raw("stats", timeout=120.0)  # a fresh actor starts a Python worker: slow
+            return True
+        except (SandboxError, asyncio.TimeoutError):
+            return False
+
+    def forget(self, host: HostRef) -> None:
+        if self.hosts.get(host.node_id) is host:
+            del self.hosts[host.node_id]
+            self.banned[host.node_id] = time.monotonic()
+
+    async def stats(self) -> list[tuple[HostRef, dict]]:
+        """``(host, stats)`` of every host that answers; the others are forgotten."""
+        hosts = await self.refresh()
+
+        async def one(h):
+            try:
+                return h, await h.raw("stats", timeout=STATS_TIMEOUT_S)
+            except (SandboxError, asyncio.TimeoutError):
+                return h, None
+        return [(h, s) for h, s in await asyncio.gather(*(one(h) for h in hosts)) if s is not None]
+
+    async def pick(self) -> HostRef:
+        """The least loaded host: fewest sandboxes (busy + warm) per node CPU."""
+        answers = await self.stats()
+        if not answers:
+            raise SandboxError("no sandbox host is available in the Ray cluster")
+
+        def load(item):
+            h, s = item
+            warm = sum(p["idle"] for p in s["pools"].values())
+            return (s["sandboxes"] + warm + self.pending.get(h.node_id, 0)) / h.cpus, h.node_id
+        return min(answers, key=load)[0]
+
+    @contextlib.contextmanager
+    def placing(self, host: HostRef):
+        self.pending[host.node_id] = self.pending.get(host.node_id, 0) + 1
+        try:
+            yield
+        finally:
+            self.pending[host.node_id] -= 1
+
+
+def _start_host(node_id: str):
+    """Get or create the host actor of a node: pinned there (hard affinity), named so
+    every driver of the namespace shares it, owned by its creator (it dies with it)."""
+    strategy = importlib.import_module("ray.util.scheduling_strategies").NodeAffinitySchedulingStrategy
+    return _host_class().options(
+        name=f"rockroll-host-{node_id[:8]}", namespace=NAMESPACE, get_if_exists=True,
+        scheduling_strategy=strategy(node_id, soft=False), num_cpus=0, max_restarts=0,
+        max_concurrency=1000).remote(node_id)
+
+
+@functools.cache
+def _host_class():
+    return _ray().remote(SandboxHost)
+
+
+_the_cluster: RayCluster | None = None
+
+
+def cluster() -> RayCluster:
+    """The process's view of the cluster (it mirrors Ray's own per-process connection)."""
+    global _the_cluster
+    if _the_cluster is None:
+        _the_cluster = RayCluster()
+    return _the_cluster
+
+
+def local_spec(spec: SandboxSpec) -> dict:
+    """What the host runs: the same sandbox on the node's local backend."""
+    return dataclasses.replace(spec, backend="local").to_dict()
+
+
+async def ship(host: HostRef, ref: Any, *, sandbox_id: str | None = None) -> str:
+    """Make a snapshot's layer chain present on a host's node; return its digest."""
+    store = SnapshotStore(state_home())
+    snap = await asyncio.to_thread(store.load, ref)
+    missing = await host.raw("missing_layers", list(snap.layers))
+    if missing:
+        blobs = {d: store.tarball(d).read_bytes() for d in missing}
+        await host.invoke("import_layers", blobs, sandbox_id=sandbox_id)
+    return snap.digest
+
+
+if __name__ == "__main__":
+    # `python -m rockroll.sandbox.deployment.ray start --head --node-ip-address=127.0.0.1 ...`
+    import sys
+
+    keep_loopback()
+    sys.argv[0] = "ray"
+    importlib.import_module("ray.scripts.scripts").main()

@@ -1,0 +1,149 @@
+"""The client of ``backend="ray"``: a sandbox on some node of a Ray cluster.
+
+``RaySandbox`` forwards every call to the ``SandboxHost`` actor of its node
+(``deployment/ray.py``), which drives an ordinary local sandbox there. When the node or
+host is lost every call raises ``SandboxLost``; ``close()`` still succeeds (there is
+nothing left to close).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any, AsyncIterable, AsyncIterator, Callable
+
+from ..base import AsyncSandbox, once
+from ..deployment.ray import HostRef, cluster, import_layers, local_spec, missing_layers, ship, unpack_error
+from ..errors import SandboxError, SandboxLost, SpecError
+from ..home import state_home
+from ..spec import CommandResult, SandboxSpec, Snapshot
+from ..storage.snapshots import SnapshotStore
+
+
+class RaySandbox(AsyncSandbox):
+    """A sandbox held by a host actor on a Ray node. See ``AsyncSandbox`` for each
+    method's contract. File transfers travel whole (in memory) through Ray."""
+
+    def __init__(self, spec: SandboxSpec, sandbox_id: str, host: HostRef,
+                 on_close: Callable[["RaySandbox"], None] | None = None):
+        super().__init__(spec, sandbox_id)
+        self.host, self._on_close = host, on_close
+        self.created = time.time()
+
+    @property
+    def node_id(self) -> str:
+        return self.host.node_id
+
+    @classmethod
+    async def open(cls, spec: SandboxSpec, *, snapshot: Any = None) -> "RaySandbox":
+        """A new sandbox on the least loaded host."""
+        hosts = cluster()
+        host = await hosts.pick()
+        with hosts.placing(host):
+            digest = await ship(host, snapshot) if snapshot is not None else None
+            sid = await host.invoke("create", local_spec(spec), digest)
+        return cls(spec, sid, host)
+
+    @property
+    def alive(self) -> bool:
+        return not self._closed and not self.host.lost
+
+    async def _call(self, op: str, *args, **kwargs):
+        self._ensure_open()
+        return await self.host.invoke("call", self.id, op, args, kwargs, sandbox_id=self.id)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._on_close is not None:
+            self._on_close(self)
+        if not self.host.lost:
+            try:
+                await self.host.invoke("close", self.id, sandbox_id=self.id)
+            except SandboxLost:
+                pass  # the host took the sandbox with it
+
+    async def reset(self) -> None:
+        await self._call("reset")
+
+    async def ping(self) -> bool:
+        try:
+            return await self._call("ping")
+        except SandboxError:
+            return False
+
+    # -- commands
+    async def run(self, cmd: str, *, timeout: float | None = None, session: str | None = None,
+                  env: dict[str, str] | None = None, cwd: str | None = None) -> CommandResult:
+        return await self._call("run", cmd, timeout=timeout, session=session, env=env, cwd=cwd)
+
+    async def run_stream(self, cmd: str, *, timeout: float | None = None, session: str | None = None,
+                         env: dict[str, str] | None = None, cwd: str | None = None):
+        self._ensure_open()
+        kwargs = {"timeout": timeout, "session": session, "env": env, "cwd": cwd}
+        with self.host.translating(self.id):
+            refs = self.host.actor.run_stream.options(num_returns="streaming").remote(self.id, cmd, kwargs)
+            async for ref in refs:
+                status, item = await ref
+                if status == "err":
+                    raise unpack_error(item)
+                yield item
+
+    async def sessions(self) -> list[str]:
+        return await self._call("sessions")
+
+    async def close_session(self, name: str) -> None:
+        await self._call("close_session", name)
+
+    # -- files
+    async def read_file(self, path: str) -> bytes:
+        return await self._call("read_file", path)
+
+    async def stat(self, path: str) -> str | None:
+        return await self._call("stat", path)
+
+    async def write_stream(self, path: str, chunks: AsyncIterable[bytes], *, mode: int = 0o644,
+                           tar: bool = False) -> int:
+        self._ensure_open()
+        data = b"".join([chunk async for chunk in chunks])
+        return await self.host.invoke("write_bytes", self.id, path, data, mode, tar, sandbox_id=self.id)
+
+    async def read_stream(self, path: str) -> tuple[str, AsyncIterator[bytes]]:
+        self._ensure_open()
+        kind, data = await self.host.invoke("read_bytes", self.id, path, sandbox_id=self.id)
+        return kind, once(data)
+
+    # -- snapshots
+    async def snapshot(self) -> Snapshot:
+        """Snapshot on the node, then fetch the layers this process's store lacks, so the
+        result can start a sandbox on any node (``path`` is the local tarball)."""
+        self._ensure_open()
+        snap = await self.host.invoke("snapshot", self.id, sandbox_id=self.id)
+        store = SnapshotStore(state_home())
+        missing = missing_layers(store, snap.layers)
+        if missing:
+            with self.host.translating(self.id):
+                blobs = await self.host.actor.export_layers.remote(missing)
+            await asyncio.to_thread(import_layers, store, blobs)
+        return dataclasses.replace(snap, path=store.tarball(snap.digest))
+
+    async def restore(self, snapshot: Snapshot | str | Path) -> None:
+        self._ensure_open()
+        digest = await ship(self.host, snapshot, sandbox_id=self.id)
+        await self.host.invoke("restore", self.id, digest, sandbox_id=self.id)
+
+    async def fork(self, n: int = 1) -> list["RaySandbox"]:
+        """``n`` copy-on-write children, on this sandbox's node (they share its layers)."""
+        if not isinstance(n, int) or n < 1:
+            raise SpecError("n", "must be a positive integer")
+        self._ensure_open()
+        ids = await self.host.invoke("fork", self.id, n, sandbox_id=self.id)
+        return [RaySandbox(self.spec, sid, self.host) for sid in ids]
+
+    def _describe(self) -> str:
+        state = "closed" if self._closed else "alive" if self.alive else "lost"
+        return f"node={self.node_id[:8]} {state}"
+

@@ -1,0 +1,134 @@
+"""``rockroll serve``: sandboxes over HTTP (FastAPI), for the ``remote`` backend's SDK.
+
+    app = create_app(token="...")          # uvicorn.run(app, host="127.0.0.1", port=8765)
+
+REST under ``/v1`` (bearer token), ``/healthz`` (open), ``/metrics`` (Prometheus text,
+token), and a dashboard at ``/`` (open page; it reads the token from the URL fragment,
+``/#token=...``, which browsers never send to the server, and calls the API with it).
+
+The routes are module-level routers (``sandboxes.py``, ``files.py``, ``snapshots.py``)
+over the wire models (``wire.py``) and the public sandbox API only; the app holds the
+``SandboxHub`` (``hub.py``) and the snapshot store they work on. Typed sandbox errors
+travel as ``{"error", "message", "sandbox_id"}`` (see ``wire.py``).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import hmac
+import logging
+from pathlib import Path
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..deployment.reaper import current_run
+from ..errors import CapacityError, SandboxError
+from ..storage.snapshots import SnapshotStore
+from . import files, sandboxes, snapshots
+from .deps import Hub
+from .hub import SandboxHub
+from .wire import API, AuthError, ErrorOut, HealthOut, error_body, status_of
+
+log = logging.getLogger("rockroll.serve")
+# Non-JSON routes return a Response (no response_class), so their errors stay documented as JSON.
+ERRORS = {code: {"model": ErrorOut} for code in (400, 401, 404, 409, 429, 503)}
+_bearer = HTTPBearer(auto_error=False, description="the server's token (ROCKROLL_TOKEN)")
+
+
+def auth(request: Request, creds: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
+    """Every route but ``/``, ``/healthz`` and the OpenAPI document needs the app's token."""
+    given = creds.credentials.encode() if creds else b""
+    if not hmac.compare_digest(given, request.app.state.token):
+        raise AuthError("missing or wrong bearer token" if creds else "missing bearer token")
+
+
+# open routes (and the token-guarded metrics) ----------------------------------
+pages = APIRouter()
+
+
+@pages.get("/", response_class=HTMLResponse, include_in_schema=False)
+async def dashboard() -> HTMLResponse:
+    return HTMLResponse((Path(__file__).with_name("dashboard.html")).read_text())
+
+
+@pages.get("/healthz", response_model=HealthOut)
+async def healthz(hub: Hub) -> HealthOut:
+    return HealthOut(ok=True, run_id=current_run().run_id, sandboxes=len(hub.entries), backend=hub.backend)
+
+
+@pages.get("/metrics", dependencies=[Depends(auth)], responses={200: {"content": {"text/plain": {}}}})
+async def metrics(hub: Hub) -> PlainTextResponse:
+    states = collections.Counter(e.state for e in hub.entries.values())
+    return PlainTextResponse(hub.metrics.render(states, hub.max_sandboxes), media_type="text/plain; version=0.0.4")
+
+
+# errors -------------------------------------------------------------------------
+async def on_sandbox_error(request: Request, exc: SandboxError) -> JSONResponse:
+    status = 401 if isinstance(exc, AuthError) else status_of(exc)
+    request.app.state.hub.metrics.failures[type(exc).__name__] += 1
+    headers = {}
+    if isinstance(exc, CapacityError):
+        headers["Retry-After"] = str(max(1, round(exc.retry_after)))
+    if isinstance(exc, AuthError):
+        headers["WWW-Authenticate"] = "Bearer"
+    return JSONResponse(error_body(exc), status_code=status, headers=headers)
+
+
+async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    detail = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+              for e in exc.errors()]
+    field = ".".join(str(p) for p in detail[0]["loc"][1:]) if detail else "body"
+    request.app.state.hub.metrics.failures["SpecError"] += 1
+    return JSONResponse({"error": "SpecError", "field": field or "body",
+                         "message": detail[0]["msg"] if detail else "invalid request",
+                         "sandbox_id": None, "detail": detail}, status_code=422)
+
+
+async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    # Starlette's own refusals (unparsable body, unknown route, wrong method) in our shape too.
+    return JSONResponse({"error": "HTTPError", "message": str(exc.detail), "sandbox_id": None},
+                        status_code=exc.status_code, headers=exc.headers)
+
+
+async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    # Last resort only: every failure an input can cause should be a typed 4xx.
+    log.exception("unexpected error in %s %s", request.method, request.url.path)
+    request.app.state.hub.metrics.failures["InternalError"] += 1
+    return JSONResponse({"error": "InternalError", "message": f"{type(exc).__name__}: {exc}",
+                         "sandbox_id": None}, status_code=500)
+
+
+# the app --------------------------------------------------------------------------
+def create_app(token: str, *, backend: str = "local", max_sandboxes: int = 256,
+               idle_ttl: float | None = 3600.0, reap_interval: float = 1.0) -> FastAPI:
+    """The service as an ASGI app. ``token`` guards everything but ``/``, ``/healthz``
+    and the OpenAPI document."""
+    if backend == "remote":
+        raise SandboxError("the service cannot use backend='remote' (it would call itself)")
+    hub = SandboxHub(backend=backend, max_sandboxes=max_sandboxes, idle_ttl=idle_ttl,
+                     reap_interval=reap_interval)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await hub.start()
+        try:
+            yield
+        finally:
+            await hub.stop()
+
+    app = FastAPI(title="rockroll sandbox service", version="1", lifespan=lifespan, responses=ERRORS)
+    app.state.hub, app.state.token = hub, token.encode()
+    app.state.store = SnapshotStore(current_run().home)
+    app.add_exception_handler(SandboxError, on_sandbox_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_exception_handler(Exception, on_unexpected)
+    app.include_router(pages)
+    for routes in (sandboxes.router, files.router, snapshots.router):
+        app.include_router(routes, prefix=API, dependencies=[Depends(auth)])
+    return app

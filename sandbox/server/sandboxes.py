@@ -1,0 +1,143 @@
+"""Routes of sandboxes: lifecycle, commands (plain and streamed), state."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import AsyncIterator
+
+from fastapi import APIRouter, Response
+from fastapi.responses import StreamingResponse
+
+from ..errors import SandboxError
+from .deps import Hub
+from .wire import ForkIn, OkOut, RestoreIn, ResultOut, RunIn, SandboxOut, SnapshotOut, SpecIn, error_body
+
+router = APIRouter()
+
+
+# sandboxes ------------------------------------------------------------------
+@router.post("/sandboxes", response_model=SandboxOut, status_code=201)
+async def create_sandbox(body: SpecIn, hub: Hub) -> SandboxOut:
+    entry = await hub.create(body.to_spec(hub.backend), body.snapshot)
+    return entry.describe(False)
+
+
+@router.get("/sandboxes", response_model=list[SandboxOut], response_model_exclude_none=True)
+async def list_sandboxes(hub: Hub, detail: bool = False) -> list[SandboxOut]:
+    entries = list(hub.entries.values())
+    if detail:  # usage reads touch files: off the event loop
+        return await asyncio.to_thread(lambda: [e.describe(True) for e in entries])
+    return [e.describe(False) for e in entries]
+
+
+@router.get("/sandboxes/{sandbox_id}", response_model=SandboxOut, response_model_exclude_none=True)
+async def get_sandbox(sandbox_id: str, hub: Hub, detail: bool = False) -> SandboxOut:
+    entry = hub.get(sandbox_id)
+    return entry.describe(detail)
+
+
+@router.delete("/sandboxes/{sandbox_id}", status_code=204)
+async def delete_sandbox(sandbox_id: str, hub: Hub) -> Response:
+    if sandbox_id not in hub.tombstones:  # closing twice is fine, as locally
+        hub.get(sandbox_id)
+    await hub.close(sandbox_id, "client")
+    return Response(status_code=204)
+
+
+@router.get("/sandboxes/{sandbox_id}/ping", response_model=OkOut)
+async def ping(sandbox_id: str, hub: Hub) -> OkOut:
+    entry = hub.get(sandbox_id)
+    return OkOut(ok=await hub.call(entry, entry.sb.ping()))
+
+
+# commands -------------------------------------------------------------------
+@router.post("/sandboxes/{sandbox_id}/run", response_model=ResultOut)
+async def run(body: RunIn, sandbox_id: str, hub: Hub) -> ResultOut:
+    entry = hub.get(sandbox_id)
+    started = time.monotonic()
+    try:
+        result = await hub.call(entry, entry.sb.run(body.cmd, timeout=body.timeout, session=body.session,
+                                                     env=body.env, cwd=body.cwd))
+    except SandboxError as e:
+        hub.record(entry, body.cmd, started, error=e)
+        raise
+    hub.record(entry, body.cmd, started, result)
+    return ResultOut.of(result)
+
+
+@router.post("/sandboxes/{sandbox_id}/run/stream",
+             responses={200: {"content": {"text/event-stream": {}},
+                              "description": "SSE: `stdout`/`stderr` events (data: a JSON string), "
+                                             "then one `result` (ResultOut) or `error` (ErrorOut) event"}})
+async def run_stream(body: RunIn, sandbox_id: str, hub: Hub) -> StreamingResponse:
+    entry = hub.get(sandbox_id)  # before the stream starts: an unknown id is a 404, not an event
+    async def events() -> AsyncIterator[str]:
+        started = time.monotonic()
+        async with hub.using(entry):
+            agen = entry.sb.run_stream(body.cmd, timeout=body.timeout, session=body.session,
+                                       env=body.env, cwd=body.cwd)
+            try:
+                async for item in agen:
+                    if isinstance(item, tuple):
+                        yield f"event: {item[0]}\ndata: {json.dumps(item[1])}\n\n"
+                    else:
+                        hub.record(entry, body.cmd, started, item)
+                        yield f"event: result\ndata: {ResultOut.of(item).model_dump_json()}\n\n"
+            except SandboxError as e:
+                hub.record(entry, body.cmd, started, error=e)
+                hub.metrics.failures[type(e).__name__] += 1
+                yield f"event: error\ndata: {json.dumps(error_body(e))}\n\n"
+            finally:
+                await agen.aclose()
+
+    # no-cache / no buffering: each event reaches the client as soon as it is written
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+@router.get("/sandboxes/{sandbox_id}/sessions", response_model=list[str])
+async def sessions(sandbox_id: str, hub: Hub) -> list[str]:
+    entry = hub.get(sandbox_id)
+    return await hub.call(entry, entry.sb.sessions())
+
+
+@router.delete("/sandboxes/{sandbox_id}/sessions/{name}", status_code=204)
+async def close_session(name: str, sandbox_id: str, hub: Hub) -> Response:
+    entry = hub.get(sandbox_id)
+    await hub.call(entry, entry.sb.close_session(name))
+    return Response(status_code=204)
+
+
+# state ----------------------------------------------------------------------
+@router.post("/sandboxes/{sandbox_id}/reset", status_code=204)
+async def reset(sandbox_id: str, hub: Hub) -> Response:
+    entry = hub.get(sandbox_id)
+    await hub.call(entry, entry.sb.reset())
+    return Response(status_code=204)
+
+
+@router.post("/sandboxes/{sandbox_id}/fork", response_model=list[SandboxOut], status_code=201)
+async def fork(body: ForkIn, sandbox_id: str, hub: Hub) -> list[SandboxOut]:
+    entry = hub.get(sandbox_id)
+    hub.reserve(body.n)
+    hub.creating += body.n
+    try:
+        children = await hub.call(entry, entry.sb.fork(body.n))
+    finally:
+        hub.creating -= body.n
+    return [hub.adopt(sb).describe(False) for sb in children]
+
+
+@router.post("/sandboxes/{sandbox_id}/restore", status_code=204)
+async def restore(body: RestoreIn, sandbox_id: str, hub: Hub) -> Response:
+    entry = hub.get(sandbox_id)
+    await hub.call(entry, entry.sb.restore(body.snapshot))
+    return Response(status_code=204)
+
+
+@router.post("/sandboxes/{sandbox_id}/snapshots", response_model=SnapshotOut, status_code=201)
+async def snapshot(sandbox_id: str, hub: Hub) -> SnapshotOut:
+    entry = hub.get(sandbox_id)
+    return SnapshotOut.of(await hub.call(entry, entry.sb.snapshot()))

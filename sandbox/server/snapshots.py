@@ -1,0 +1,80 @@
+"""Routes of the service's snapshot store: list, upload a tarball, download one."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import FileResponse
+
+from ..errors import SandboxError, SnapshotError
+from ..storage.layers import digest_file, read_meta
+from ..storage.snapshots import SnapshotStore
+from .deps import Store
+from .wire import DIGEST_PATTERN, SnapshotOut
+
+router = APIRouter()
+
+
+@router.get("/snapshots", response_model=list[SnapshotOut])
+async def list_snapshots(store: Store) -> list[SnapshotOut]:
+    return await asyncio.to_thread(_list_snapshots, store)
+
+
+@router.post("/snapshots", response_model=SnapshotOut, status_code=201,
+             openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": {
+                 "schema": {"type": "string", "format": "binary"}}}}})
+async def upload_snapshot(request: Request, store: Store) -> SnapshotOut:
+    """Import a snapshot tarball (``.tar.zst``); its parents must already be here."""
+    store.tar_root.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=store.tar_root, prefix=".upload-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            async for chunk in request.stream():
+                f.write(chunk)
+        digest = await asyncio.to_thread(digest_file, tmp)
+        existed = store.tarball(digest).exists()
+        await asyncio.to_thread(store.import_tarball, Path(tmp))
+        try:  # unpacks and checks the whole chain: a crafted tarball is refused here
+            snap = await asyncio.to_thread(store.load, digest)
+        except SandboxError:
+            if not existed:
+                store.tarball(digest).unlink(missing_ok=True)
+            raise
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return SnapshotOut.of(snap)
+
+
+@router.get("/snapshots/{digest}",
+            responses={200: {"content": {"application/zstd": {}}, "description": "the layer tarball"}})
+async def download_snapshot(digest: str, store: Store) -> Response:
+    path = _known_tarball(store, digest)
+    return FileResponse(path, media_type="application/zstd", filename=path.name)
+
+
+def _known_tarball(store: SnapshotStore, digest: str) -> Path:
+    if not re.fullmatch(DIGEST_PATTERN, digest):
+        raise SnapshotError(f"not a sha256 digest: {digest!r}")
+    path = store.tarball(digest)
+    if not path.is_file():
+        raise SnapshotError(f"no snapshot {digest} on this service")
+    return path
+
+
+def _list_snapshots(store: SnapshotStore) -> list[SnapshotOut]:
+    out = []
+    for path in sorted((store.tar_root / "sha256").glob("*.tar.zst")):
+        digest = "sha256:" + path.name[:64]
+        try:
+            meta = read_meta(path)
+            size = path.stat().st_size
+        except (SandboxError, OSError):
+            continue  # a half-written or foreign file: not a snapshot we can offer
+        out.append(SnapshotOut(id=path.name[:12], digest=digest, size=size,
+                               layers=[*meta.get("parents", ()), digest], image=meta.get("image", "host")))
+    return out

@@ -1,0 +1,1 @@
+"""Filesystem layers, snapshots, and whiteouts applied by hand."""
