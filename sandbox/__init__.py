@@ -18,9 +18,18 @@ from .factory import open_async_sandbox
 from .spec import CommandResult, SandboxSpec, Snapshot
 from .sync import Sandbox, open_sandbox
 
+
+def configure(url: str | None = None, token: str | None = None) -> None:
+    """Point ``backend="remote"`` sandboxes at a ``rockroll serve`` service (url and bearer
+    token); overrides ``ROCKROLL_URL`` / ``ROCKROLL_TOKEN``. Needs the ``service`` extra."""
+    from .runtime.remote import configure as configure_remote  # httpx: the service extra
+
+    configure_remote(url, token)
+
+
 __all__ = [
     "AgentDied", "AsyncSandbox", "CapacityError", "CommandResult", "IsolationUnavailable",
     "Sandbox", "SandboxClosed", "SandboxError", "SandboxFileError", "SandboxLost",
     "SandboxNotFound", "SandboxSpec", "SandboxStartError", "SessionError", "Snapshot",
-    "SnapshotError", "SpecError", "UnsafeArchiveError", "open_async_sandbox", "open_sandbox",
+    "SnapshotError", "SpecError", "UnsafeArchiveError", "configure", "open_async_sandbox", "open_sandbox",
 ]
