@@ -7,6 +7,7 @@ ready, checks their health every ``health_interval_s`` and replaces dead ones.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import collections
 import contextlib
@@ -20,7 +21,45 @@ from .spec import SandboxSpec
 from .sync import Sandbox, background_loop, run_sync
 
 
-class AsyncSandboxPool:
+class AsyncPool(abc.ABC):
+    """The warm-pool contract every pool class keeps (``AsyncSandboxPool``, and a backend's
+    own, such as Ray's): ``acquire()`` never fails for lack of warm sandboxes,
+    ``release(sb)`` hands one back, ``close()`` closes every sandbox the pool owns.
+    ``async with`` starts the pool (filled) and closes it."""
+
+    _task: asyncio.Task | None = None  # the background task that keeps the pool warm
+
+    @abc.abstractmethod
+    async def start(self, *, wait: bool = True) -> "AsyncPool":
+        """Start keeping the pool warm; with ``wait``, return once it is filled."""
+
+    @abc.abstractmethod
+    async def acquire(self) -> AsyncSandbox:
+        """A ready sandbox (made on demand where none is warm). ``SandboxError`` once closed."""
+
+    @abc.abstractmethod
+    async def release(self, sb: AsyncSandbox) -> None:
+        """Give a sandbox back: reset into the pool in the background, or closed."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Close every sandbox of the pool and stop keeping it warm."""
+
+    @property
+    @abc.abstractmethod
+    def closed(self) -> bool:
+        """True once ``close()`` was called."""
+
+    async def __aenter__(self) -> "AsyncPool":
+        if self._task is None:
+            await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+class AsyncSandboxPool(AsyncPool):
     """A pool of ready sandboxes of one spec.
 
     ``acquire()`` returns an idle sandbox (creating one if none is ready, so it never
@@ -189,14 +228,6 @@ class AsyncSandboxPool:
         self._idle.clear()
         self._busy.clear()
         await asyncio.gather(*(sb.close() for sb in sandboxes), return_exceptions=True)
-
-    async def __aenter__(self) -> "AsyncSandboxPool":
-        if self._task is None:
-            await self.start()
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.close()
 
 
 class SandboxPool:

@@ -13,6 +13,7 @@ import uuid
 from typing import Any
 
 from ..errors import SandboxError, SandboxLost, SpecError
+from ..pool import AsyncPool
 from ..runtime.ray import RaySandbox
 from ..spec import SandboxSpec
 from .ray import STATS_TIMEOUT_S, HostRef, cluster, local_spec
@@ -28,7 +29,7 @@ def _split(size: int, weights: list[float]) -> list[int]:
     return shares
 
 
-class AsyncRaySandboxPool:
+class AsyncRaySandboxPool(AsyncPool):
     """``AsyncSandboxPool`` over the cluster: each host keeps a warm share of ``size``
     (proportional to its CPUs). A background task watches the hosts; when one is lost
     its sandboxes raise ``SandboxLost`` and its share is re-split over the others."""
@@ -150,11 +151,3 @@ class AsyncRaySandboxPool:
         hosts = [h for h in cluster().hosts.values() if h.node_id in self._shares and not h.lost]
         await asyncio.gather(*(h.raw("pool_close", self.pool_id) for h in hosts), return_exceptions=True)
         self._stats.clear()
-
-    async def __aenter__(self) -> "AsyncRaySandboxPool":
-        if self._task is None:
-            await self.start()
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.close()

@@ -468,7 +468,7 @@ class AgentSandbox(AsyncSandbox):
     def _sessions_of(self, snap: Snapshot) -> dict[str, str]:
         return dict(read_meta(self.store.tarball(snap.digest)).get("sessions", {}))
 
-    async def restore(self, snapshot: "Snapshot | str | Path") -> None:
+    async def restore(self, snapshot: Snapshot | str | Path) -> None:
         """Return this sandbox, in place, to a snapshot's files and sessions."""
         self._ensure_open()
         snap = await asyncio.to_thread(self.store.load, snapshot)

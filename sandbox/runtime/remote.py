@@ -235,7 +235,7 @@ class RemoteSandbox(AsyncSandbox):
         self._ensure_open()
         return SnapshotOut.model_validate((await self._call("POST", self._url("/snapshots"))).json()).to_snapshot()
 
-    async def restore(self, snapshot: "Snapshot | str | Path") -> None:
+    async def restore(self, snapshot: Snapshot | str | Path) -> None:
         self._ensure_open()
         digest = await _snapshot_digest(self._ep, snapshot)
         await self._call("POST", self._url("/restore"), json_body={"snapshot": digest})
@@ -317,7 +317,7 @@ async def _sse(resp: httpx.Response) -> AsyncIterator[tuple[str, str]]:
             data.append(line[5:].lstrip(" "))
 
 
-async def _snapshot_digest(ep: Endpoint, snapshot: "Snapshot | str | Path") -> str:
+async def _snapshot_digest(ep: Endpoint, snapshot: Snapshot | str | Path) -> str:
     """The digest the service knows a snapshot by: a ``Snapshot`` or a ``sha256:`` digest
     as is; a local tarball path is uploaded first (its parents must be on the service)."""
     if isinstance(snapshot, Snapshot):
