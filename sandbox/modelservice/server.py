@@ -11,6 +11,7 @@ FastAPI and uvicorn (the ``service`` extra) are imported when the app is built. 
 annotations, and ``Request`` is imported inside ``app()``.)
 """
 
+import json
 import secrets
 import threading
 import time
@@ -22,6 +23,8 @@ from .modes import Answer, Call, Caller, Generator, ModeError
 from .protocol import error_body, finish, parse_request, response_body, sse_events
 from .records import Recorder, record_of
 from .tools import PARSERS
+
+MAX_BODY = 32 << 20  # bytes of one request body (long agent histories fit; a flood does not)
 
 
 class ModelService:
@@ -127,8 +130,14 @@ class ModelService:
             return auth[7:].strip() if auth.lower().startswith("bearer ") else ""
 
         async def call(kind: str, request: Request):
+            # Read with a cap: a sandbox must not make the host buffer an unbounded body.
+            raw = bytearray()
+            async for chunk in request.stream():
+                raw += chunk
+                if len(raw) > MAX_BODY:
+                    return JSONResponse(error_body(f"request body over {MAX_BODY} bytes", code="too_large"), 413)
             try:
-                body = await request.json()
+                body = json.loads(raw)
             except ValueError:
                 body = None
             status, out = await self.answer(kind, bearer(request), body)

@@ -285,6 +285,30 @@ def test_network_stays_closed_for_everything_else(agent_sb, service):
         other.close()
 
 
+CONCURRENT = """
+import concurrent.futures, json, openai
+client = openai.OpenAI()
+def ask(i):
+    r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"agent {i}"}])
+    return r.choices[0].message.content
+with concurrent.futures.ThreadPoolExecutor(16) as pool:
+    print(json.dumps(list(pool.map(ask, range(32)))))
+"""
+
+
+def test_concurrent_calls_share_the_channel(agent_sb, service):
+    r = run_py(agent_sb, CONCURRENT)
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout) == [f"echo: agent {i}" for i in range(32)]
+    assert sorted(r["call_index"] for r in records_of(service, agent_sb.id)) == list(range(32))
+
+
+def test_oversized_body_refused(host_client, service):
+    with pytest.raises(openai.APIStatusError) as e:
+        host_client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x" * (33 << 20)}])
+    assert e.value.status_code == 413 and e.value.body["code"] == "too_large"
+
+
 # --------------------------------------------------------------------------- the server's API
 
 
