@@ -88,8 +88,6 @@ class AgentConnection:
             return
         self.dead = reason
         self.detach()
-        if self.relay is not None:
-            self.relay.close()
         for fut in self.pending.values():
             if not fut.done():
                 fut.set_exception(error(reason, sandbox_id=self.sandbox_id))
@@ -101,6 +99,8 @@ class AgentConnection:
         self._fail("sandbox is closed", SandboxClosed)
 
     def detach(self) -> None:
+        if self.relay is not None:  # the sandbox's model connections end with its agent
+            self.relay.close()
         for remove, fd in ((self.loop.remove_reader, self.rfd), (self.loop.remove_writer, self.wfd)):
             try:
                 remove(fd)

@@ -97,9 +97,12 @@ class ModelRelay:
         self.send = send
         self.conns: dict[int, asyncio.Queue] = {}   # bytes (or None: closed) for upstream
         self.tasks: set[asyncio.Task] = set()
+        self.closed = False
 
     def on_frame(self, header: dict, payload: bytes) -> None:
         cid, op = header.get("conn"), header.get("op")
+        if self.closed:
+            return
         if op == "mc_open" and cid not in self.conns:
             queue: asyncio.Queue = asyncio.Queue()
             self.conns[cid] = queue
@@ -132,9 +135,11 @@ class ModelRelay:
             self.conns.pop(cid, None)
             if writer is not None:
                 writer.close()
-            self.send({"op": "mc_close", "conn": cid}, b"")
+            if not self.closed:  # after close() the agent's pipe may be gone (or its fd reused)
+                self.send({"op": "mc_close", "conn": cid}, b"")
 
     def close(self) -> None:
+        self.closed = True
         for task in list(self.tasks):
             task.cancel()
         self.conns.clear()

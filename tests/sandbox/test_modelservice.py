@@ -309,6 +309,23 @@ def test_oversized_body_refused(host_client, service):
     assert e.value.status_code == 413 and e.value.body["code"] == "too_large"
 
 
+MODELS_URLLIB = """
+import json, os, urllib.request
+req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/models",
+                             headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
+print(json.loads(urllib.request.urlopen(req).read())["data"][0]["id"])
+"""
+
+
+def test_endpoint_and_key_survive_reset(agent_sb, service):
+    key = agent_sb.run("printf %s $OPENAI_API_KEY").stdout
+    agent_sb.reset()  # a new agent (and relay) over the bare image: no openai, same key
+    assert agent_sb.run("printf %s $OPENAI_API_KEY").stdout == key
+    r = run_py(agent_sb, MODELS_URLLIB)
+    assert r.stdout == "rockroll\n", r
+    assert service.caller(key).sandbox_id == agent_sb.id
+
+
 # --------------------------------------------------------------------------- the server's API
 
 
