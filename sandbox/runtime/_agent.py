@@ -581,6 +581,9 @@ class Session:
 # --------------------------------------------------------------------------- model channel
 
 
+MODEL_MAX_CONNS = 256
+
+
 class ModelChannel:
     """The in-sandbox end of the model endpoint: a loopback listener whose connections
     travel as frames to the host (no network namespace is opened for them)."""
@@ -602,6 +605,9 @@ class ModelChannel:
         try:
             conn, _ = self.listener.accept()
         except (BlockingIOError, InterruptedError):
+            return
+        if len(self.conns) >= MODEL_MAX_CONNS:  # each is a host socket too: bounded per sandbox
+            conn.close()
             return
         conn.setblocking(False)
         self.counter += 1

@@ -15,6 +15,7 @@ import os
 import shutil
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import openai
@@ -324,6 +325,39 @@ def test_endpoint_and_key_survive_reset(agent_sb, service):
     r = run_py(agent_sb, MODELS_URLLIB)
     assert r.stdout == "rockroll\n", r
     assert service.caller(key).sandbox_id == agent_sb.id
+
+
+FLOOD = """
+import socket, time
+socks = []
+for _ in range(300):
+    socks.append(socket.create_connection(("127.0.0.1", 8080)))
+time.sleep(2)
+closed = 0
+for s in socks:
+    s.setblocking(False)
+    try:
+        closed += s.recv(1) == b""
+    except ConnectionResetError:
+        closed += 1
+    except BlockingIOError:  # still open: relayed to the service
+        pass
+print(closed)
+"""
+
+
+def test_connection_flood_is_bounded(agent_sb):
+    from rockroll.sandbox.runtime._agent import MODEL_MAX_CONNS
+
+    r = run_py(agent_sb, FLOOD)
+    assert r.exit_code == 0, r.stderr
+    assert int(r.stdout) == 300 - MODEL_MAX_CONNS  # the rest were closed at once
+    relay = agent_sb.aio._conn.relay
+    for _ in range(100):  # the agent closed them all when the script exited: so does the host
+        if not relay.conns and not relay.tasks:
+            break
+        time.sleep(0.1)
+    assert not relay.conns and not relay.tasks
 
 
 # --------------------------------------------------------------------------- the server's API
