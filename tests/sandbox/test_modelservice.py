@@ -381,6 +381,15 @@ def test_completions_and_sampling_parameters(host_client, service):
     with pytest.raises(openai.BadRequestError) as e:
         host_client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], temperature=7)
     assert e.value.body["param"] == "temperature"
+    chunks = list(host_client.chat.completions.create(model="m", messages=[{"role": "user", "content": "s"}], n=2,
+                                                      stream=True, stream_options={"include_usage": True}))
+    texts = {}
+    for c in chunks:
+        for ch in c.choices:
+            texts[ch.index] = texts.get(ch.index, "") + (ch.delta.content or "")
+    assert texts == {0: "echo: s", 1: "echo: s #1"} and chunks[-1].usage.completion_tokens == 17
+    host_client.chat.completions.create(model="m", messages=[{"role": "user", "content": "abc"}], n=2,
+                                        stop=[": "], temperature=0.5)
     rec = [r for r in service.recorder.records if r["episode"] == "ep-host"][-1]  # the 400 was not a call
     assert rec["sampling"]["n"] == 2 and list(rec["sampling"]["stop"]) == [": "]
     assert rec["sampling"]["temperature"] == 0.5 and len(rec["choices"]) == 2
