@@ -264,7 +264,6 @@ class AgentSandbox(AsyncSandbox):
             await self._start(sessions)
 
     async def reset(self) -> None:
-        """Back to the image: files, sessions and processes all fresh."""
         await self._restart((), {})
 
     async def close(self) -> None:
@@ -292,7 +291,6 @@ class AgentSandbox(AsyncSandbox):
         return not self._closed and self._conn is not None and not self._conn.dead
 
     async def ping(self) -> bool:
-        """Health check: True if the agent answers."""
         try:
             await asyncio.wait_for(self._request({"op": "ping"}), 5.0)
             return True
@@ -302,18 +300,10 @@ class AgentSandbox(AsyncSandbox):
     # ----------------------------------------------------------------- commands
     async def run(self, cmd: str, *, timeout: float | None = None, session: str | None = None,
                   env: dict[str, str] | None = None, cwd: str | None = None) -> CommandResult:
-        """Run ``cmd`` with bash in a session; stdout and stderr come back separately.
-
-        A timeout kills the command's process group (``timed_out=True``), not the session.
-        With ``env`` or ``cwd`` the command runs in a throwaway subshell, so its own
-        ``cd``/``export`` do not persist.
-        """
         return await self._run(cmd, timeout, session, env, cwd, None)
 
     async def run_stream(self, cmd: str, *, timeout: float | None = None, session: str | None = None,
                          env: dict[str, str] | None = None, cwd: str | None = None):
-        """Like ``run``, as an async iterator: yields ``("stdout" | "stderr", text)`` chunks
-        while the command runs, then the final ``CommandResult`` as its last item."""
         queue: asyncio.Queue = asyncio.Queue()
         task = asyncio.ensure_future(self._run(cmd, timeout, session, env, cwd, queue))
         try:
@@ -469,7 +459,6 @@ class AgentSandbox(AsyncSandbox):
         return dict(read_meta(self.store.tarball(snap.digest)).get("sessions", {}))
 
     async def restore(self, snapshot: Snapshot | str | Path) -> None:
-        """Return this sandbox, in place, to a snapshot's files and sessions."""
         self._ensure_open()
         snap = await asyncio.to_thread(self.store.load, snapshot)
         self._check_image(snap)

@@ -1,5 +1,5 @@
 """The HTTP wire format of ``rockroll serve``: one request/response model per action,
-shared by the service (``service.py``) and the SDK (``remote.py``), so the two cannot
+shared by the service (``server/``) and the SDK (``runtime/remote.py``), so the two cannot
 drift apart. Also the mapping between typed sandbox errors and HTTP statuses.
 
 Every error response body is ``{"error": <SandboxError subclass name>, "message": ...,
