@@ -6,6 +6,7 @@ import posixpath
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
+from urllib.parse import urlsplit
 
 from .errors import SpecError
 
@@ -20,6 +21,10 @@ class SandboxSpec:
     ``timeout_s`` is the default timeout of ``run()``; ``ttl_s`` the idle lifetime a
     service or pool enforces. ``network=False`` leaves only loopback.
     ``max_output_bytes`` caps each of stdout and stderr of one command.
+    ``model_endpoint`` (``http://host:port`` of a model service, as this host reaches it)
+    gives the sandbox an OpenAI-compatible endpoint without opening its network: its
+    sessions see ``OPENAI_BASE_URL=http://127.0.0.1:8080/v1`` and a key of their own
+    (``runtime/model_channel.py``).
     """
 
     image: str = "host"
@@ -34,6 +39,7 @@ class SandboxSpec:
     timeout_s: float = 120.0
     ttl_s: float | None = None
     max_output_bytes: int = 1 << 20
+    model_endpoint: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.image, str) or not self.image:
@@ -55,6 +61,8 @@ class SandboxSpec:
             isinstance(k, str) and k.isidentifier() and isinstance(v, str) for k, v in self.env.items()
         ):
             raise SpecError("env", "must map variable names (identifiers) to strings")
+        if self.model_endpoint is not None and not _is_http_url(self.model_endpoint):
+            raise SpecError("model_endpoint", f"must be an http://host:port URL, not {self.model_endpoint!r}")
         object.__setattr__(self, "env", dict(self.env))
 
     def to_dict(self) -> dict[str, Any]:
@@ -66,6 +74,17 @@ class SandboxSpec:
         if unknown:
             raise SpecError(sorted(unknown)[0], "unknown field")
         return cls(**data)
+
+
+def _is_http_url(url) -> bool:
+    if not isinstance(url, str):
+        return False
+    try:
+        parts = urlsplit(url)
+        return parts.scheme == "http" and bool(parts.hostname) and parts.port is not None \
+            and parts.path in ("", "/") and not parts.username and not parts.password
+    except ValueError:  # a port out of range
+        return False
 
 
 def _positive(name: str, value, *, minimum: float, integer: bool = False) -> None:

@@ -16,9 +16,11 @@ class Deployment(Protocol):
 
     upper: Path  # the sandbox's writable layer, as a host path (snapshots pack it)
 
-    def spawn(self, layers: list[Path], sessions: dict[str, str]) -> subprocess.Popen:
+    def spawn(self, layers: list[Path], sessions: dict[str, str],
+              model: dict | None = None) -> subprocess.Popen:
         """Start a fresh agent over snapshot ``layers`` (top first); its stdin/stdout
-        carry the protocol and its first frame was the config."""
+        carry the protocol and its first frame was the config. ``model`` (``{"port",
+        "env"}``) turns on the in-sandbox model endpoint (``runtime/model_channel.py``)."""
 
     def record(self, init_pid: int) -> None:
         """Remember the agent's pids so a later run can reap them after a crash."""

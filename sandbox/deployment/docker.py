@@ -185,7 +185,8 @@ class DockerDeployment:
         except docker.errors.DockerException as e:
             raise SandboxStartError(f"cannot create the container: {e}", sandbox_id=self.id) from e
 
-    def spawn(self, layers: list[Path], sessions: dict[str, str]) -> subprocess.Popen:
+    def spawn(self, layers: list[Path], sessions: dict[str, str],
+              model: dict | None = None) -> subprocess.Popen:
         """Start a fresh container over snapshot ``layers`` (top first), and an agent in it."""
         import docker  # noqa: PLC0415
 
@@ -206,6 +207,8 @@ class DockerDeployment:
         cfg = {"id": self.id, "enter_pid": pid, "cgroup_procs": self.cgroup.procs_paths(),
                "workdir": self.spec.workdir, "env": dict(self.spec.env), "hostname": self.id,
                "sessions": sessions}
+        if model:
+            cfg["model"] = model
         return self.agent.start(cfg)
 
     def record(self, init_pid: int) -> None:

@@ -77,7 +77,8 @@ class LocalDeployment:
     def upper(self) -> Path:
         return self.dir / f"upper{self.gen}"
 
-    def spawn(self, layers: list[Path], sessions: dict[str, str]) -> subprocess.Popen:
+    def spawn(self, layers: list[Path], sessions: dict[str, str],
+              model: dict | None = None) -> subprocess.Popen:
         """Start a fresh agent over ``layers`` (top first) + the image, with an empty upper."""
         self.gen += 1
         upper, work = self.dir / f"upper{self.gen}", self.dir / f"work{self.gen}"
@@ -96,6 +97,8 @@ class LocalDeployment:
             "hostname": self.id, "workdir": self.spec.workdir, "env": dict(self.spec.env),
             "sessions": sessions,
         }
+        if model:
+            cfg["model"] = model
         return self.agent.start(cfg)
 
     def record(self, init_pid: int) -> None:

@@ -26,6 +26,12 @@ Protocol: each frame is ``>II`` (header length, payload length) + JSON header + 
 Requests carry an ``id``; every response echoes it, so many requests (commands in
 different sessions) can be in flight at once.
 
+Model channel (config key ``model``, see ``runtime/model_channel.py`` for the design): the
+agent listens on ``127.0.0.1:<port>`` in the sandbox's own network namespace and carries
+every accepted connection's bytes as ``mc_open`` / ``mc_data`` / ``mc_close`` frames (key
+``conn``) over this same stdin/stdout; the host pipes them to the model service. No
+network device is added: the sandbox reaches nothing else.
+
 Sessions: each session is a persistent ``bash`` reading one-word operations from a
 pipe. A command runs in a forked subshell with job control on (``set -m``), so it is
 its own process group: a timeout kills that group and the session survives. On exit the
@@ -604,6 +610,106 @@ class Session:
         self.on_dead()
 
 
+# --------------------------------------------------------------------------- model channel
+
+
+MODEL_MAX_CONNS = 256
+
+
+class ModelChannel:
+    """The in-sandbox end of the model endpoint: a loopback listener whose connections
+    travel as frames to the host (no network namespace is opened for them)."""
+
+    def __init__(self, agent: "Agent", port: int):
+        self.agent = agent
+        self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind(("127.0.0.1", port))
+        self.listener.listen(128)
+        self.listener.setblocking(False)
+        self.conns: dict[int, socket.socket] = {}
+        self.pending: dict[int, bytearray] = {}   # bytes for a connection that could not take them yet
+        self.closing: set[int] = set()            # the host closed: close once pending is written
+        self.counter = 0
+        agent.sel.register(self.listener, selectors.EVENT_READ, (self.on_accept, None))
+
+    def on_accept(self, _arg) -> None:
+        try:
+            conn, _ = self.listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        if len(self.conns) >= MODEL_MAX_CONNS:  # each is a host socket too: bounded per sandbox
+            conn.close()
+            return
+        conn.setblocking(False)
+        self.counter += 1
+        cid = self.counter
+        self.conns[cid] = conn
+        self.agent.sel.register(conn, selectors.EVENT_READ, (self.on_read, cid))
+        self.agent.reply({"op": "mc_open", "conn": cid})
+
+    def on_read(self, cid: int) -> None:
+        conn = self.conns.get(cid)
+        if conn is None:
+            return
+        try:
+            data = conn.recv(1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if data:
+            self.agent.reply({"op": "mc_data", "conn": cid}, data)
+        else:
+            self.drop(cid)
+            self.agent.reply({"op": "mc_close", "conn": cid})
+
+    def on_host(self, req: dict, payload: bytes) -> None:
+        """A frame from the host for connection ``conn``: data to write, or close."""
+        cid = req.get("conn")
+        if cid not in self.conns:
+            return
+        if req["op"] == "mc_data":
+            self.pending.setdefault(cid, bytearray()).extend(payload)
+        else:
+            self.closing.add(cid)
+        self.on_write(cid)
+
+    def on_write(self, cid: int) -> None:
+        conn, buf = self.conns.get(cid), self.pending.get(cid)
+        if conn is None:
+            return
+        while buf:
+            try:
+                n = conn.send(buf)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                self.drop(cid)
+                self.agent.reply({"op": "mc_close", "conn": cid})
+                return
+            del buf[:n]
+        if buf:  # watch for room as well as for data
+            self.agent.sel.modify(conn, selectors.EVENT_READ | selectors.EVENT_WRITE, (self.on_event, cid))
+        elif cid in self.closing:
+            self.drop(cid)
+        else:
+            self.agent.sel.modify(conn, selectors.EVENT_READ, (self.on_read, cid))
+
+    def on_event(self, cid: int) -> None:
+        self.on_write(cid)
+        if cid in self.conns:
+            self.on_read(cid)
+
+    def drop(self, cid: int) -> None:
+        conn = self.conns.pop(cid, None)
+        self.pending.pop(cid, None)
+        self.closing.discard(cid)
+        if conn is not None:
+            self.agent.sel.unregister(conn)
+            conn.close()
+
+
 # --------------------------------------------------------------------------- agent
 
 
@@ -620,6 +726,12 @@ class Agent:
             "HOSTNAME": cfg.get("hostname", "sandbox"),
         }
         self.env.update(cfg.get("env") or {})
+        model = cfg.get("model") or {}
+        self.env.update(model.get("env") or {})
+        # The model variables are this sandbox's own: they win over a restored session's
+        # exports (a snapshot of another sandbox carries that sandbox's key).
+        self.forced_exports = "".join(f"export {k}={shlex.quote(v)}\n"
+                                      for k, v in (model.get("env") or {}).items())
         with open(f"{STATE_DIR}/session.sh", "w") as f:
             f.write(SESSION_SCRIPT if bash else SESSION_SCRIPT_SH)
         self.sel = selectors.DefaultSelector()
@@ -630,6 +742,7 @@ class Agent:
         self.out_buf = bytearray()
         self.writing = False
         self.running = True
+        self.model = ModelChannel(self, int(model["port"])) if model.get("port") else None
 
     def reply(self, header: dict, payload: bytes = b"") -> None:
         self.out_buf += encode_frame(header, payload)
@@ -657,7 +770,10 @@ class Agent:
         s = self.sessions.get(name)
         if s is None or s.dead:
             self.counter += 1
-            s = Session(self, name, self.counter, self.session_states.pop(name, None))
+            state = self.session_states.pop(name, None)
+            if state and self.forced_exports:
+                state += "\n" + self.forced_exports
+            s = Session(self, name, self.counter, state)
             self.sessions[name] = s
         return s
 
@@ -675,6 +791,10 @@ class Agent:
 
     def handle(self, req: dict, payload: bytes) -> None:
         op = req.get("op")
+        if op in ("mc_data", "mc_close"):
+            if self.model is not None:
+                self.model.on_host(req, payload)
+            return
         try:
             if op in ("run", "dump"):
                 self.session(req.get("session") or "default").submit(req)

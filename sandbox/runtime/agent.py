@@ -26,6 +26,7 @@ from ..spec import CommandResult, SandboxSpec, Snapshot
 from ..storage.layers import pack_layer, read_meta
 from ..storage.snapshots import SnapshotStore, copy_tree
 from ._agent import FrameReader, encode_frame
+from .model_channel import SANDBOX_PORT, ModelRelay, issue_key, revoke_key, sandbox_env
 
 # Tasks closing sandboxes whose create() was cancelled mid-build (held here: the loop keeps
 # only weak references to tasks).
@@ -37,7 +38,7 @@ _ERRORS = {"SandboxFileError": SandboxFileError, "SessionError": SessionError,
 class AgentConnection:
     """Framed, multiplexed requests over the agent's stdin/stdout (asyncio, no threads)."""
 
-    def __init__(self, proc, sandbox_id: str):
+    def __init__(self, proc, sandbox_id: str, model_endpoint: str | None = None):
         self.loop = asyncio.get_running_loop()
         self.sandbox_id = sandbox_id
         self.rfd, self.wfd = proc.stdout.fileno(), proc.stdin.fileno()
@@ -50,6 +51,8 @@ class AgentConnection:
         self.out = bytearray()
         self.next_id = 0
         self.dead: str | None = None
+        # The sandbox's model connections, piped to the model service (model_channel.py).
+        self.relay = ModelRelay(model_endpoint, self._send_frame) if model_endpoint else None
         self.loop.add_reader(self.rfd, self._on_readable)
 
     def _on_readable(self) -> None:
@@ -64,6 +67,10 @@ class AgentConnection:
             return
         self.reader.feed(data)
         for header, payload in self.reader.frames():
+            if header.get("op", "").startswith("mc_") and "id" not in header:
+                if self.relay is not None:
+                    self.relay.on_frame(header, payload)
+                continue
             if "chunk" in header:
                 queue = self.streams.get(header["id"])
                 if queue is not None:
@@ -92,11 +99,17 @@ class AgentConnection:
         self._fail("sandbox is closed", SandboxClosed)
 
     def detach(self) -> None:
+        if self.relay is not None:  # the sandbox's model connections end with its agent
+            self.relay.close()
         for remove, fd in ((self.loop.remove_reader, self.rfd), (self.loop.remove_writer, self.wfd)):
             try:
                 remove(fd)
             except (ValueError, OSError):
                 pass
+
+    def _send_frame(self, header: dict, payload: bytes) -> None:
+        if not self.dead:
+            self._write(encode_frame(header, payload))
 
     def _write(self, data: bytes) -> None:
         if not self.out:
@@ -187,6 +200,7 @@ class AgentSandbox(AsyncSandbox):
         self._layers: tuple[str, ...] = ()  # snapshot chain mounted above the image
         self._oom_seen = 0
         self._lock = asyncio.Lock()  # serializes restarts against each other
+        self.model_key: str | None = None  # this sandbox's key at spec.model_endpoint
         self.created = time.time()
         self.store = SnapshotStore(current_run().home)
 
@@ -213,6 +227,8 @@ class AgentSandbox(AsyncSandbox):
         try:
             # Building a deployment touches the filesystem and cgroups: keep it off the loop.
             self._deploy = await asyncio.to_thread(self._deployment, self.spec, self.id, current_run())
+            if self.spec.model_endpoint:
+                self.model_key = await asyncio.to_thread(issue_key, self.spec.model_endpoint, self.id)
             sessions: dict[str, str] = {}
             if snapshot is not None:
                 snap = await asyncio.to_thread(self.store.load, snapshot)
@@ -231,8 +247,9 @@ class AgentSandbox(AsyncSandbox):
 
     async def _start(self, sessions: dict[str, str]) -> None:
         layer_dirs = [self.store.layer_dir(d) for d in reversed(self._layers)]
-        proc = await asyncio.to_thread(self._deploy.spawn, layer_dirs, sessions)
-        self._conn = AgentConnection(proc, self.id)
+        model = ({"port": SANDBOX_PORT, "env": sandbox_env(self.model_key)} if self.model_key else None)
+        proc = await asyncio.to_thread(self._deploy.spawn, layer_dirs, sessions, model)
+        self._conn = AgentConnection(proc, self.id, self.spec.model_endpoint)
         init_pid = await self._conn.handshake()
         self._deploy.record(init_pid)
         self._oom_seen = self._deploy.oom_kills()
@@ -260,6 +277,9 @@ class AgentSandbox(AsyncSandbox):
             self._conn.close()
         if self._deploy:
             await asyncio.to_thread(self._deploy.close)
+        if self.model_key:  # after the agent is gone: nothing can call with it any more
+            key, self.model_key = self.model_key, None
+            await asyncio.to_thread(revoke_key, self.spec.model_endpoint, key, self.id)
 
     async def _request(self, header: dict, payload: bytes = b"", *, stream: asyncio.Queue | None = None
                        ) -> tuple[dict, bytes]:

@@ -293,3 +293,36 @@ def test_cli_image_build_prints_the_tag(image):
     result = CliRunner().invoke(main, ["sandbox", "image", "build"])
     assert result.exit_code == 0, result.output
     assert result.output.strip() == image
+
+
+# ----------------------------------------------------------------- model endpoint
+
+HTTP_CALL = r"""body='{"model":"m","messages":[{"role":"user","content":"hi"}]}'
+exec 3<>/dev/tcp/127.0.0.1/8080 || exit 7
+printf 'POST /v1/chat/completions HTTP/1.1\r\nHost: sb\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s' "$OPENAI_API_KEY" "${#body}" "$body" >&3
+cat <&3
+"""
+
+
+def test_model_endpoint_in_a_container(image, monkeypatch):
+    """The same agent channel as the local backend: an OpenAI endpoint on the container's
+    loopback, the container's network still none (the image has no Python: raw HTTP)."""
+    from rockroll.sandbox.modelservice import ModelService, ReplayMode
+    from rockroll.sandbox.runtime.model_channel import TOKEN_ENV
+
+    recorded = {"kind": "chat", "messages": [{"role": "user", "content": "hi"}], "prompt": None, "tools": None,
+                "choices": [{"content": "hello from the host", "finish_reason": "stop"}]}
+    with ModelService(ReplayMode([recorded])) as svc:
+        monkeypatch.setenv(TOKEN_ENV, svc.token)
+        with open_sandbox(dspec(image, model_endpoint=svc.url)) as sb:
+            r = sb.run(HTTP_CALL)
+            assert r.stdout.startswith("HTTP/1.1 200"), r
+            assert '"content":"hello from the host"' in r.stdout
+            key = sb.run("printf %s $OPENAI_API_KEY").stdout
+            assert svc.caller(key).sandbox_id == sb.id
+            assert svc.recorder.records[0]["sandbox_id"] == sb.id
+            port = svc.url.rsplit(":", 1)[1]
+            r = sb.run(f"exec 3<>/dev/tcp/127.0.0.1/{port} && echo CONNECTED")  # the service's host port
+            assert "CONNECTED" not in r.stdout and r.exit_code != 0
+            assert container_of(sb).attrs["HostConfig"]["NetworkMode"] == "none"
+        assert svc.caller(key) is None

@@ -199,3 +199,39 @@ def remote_call(coro):
     from rockroll.sandbox.sync import run_sync
 
     return run_sync(coro)
+
+
+HTTP_CALL = r"""python3 - <<'PY'
+import json, os, urllib.request
+req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", method="POST",
+                             data=json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode(),
+                             headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
+                                      "Content-Type": "application/json"})
+print(json.loads(urllib.request.urlopen(req).read())["choices"][0]["message"]["content"])
+PY
+"""
+
+
+def test_model_endpoint_through_the_service(monkeypatch):
+    """``model_endpoint`` travels in the spec; the service's host relays the sandbox's calls
+    (it issues and revokes the key with ``$ROCKROLL_MODEL_TOKEN`` from its own environment)."""
+    from rockroll.sandbox.modelservice import ModelService, ReplayMode
+    from rockroll.sandbox.runtime.model_channel import TOKEN_ENV
+
+    recorded = {"kind": "chat", "messages": [{"role": "user", "content": "hi"}], "prompt": None, "tools": None,
+                "choices": [{"content": "relayed by the service", "finish_reason": "stop"}]}
+    with ModelService(ReplayMode([recorded])) as svc:
+        monkeypatch.setenv(TOKEN_ENV, svc.token)
+        srv, before = Server(), remote._configured  # a service started with the token in its environment
+        remote.configure(srv.url, srv.token)
+        try:
+            spec = SandboxSpec(backend="remote", memory_mb=256, pids=128, timeout_s=30, model_endpoint=svc.url)
+            with open_sandbox(spec) as sb:
+                r = sb.run(HTTP_CALL)
+                assert r.stdout == "relayed by the service\n", r
+                key = sb.run("printf %s $OPENAI_API_KEY").stdout
+                assert svc.caller(key).sandbox_id == sb.id
+            assert svc.caller(key) is None  # closed through the service: revoked
+        finally:
+            remote._configured = before
+            srv.stop()

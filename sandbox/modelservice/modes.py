@@ -1,0 +1,243 @@
+"""What answers a model call: the small generator interface and its three modes.
+
+The server (``server.py``) turns an OpenAI request into a ``Call`` and asks a
+``Generator`` for an ``Answer``; it never knows which mode it runs. So ``sandbox`` never
+imports ``trainer``: the trainer implements ``Policy`` (token ids in, token ids and
+log-probs out) and hands ``PolicyMode(its_policy)`` to the server.
+
+- ``PolicyMode``: the trainer's generator answers; every call records the exact prompt
+  ids, completion ids, their log-probs and the policy version.
+- ``ProxyMode``: forwards to an upstream OpenAI-compatible URL, retrying 429/5xx.
+- ``ReplayMode``: answers from recorded JSONL (``records.py``), deterministically.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Protocol
+
+
+class ModeError(Exception):
+    """A call the mode cannot answer; the server returns it in OpenAI's error shape."""
+
+    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.code, self.param = status, message, code, param
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who made a call: resolved from the key, never from anything the caller sends."""
+    sandbox_id: str
+    episode: str
+
+
+@dataclass(frozen=True)
+class Sampling:
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int = 1
+    logprobs: bool = False
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request, parsed. ``kind`` is ``"chat"`` (``messages``) or ``"completion"``
+    (``prompt``); ``index`` counts the caller's calls from 0; ``request`` is the raw body."""
+    kind: str
+    model: str
+    caller: Caller
+    index: int
+    sampling: Sampling
+    messages: list[dict] | None = None
+    prompt: str | None = None
+    tools: list[dict] | None = None
+    tool_choice: Any = None
+    request: dict = field(default_factory=dict)
+
+
+@dataclass
+class Choice:
+    """One generated continuation. ``tool_calls`` already in OpenAI form (proxy, replay)
+    or None: the server then parses them out of ``text`` with its tool parser."""
+    text: str
+    finish_reason: str = "stop"
+    completion_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    tokens: list[str] | None = None   # the text of each completion token, for ``logprobs``
+    tool_calls: list[dict] | None = None
+
+
+@dataclass
+class Answer:
+    choices: list[Choice]
+    prompt_ids: list[int] | None = None
+    version: Any = None
+    response: dict | None = None      # the upstream body (proxy), recorded as is
+
+
+class Generator(Protocol):
+    """Answers calls. One instance serves every sandbox; it must be safe to await
+    concurrently."""
+
+    async def generate(self, call: Call) -> Answer:
+        """The answer to ``call`` (``call.sampling.n`` choices), or ``ModeError``."""
+
+
+# --------------------------------------------------------------------------- policy
+
+
+@dataclass
+class Sample:
+    """What a policy returns per choice: the tokens it generated, their log-probs under
+    the policy that generated them, why it stopped (``"stop"`` or ``"length"``) and that
+    policy's version."""
+    completion_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    version: Any
+
+
+class Policy(Protocol):
+    """The trainer's side of policy mode (transformers or vLLM behind it)."""
+
+    def prompt_ids(self, call: Call) -> list[int]:
+        """The prompt tokens: ``call.messages`` and ``call.tools`` through the model's chat
+        template (chat), or ``call.prompt`` encoded (completion)."""
+
+    async def sample(self, prompt_ids: list[int], sampling: Sampling) -> list[Sample]:
+        """``sampling.n`` samples, honouring ``max_tokens``, ``stop`` and ``temperature``."""
+
+    def decode(self, ids: list[int]) -> str:
+        """Token ids back to text."""
+
+
+class PolicyMode:
+    """Answers with a ``Policy``; the answer keeps the exact ids and log-probs."""
+
+    def __init__(self, policy: Policy):
+        self.policy = policy
+
+    async def generate(self, call: Call) -> Answer:
+        ids = self.policy.prompt_ids(call)
+        samples = await self.policy.sample(ids, call.sampling)
+        choices = [Choice(text=self.policy.decode(s.completion_ids), finish_reason=s.finish_reason,
+                          completion_ids=list(s.completion_ids), logprobs=list(s.logprobs),
+                          tokens=[self.policy.decode([t]) for t in s.completion_ids]) for s in samples]
+        return Answer(choices=choices, prompt_ids=list(ids), version=samples[0].version if samples else None)
+
+
+# --------------------------------------------------------------------------- proxy
+
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+class ProxyMode:
+    """Forwards each call to ``base_url`` (``.../v1``) of an OpenAI-compatible server,
+    non-streaming (the server streams the answer itself), retrying 429/5xx and connection
+    failures ``retries`` times with exponential back-off."""
+
+    def __init__(self, base_url: str, *, api_key: str | None = None, model: str | None = None,
+                 retries: int = 3, backoff_s: float = 0.2, timeout_s: float = 600.0):
+        self.base_url, self.api_key, self.model = base_url.rstrip("/"), api_key, model
+        self.retries, self.backoff_s, self.timeout_s = retries, backoff_s, timeout_s
+        self._client = None
+
+    def _http(self):
+        if self._client is None:
+            try:
+                import httpx  # noqa: PLC0415 - the service extra
+            except ImportError as e:
+                raise ModeError(500, "proxy mode needs httpx: pip install 'rockroll[service]'") from e
+            self._client = httpx.AsyncClient(timeout=self.timeout_s)
+        return self._client
+
+    async def generate(self, call: Call) -> Answer:
+        import httpx  # noqa: PLC0415
+
+        body = {k: v for k, v in call.request.items() if k not in ("stream", "stream_options")}
+        if self.model:
+            body["model"] = self.model
+        url = self.base_url + ("/chat/completions" if call.kind == "chat" else "/completions")
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        last = "no attempt"
+        for attempt in range(self.retries + 1):
+            if attempt:
+                await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
+            try:
+                resp = await self._http().post(url, json=body, headers=headers)
+            except httpx.HTTPError as e:
+                last = f"upstream unreachable: {e}"
+                continue
+            if resp.status_code in RETRY_STATUSES:
+                last = f"upstream answered {resp.status_code}: {resp.text[:200]}"
+                continue
+            if resp.status_code != 200:
+                raise ModeError(resp.status_code, f"upstream answered {resp.status_code}: {resp.text[:500]}",
+                                code="upstream_error")
+            return answer_of_response(call.kind, resp.json())
+        raise ModeError(502, f"{last} (after {self.retries + 1} attempts)", code="upstream_error")
+
+
+def answer_of_response(kind: str, data: dict) -> Answer:
+    """An OpenAI response body (chat or completion) as an ``Answer``."""
+    choices = []
+    for c in sorted(data.get("choices") or [], key=lambda c: c.get("index", 0)):
+        if kind == "chat":
+            msg = c.get("message") or {}
+            content = (c.get("logprobs") or {}).get("content") or []
+            choices.append(Choice(text=msg.get("content") or "", finish_reason=c.get("finish_reason") or "stop",
+                                  tool_calls=msg.get("tool_calls") or [],
+                                  logprobs=[t["logprob"] for t in content] or None,
+                                  tokens=[t["token"] for t in content] or None))
+        else:
+            lp = c.get("logprobs") or {}
+            choices.append(Choice(text=c.get("text") or "", finish_reason=c.get("finish_reason") or "stop",
+                                  logprobs=lp.get("token_logprobs"), tokens=lp.get("tokens")))
+    return Answer(choices=choices, response=data)
+
+
+# --------------------------------------------------------------------------- replay
+
+
+def request_key(kind: str, messages: Any, prompt: Any, tools: Any) -> str:
+    """What identifies a request for replay: its kind, conversation and tools."""
+    canon = json.dumps([kind, messages, prompt, tools], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canon.encode()).hexdigest()
+
+
+class ReplayMode:
+    """Answers from records (``records.py`` lines): the k-th call with a given request
+    gets the k-th recorded answer to that request, so a recorded agent run replays
+    exactly without a model. A request never recorded is a 404 (``replay_miss``)."""
+
+    def __init__(self, records: str | Path | Iterable[dict]):
+        if isinstance(records, (str, Path)):
+            with open(records) as f:
+                records = [json.loads(line) for line in f if line.strip()]
+        self._answers: dict[str, collections.deque] = collections.defaultdict(collections.deque)
+        for rec in records:
+            if rec.get("error"):
+                continue
+            key = request_key(rec["kind"], rec.get("messages"), rec.get("prompt"), rec.get("tools"))
+            self._answers[key].append(rec)
+
+    async def generate(self, call: Call) -> Answer:
+        queue = self._answers.get(request_key(call.kind, call.messages, call.prompt, call.tools))
+        if not queue:
+            raise ModeError(404, "replay: no recorded answer for this request", code="replay_miss")
+        rec = queue.popleft()
+        # "content" is what the caller received (tool calls taken out); "text" the raw output
+        choices = [Choice(text=c.get("content") or "", finish_reason=c.get("finish_reason") or "stop",
+                          completion_ids=c.get("completion_ids"), logprobs=c.get("logprobs"),
+                          tokens=c.get("tokens"), tool_calls=c.get("tool_calls") or [])
+                   for c in rec.get("choices") or []]
+        return Answer(choices=choices, prompt_ids=rec.get("prompt_ids"), version=rec.get("version"))

@@ -1,0 +1,145 @@
+"""The host end of a sandbox's model endpoint: an OpenAI-compatible URL inside a sandbox
+that still has no network.
+
+Design. A sandbox with ``SandboxSpec(model_endpoint=URL)`` sees
+``OPENAI_BASE_URL=http://127.0.0.1:8080/v1`` and its own ``OPENAI_API_KEY`` in every
+session. Port 8080 is a listener of the sandbox's agent (``_agent.py``, ``ModelChannel``)
+in the sandbox's *own* network namespace, which still holds nothing but loopback. Each
+connection accepted there travels as frames (``mc_open`` / ``mc_data`` / ``mc_close``)
+over the agent's control pipe, which the host already holds; ``ModelRelay`` opens one TCP
+connection per sandbox connection to the model service at ``URL`` (a loopback server of
+the host) and pipes the bytes both ways. Why this way:
+
+- No network is opened: no veth, no bridge, no published port, no shared socket file. The
+  sandbox can reach exactly one thing, through a process we wrote, and an attack on any
+  other address (host loopback included) still finds an empty namespace.
+- It costs one frame hop per read, on a pipe that is already there: no file polling (ROCK
+  bridges calls through log files), no ``exec`` per answer.
+- The same agent runs in local namespaces and inside docker containers (enter mode joins
+  the container's network namespace before listening), so both backends get it from this
+  one code path. The remote and ray backends run this same ``AgentSandbox`` on their host,
+  so the relay lives there; the model service URL must be reachable from that host.
+- The relay pipes bytes and parses nothing: HTTP/1.1 keep-alive, streaming (SSE) and any
+  client work unchanged.
+
+Keys. Attribution is by key: when the sandbox starts, the host asks the model service for
+a fresh key for this sandbox id (``POST /rockroll/keys`` with the service's admin token,
+``$ROCKROLL_MODEL_TOKEN``) and revokes it on close, so calls with a closed sandbox's key
+are refused. A key is 32 random bytes that exist only in that sandbox's environment (other
+sandboxes have separate pid and mount namespaces and cannot read it); each sandbox
+connection is its own upstream connection, so no sandbox can read or answer another's
+calls. The agent re-exports the sandbox's own key over restored session state, so a
+sandbox forked from another's snapshot does not inherit its key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Callable
+
+from ..errors import SandboxStartError
+
+SANDBOX_PORT = 8080  # the model endpoint's port inside every sandbox
+TOKEN_ENV = "ROCKROLL_MODEL_TOKEN"
+
+
+def host_port(url: str) -> tuple[str, int]:
+    """The (host, port) of an ``http://host:port`` URL."""
+    parts = urllib.parse.urlsplit(url)
+    return parts.hostname or "127.0.0.1", parts.port or 80
+
+
+def sandbox_env(key: str) -> dict[str, str]:
+    """The variables a sandbox's sessions see."""
+    return {"OPENAI_BASE_URL": f"http://127.0.0.1:{SANDBOX_PORT}/v1", "OPENAI_API_KEY": key}
+
+
+def _admin(url: str, method: str, path: str, body: dict | None, sandbox_id: str) -> dict:
+    token = os.environ.get(TOKEN_ENV)
+    if not token:
+        raise SandboxStartError(f"spec.model_endpoint is set but ${TOKEN_ENV} (the model service's "
+                                "admin token) is not", sandbox_id=sandbox_id)
+    req = urllib.request.Request(url.rstrip("/") + path, method=method,
+                                 data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Authorization": f"Bearer {token}",
+                                          "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.loads(resp.read() or b"{}")
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise SandboxStartError(f"cannot reach the model service at {url}: {e}", sandbox_id=sandbox_id) from e
+
+
+def issue_key(url: str, sandbox_id: str) -> str:
+    """A fresh key for ``sandbox_id`` from the model service at ``url`` (blocking)."""
+    return _admin(url, "POST", "/rockroll/keys", {"sandbox_id": sandbox_id}, sandbox_id)["key"]
+
+
+def revoke_key(url: str, key: str, sandbox_id: str) -> None:
+    """Refuse ``key`` from now on (blocking; a service already gone is fine)."""
+    with contextlib.suppress(SandboxStartError):
+        _admin(url, "DELETE", "/rockroll/keys/" + urllib.parse.quote(key, safe=""), None, sandbox_id)
+
+
+class ModelRelay:
+    """Pipes the sandbox's model connections to the model service (one upstream TCP
+    connection per sandbox connection). ``send(header, payload)`` writes a frame to the
+    agent."""
+
+    def __init__(self, url: str, send: Callable[[dict, bytes], None]):
+        self.host, self.port = host_port(url)
+        self.send = send
+        self.conns: dict[int, asyncio.Queue] = {}   # bytes (or None: closed) for upstream
+        self.tasks: set[asyncio.Task] = set()
+        self.closed = False
+
+    def on_frame(self, header: dict, payload: bytes) -> None:
+        cid, op = header.get("conn"), header.get("op")
+        if self.closed:
+            return
+        if op == "mc_open" and cid not in self.conns:
+            queue: asyncio.Queue = asyncio.Queue()
+            self.conns[cid] = queue
+            task = asyncio.ensure_future(self._pipe(cid, queue))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+        elif cid in self.conns:
+            self.conns[cid].put_nowait(payload if op == "mc_data" else None)
+
+    async def _pipe(self, cid: int, queue: asyncio.Queue) -> None:
+        writer = None
+        try:
+            reader, writer = await asyncio.open_connection(self.host, self.port)
+
+            async def upstream() -> None:
+                while (data := await queue.get()) is not None:
+                    writer.write(data)
+                    await writer.drain()
+                writer.close()
+
+            up = asyncio.ensure_future(upstream())
+            try:
+                while data := await reader.read(1 << 16):
+                    self.send({"op": "mc_data", "conn": cid}, data)
+            finally:
+                up.cancel()
+        except OSError:
+            pass  # the service is unreachable: the sandbox sees its connection closed
+        finally:
+            self.conns.pop(cid, None)
+            if writer is not None:
+                writer.close()
+            if not self.closed:  # after close() the agent's pipe may be gone (or its fd reused)
+                self.send({"op": "mc_close", "conn": cid}, b"")
+
+    def close(self) -> None:
+        self.closed = True
+        for task in list(self.tasks):
+            task.cancel()
+        self.conns.clear()
