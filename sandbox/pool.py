@@ -1,8 +1,11 @@
 """Warm pools: sandboxes created ahead of time, handed out in microseconds.
 
-``release()`` resets a sandbox back to its image (a remount, not a rebuild) and returns
-it to the pool in the background; a background task keeps ``size`` idle sandboxes
-ready, checks their health every ``health_interval_s`` and replaces dead ones.
+A pool owns ``size`` sandboxes, the way a connection pool does: ``acquire()`` hands out an
+idle one, ``release()`` resets it back to its image (a remount, not a rebuild) and returns
+it to the pool in the background, so the next ``acquire()`` reuses it instead of paying for
+a create. A background task tops the pool up to ``size`` (idle + in use), checks the idle
+ones' health every ``health_interval_s`` and replaces dead ones. Beyond ``size`` users at
+once, ``acquire()`` creates on demand and ``release()`` closes the surplus.
 """
 
 from __future__ import annotations
@@ -63,8 +66,9 @@ class AsyncSandboxPool(AsyncPool):
     """A pool of ready sandboxes of one spec.
 
     ``acquire()`` returns an idle sandbox (creating one if none is ready, so it never
-    fails for lack of warm ones); ``release(sb)`` resets it and puts it back, or closes
-    it if the pool is full or closed. ``close()`` closes every sandbox it owns.
+    fails for lack of warm ones); ``release(sb)`` resets it and puts it back for the next
+    ``acquire()``, or closes it if the pool already owns ``size`` or is closed. ``close()``
+    closes every sandbox it owns.
 
     With ``snapshot``, sandboxes start from that snapshot and are restored to it on release
     instead of reset to the image: an episode that begins at a saved state (a task's buggy
@@ -109,8 +113,8 @@ class AsyncSandboxPool(AsyncPool):
         return self._closed
 
     def resize(self, size: int) -> None:
-        """Keep ``size`` idle sandboxes from now on: the refill task tops the pool up;
-        surplus idle ones drain as sandboxes are released."""
+        """Own ``size`` sandboxes from now on: the refill task tops the pool up; a surplus
+        drains as sandboxes are released."""
         self.size = size
         self._kick()
 
@@ -136,7 +140,7 @@ class AsyncSandboxPool(AsyncPool):
     async def release(self, sb: AsyncSandbox) -> None:
         """Give a sandbox back: it is reset in the background and rejoins the pool."""
         self._busy.discard(sb)
-        if self._closed or len(self._idle) + self._creating >= self.size:
+        if self._closed or self._owned() >= self.size:
             await sb.close()
             return
         task = asyncio.create_task(self._recycle(sb))
@@ -163,12 +167,16 @@ class AsyncSandboxPool(AsyncPool):
     def _create(self) -> Any:
         return AsyncSandbox.create(self.spec, snapshot=self.snapshot)
 
+    def _owned(self) -> int:
+        """Sandboxes the pool holds: idle, being created or reset, and handed out."""
+        return len(self._idle) + self._creating + len(self._busy)
+
     def _kick(self) -> None:
         if self._wake is not None:
             self._wake.set()
 
     async def _fill(self) -> None:
-        missing = self.size - len(self._idle) - self._creating
+        missing = self.size - self._owned()
         if missing <= 0 or self._closed:
             return
         self._creating += missing
