@@ -66,7 +66,12 @@ class AgentConnection:
             self._fail("the sandbox agent exited")
             return
         self.reader.feed(data)
-        for header, payload in self.reader.frames():
+        try:
+            frames = list(self.reader.frames())
+        except ValueError as e:  # a malformed or oversized frame: the stream cannot be trusted
+            self._fail(f"the sandbox agent sent a bad frame ({e})")
+            return
+        for header, payload in frames:
             if header.get("op", "").startswith("mc_") and "id" not in header:
                 if self.relay is not None:
                     self.relay.on_frame(header, payload)

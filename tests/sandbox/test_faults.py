@@ -183,3 +183,33 @@ async def test_handshake_takes_ready_before_spawned():
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.parametrize("frame", [
+    "struct.pack('>II', 1 << 31, 0)",                     # an oversized frame, from its size alone
+    "struct.pack('>II', 4, 0) + b'null'",                 # a header that is not a JSON object
+])
+async def test_a_bad_frame_fails_requests_instead_of_hanging(frame):
+    # A corrupted control stream cannot be resynchronised: requests in flight must fail with
+    # AgentDied at once, not wait for a reply that can never be parsed.
+    from rockroll.sandbox.runtime.agent import AgentConnection
+
+    script = textwrap.dedent(f"""
+        import os, struct, sys, time
+        from rockroll.sandbox.runtime._agent import encode_frame
+        os.write(1, encode_frame({{"op": "ready", "ok": True, "pid": 1}}))
+        os.write(1, encode_frame({{"op": "spawned", "init_pid": 4242}}))
+        sys.stdin.buffer.read1(1 << 16)  # the request
+        os.write(1, {frame})
+        time.sleep(60)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        conn = AgentConnection(proc, "sb-test")
+        assert await conn.handshake(timeout=30) == 4242
+        with pytest.raises(AgentDied, match="bad frame"):
+            await asyncio.wait_for(conn.request({"op": "ping"}), 30)
+        conn.close()
+    finally:
+        proc.kill()
+        proc.wait()
