@@ -6,7 +6,6 @@ policy's dozen-token vocabulary (``LatencyEnv``, "Say Up."), and a two-turn env 
 different word each turn (``TwoStepEnv``), for the multi-turn credit. A trainer whose
 advantage has the wrong sign, whose response mask is off by a token or whose KL term pushes
 away from the reference passes the mechanical tests of test_train.py; it fails these.
-The end-to-end run of ``rockroll train`` on FrozenLake is test_learning_e2e.py.
 """
 
 import json
