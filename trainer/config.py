@@ -230,7 +230,7 @@ class EngineConfig:
     zero_stage: int = 1
     lr: float = 1e-3
     weight_decay: float = 0.0
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     grad_clip: float = 1.0
     # sequences per forward/backward: a mini-batch's micro-batches accumulate their gradients
     # into one optimizer step, exactly as one pass would (0: the whole mini-batch at once)

@@ -48,15 +48,23 @@ def _env_texts(envs: list[EnvConfig], episodes: int = 8) -> list[str]:
 
 
 def build_word_tokenizer(envs: list[EnvConfig], folder: str | Path) -> Any:
-    """Build, save to ``folder`` and return a word-level ``PreTrainedTokenizerFast``."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
+    """Build, save to ``folder`` and return a word-level ``PreTrainedTokenizerFast`` over the
+    printable characters and the words the envs print."""
     pattern = re.compile(PRETOKENIZE)
-    vocab: dict[str, int] = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
     words = set(string.printable) | {"Up", "Down", "Left", "Right", "answer", "\u221a"}
     for text in _env_texts(envs):
         words.update(pattern.findall(text))
+    return save_word_tokenizer(words, folder)
+
+
+def save_word_tokenizer(words: Any, folder: str | Path) -> Any:
+    """A word-level ``PreTrainedTokenizerFast`` over :data:`SPECIAL_TOKENS` and ``words`` (each a
+    piece of :data:`PRETOKENIZE`: a word or one character), saved to ``folder``. A small word
+    list makes a small action space (the learning tests' policies choose among a dozen tokens)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab: dict[str, int] = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
     for w in sorted(words):
         vocab.setdefault(w, len(vocab))
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|unk|>"))

@@ -7,6 +7,10 @@ sampling drops). Each step sleeps a lognormal time (``asyncio.sleep`` in :meth:`
 thousands of envs wait concurrently on one loop; :meth:`step` blocks, for thread pools),
 drawn from a per-instance RNG so that envs of one group differ in speed. ``infra_error_rate``
 makes a step fail as infrastructure (``info["infra_error"]``).
+
+``TwoStepEnv`` is the smallest multi-turn task: two turns, each asking for its own word and
+paying half the reward when answered, whatever the other turn did; what the policy must say
+depends on the observation of the turn (the multi-turn credit and masks are what it tests).
 """
 
 from __future__ import annotations
@@ -59,3 +63,24 @@ class LatencyEnv(GemEnv):
 
     async def areset(self, *, seed=None, options=None):
         return self.reset(seed=seed, options=options)
+
+
+class TwoStepEnv(GemEnv):
+    """Turn 1 asks for ``first``, turn 2 for ``second``; each right answer earns 0.5 (the episode
+    always plays both turns: truncated after the second). Success: both right."""
+
+    def __init__(self, *, first: str = "Up", second: str = "Down", format_penalty: float = 0.0):
+        super().__init__(max_turns=2, format_penalty=format_penalty)
+        self.targets = (first, second)
+        self.right = 0
+
+    def _reset(self, task_id, options):
+        self.right = 0
+        return f"Say {self.targets[0]}.", {"success": False}
+
+    def _step(self, action: str):
+        turn = self._turn - 1  # the base class counts this turn before calling _step
+        win = action.strip() == self.targets[turn]
+        self.right += win
+        obs = f"Now say {self.targets[1]}." if turn == 0 else "Done."
+        return obs, 0.5 * win, False, {"success": self.right == 2}
