@@ -23,9 +23,7 @@ PRETOKENIZE = r"<\|[a-z]+\|>|[a-z]+|[A-Z][a-z]+|[\s\S]"
 
 def _env_texts(envs: list[EnvConfig], episodes: int = 8) -> list[str]:
     """Text the envs print: a few episodes of each, stepped with every direction and garbage."""
-    import gymnasium
-
-    import rockroll  # noqa: F401  (registers rock/* ids)
+    import gymnasium  # the rock/* ids: registered by rockroll/__init__, run by any rockroll.* import
 
     texts = []
     for spec in envs:

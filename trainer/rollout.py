@@ -112,9 +112,7 @@ def make_env(spec: EnvConfig, format_penalty: float | None = None) -> Any:
     if ":" in spec.id and "/" not in spec.id.split(":")[0]:
         module, name = spec.id.split(":", 1)
         return getattr(importlib.import_module(module), name)(**kwargs)
-    import gymnasium
-
-    import rockroll  # noqa: F401  (registers the rock/* ids)
+    import gymnasium  # the rock/* ids: registered by rockroll/__init__, run by any rockroll.* import
 
     return gymnasium.make(spec.id, **kwargs).unwrapped  # GEM envs truncate themselves
 
