@@ -207,9 +207,7 @@ class DockerDeployment:
         cfg = {"id": self.id, "enter_pid": pid, "cgroup_procs": self.cgroup.procs_paths(),
                "workdir": self.spec.workdir, "env": dict(self.spec.env), "hostname": self.id,
                "sessions": sessions}
-        if model:
-            cfg["model"] = model
-        return self.agent.start(cfg)
+        return self.agent.start(cfg, model)
 
     def record(self, init_pid: int) -> None:
         self.agent.record(init_pid)

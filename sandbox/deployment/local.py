@@ -97,9 +97,7 @@ class LocalDeployment:
             "hostname": self.id, "workdir": self.spec.workdir, "env": dict(self.spec.env),
             "sessions": sessions,
         }
-        if model:
-            cfg["model"] = model
-        return self.agent.start(cfg)
+        return self.agent.start(cfg, model)
 
     def record(self, init_pid: int) -> None:
         self.agent.record(init_pid)

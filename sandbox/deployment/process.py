@@ -99,8 +99,9 @@ class AgentProcess:
         self.init_pid: int | None = None
         self.init_start: int | None = None
 
-    def start(self, cfg: dict) -> subprocess.Popen:
-        self.proc = start_agent(cfg)
+    def start(self, cfg: dict, model: dict | None = None) -> subprocess.Popen:
+        """Start the agent with ``cfg`` (and the model channel's settings, if any)."""
+        self.proc = start_agent({**cfg, "model": model} if model else cfg)
         return self.proc
 
     def record(self, init_pid: int) -> None:
