@@ -112,7 +112,9 @@ def run_module(name: str, timeout_floor: float) -> dict:
         module = _installed_path(path, dirs)
         # no plugin autoload: the pure tests need none, and loading them (hypothesis,
         # schemathesis, ...) would cost seconds per mutant
-        test_cmd = ["env", "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1", sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
+        # no bytecode cache: a mutant written within the second of the last one, at the
+        # same size, could otherwise be run from the previous mutant's .pyc
+        test_cmd = ["env", "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1", "PYTHONDONTWRITEBYTECODE=1", sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
         # the unmutated module must pass its tests, or every mutant would count as killed
         start = time.monotonic()
         base = subprocess.run(test_cmd, cwd=work, capture_output=True, text=True)

@@ -21,6 +21,7 @@ from rockroll.sandbox.wire import (
     AuthError,
     ForkIn,
     ResultOut,
+    SandboxOut,
     SnapshotOut,
     SpecIn,
     error_body,
@@ -145,10 +146,15 @@ def test_error_body_capacity_and_unsafe_archive():
     assert (back.member, back.reason, back.sandbox_id) == ("../etc", "escapes the root", "sb-2")
 
 
-def test_error_body_without_args():
+def test_error_body_message_is_the_first_arg():
     exc = errors.SandboxError("x")
     exc.args = ()
     assert error_body(exc)["message"] == ""
+    exc.args = ("first", "second")
+    assert error_body(exc)["message"] == "first"
+    # only the field's own prefix is cut: the message may hold ": " itself
+    body = error_body(errors.SpecError("env", "bad name: 1X"))
+    assert body["detail"][0]["msg"] == "bad name: 1X"
 
 
 def test_error_from_body_401_is_auth_error():
@@ -163,6 +169,10 @@ def test_error_from_body_fastapi_422_detail_names_the_field():
     exc = error_from_body(422, body)
     assert type(exc) is errors.SpecError
     assert exc.field == "spec.cpus" and exc.args == ("spec.cpus: Input should be a number",)
+    # several problems: the first one is reported
+    two = {"detail": [{"loc": ["body", "cpus"], "msg": "first"}, {"loc": ["body", "pids"], "msg": "second"}]}
+    exc = error_from_body(422, two)
+    assert exc.field == "cpus" and exc.args == ("cpus: first",)
     # a loc of only "body" names the body; no msg says "invalid"
     exc = error_from_body(422, {"detail": [{"loc": ["body"]}]})
     assert exc.field == "body" and exc.args == ("body: invalid",)
@@ -181,6 +191,9 @@ def test_error_from_body_unknown_or_foreign_names_are_sandbox_errors():
     assert type(exc) is errors.SandboxError and exc.args == ("HTTP 502: {}",)
     exc = error_from_body(500, {"error": "Nope", "message": "boom", "sandbox_id": "sb-3"})
     assert type(exc) is errors.SandboxError and exc.args == ("boom",) and exc.sandbox_id == "sb-3"
+    # a name the errors module holds that is not an exception class
+    exc = error_from_body(500, {"error": "__name__", "message": "m"})
+    assert type(exc) is errors.SandboxError and exc.args == ("m",)
     long = {"error": "Nope", "message": "", "junk": "y" * 500}
     assert len(error_from_body(500, long).args[0]) == len("HTTP 500: ") + 200  # body cut at 200 chars
 
@@ -232,3 +245,8 @@ def test_result_and_snapshot_round_trip():
     out = SnapshotOut.of(s)
     assert out.layers == ["sha256:a", "sha256:b"]
     assert out.to_snapshot() == s
+
+
+def test_sandbox_out_defaults():
+    out = SandboxOut(id="sb-1", state="alive", spec={}, created=1.0, last_used=2.0)
+    assert (out.commands_run, out.stats, out.recent) == (0, None, None)

@@ -185,3 +185,38 @@ def test_ipa_end_to_end_from_logits():
     assert torch.isfinite(logits.grad).all() and logits.grad.abs().sum() > 0
     assert logits.grad[2].abs().sum() == 0  # no response tokens, no gradient
     assert all(isinstance(v, float) and math.isfinite(v) for v in metrics.values())
+
+
+# --------------------------------------------------------------------------- boundaries
+# Each test below pins a boundary that a mutant of credit.py could move unnoticed
+# (docs/testing.md, "Mutation score").
+
+
+def test_chunk_ratio_mask_bounds_are_inclusive_on_both_sides():
+    # bounds [0.5, 2]: 0.5 and 2 are kept, 0.49 and 2.01 dropped
+    keep = chunk_ratio_mask(t([[0.5, 2.0, 0.49, 2.01]]), torch.ones(1, 4), low=0.5, high=2.0)
+    close(keep, [[1.0, 1.0, 0.0, 0.0]])
+
+
+def test_per_chunk_one_turn_and_no_turn_batches():
+    # at most one chunk: chunk 0 (tokens 1, 2) gets values[:, 0] = 3
+    close(per_chunk(t([[3.0]]), t([[0, 1, 1]])), [[0.0, 3.0, 3.0]])
+    # no chunk at all, no turn values: zeros of the mask's shape
+    out = per_chunk(torch.zeros(2, 0), torch.zeros(2, 3))
+    assert out.shape == (2, 3) and out.abs().sum() == 0
+
+
+def test_turn_advantages_episode_without_turns_does_not_count_in_its_group():
+    # gamma 1, one group: A wins in 1 turn (G = [1]), B loses in 1 (G = [0]), C has no response
+    # token: 2 episodes with turns -> mean 0.5, std 0.5 -> A +1, B -1, C 0 (were C counted,
+    # the mean would be 1/3)
+    mask = t([[1, 1, 0], [0, 1, 0], [0, 0, 0]])
+    adv = turn_advantages(t([[1.0], [0.0], [5.0]]), mask, torch.tensor([0, 0, 0]), 1.0)
+    close(adv, [[1.0, 1.0, 0.0], [0.0, -1.0, 0.0], [0.0, 0.0, 0.0]])
+
+
+def test_ipa_loss_default_clip_low():
+    # one one-token chunk, rho 0.6, A = -1, default clip 0.2: max(0.6, clip(0.6, 0.8, 1.2)) = 0.8
+    loss, _ = ipa_loss(t([[LN(0.6)]]), torch.zeros(1, 1), t([[-1.0]]), torch.ones(1, 1),
+                       ratio_low=0.5, ratio_high=2.0)
+    close(loss, 0.8)
