@@ -334,3 +334,33 @@ def test_json_data_that_is_not_a_tool_call_is_quoted():
 def test_constructs_after_a_span_still_count():
     assert parse_action(f"{call('ls')}\n<bash>pwd</bash>").kind == "invalid"
     assert parse_action(f"<bash>echo '{{\"name\": 1}}'</bash> and {call('pwd')}").error.startswith("found 2 actions")
+
+
+# ---- boundaries ----------------------------------------------------------------------------
+# Each test below pins a case that a mutant of actions.py got past before (docs/testing.md,
+# "Mutation score").
+def test_json_list_in_a_fence_and_an_empty_list_is_data():
+    call = {"name": "bash", "arguments": {"command": "ls"}}
+    assert parse_action(f"{FENCE}json\n{json.dumps([call])}\n{FENCE}") == bash("ls")
+    # an empty JSON list is quoted data, not an (empty) tool call list: the answer counts
+    assert parse_action(f"{FENCE}json\n[]\n{FENCE}\n\\boxed{{3}}") == Action(kind="answer", answer="3")
+
+
+def test_unclosed_tag_errors_name_the_missing_closer():
+    assert parse_action("<bash>ls").error == "unclosed <bash> tag (missing </bash>)"
+    assert parse_action('<tool_call>{"name": "bash"').error == "unclosed <tool_call> tag"
+
+
+def test_unclosed_answer_tag_is_ignored():
+    assert parse_action("<answer>5</answer> then <answer>7").answer == "5"
+
+
+def test_backslash_commands_outside_boxed_open_nothing():
+    # "\ldots" is not "\boxed{": the stray "}" after it closes nothing, the answer stays 1
+    assert parse_action(r"\boxed{1} and \ldots then 9}").answer == "1"
+
+
+def test_actions_are_frozen_and_hashable():
+    assert len({bash("ls"), bash("ls")}) == 1
+    with pytest.raises(AttributeError):
+        bash("ls").command = "rm -rf /"
