@@ -364,3 +364,15 @@ def test_actions_are_frozen_and_hashable():
     assert len({bash("ls"), bash("ls")}) == 1
     with pytest.raises(AttributeError):
         bash("ls").command = "rm -rf /"
+
+
+def test_unclosed_bash_fence_on_the_last_line():
+    # no newline after the opening line: still a ```bash fence, and unclosed
+    assert parse_action("run this:\n```bash").error == "unclosed ```bash block (missing the closing ```)"
+
+
+def test_json_decode_failures_are_bounded_at_64():
+    # every '{"x' line is a JSON candidate that fails to decode (a raw newline in a string)
+    call = '{"name": "bash", "arguments": {"command": "ls"}}'
+    assert parse_action('{"x\n' * 63 + call) == bash("ls")  # 63 failures: the call is still tried
+    assert parse_action('{"x\n' * 64 + call).kind == "invalid"  # the 64 allowed are spent: prose
