@@ -376,3 +376,7 @@ def test_json_decode_failures_are_bounded_at_64():
     call = '{"name": "bash", "arguments": {"command": "ls"}}'
     assert parse_action('{"x\n' * 63 + call) == bash("ls")  # 63 failures: the call is still tried
     assert parse_action('{"x\n' * 64 + call).kind == "invalid"  # the 64 allowed are spent: prose
+
+
+def test_last_answer_tag_wins():
+    assert parse_action("<answer>1</answer> no, <answer>2</answer>").answer == "2"
