@@ -1,8 +1,8 @@
 """Mutation score of the pure cores (``make mutation``): cosmic-ray, one module at a time.
 
 Usage: ``python scripts/mutation.py [NAME ...]`` (default: every module of ``MODULES``).
-Prints a score table (killed / total, %) and writes ``runs/mutation/scores.json`` with the
-score and every surviving mutant (operator, line, diff) per module.
+Prints a score table (killed / total, %) and writes ``runs/mutation/<NAME>.json`` with the
+module's score and every surviving mutant (operator, line, diff).
 
 Each module is mutated against ONLY its own fast test files, with cosmic-ray's arithmetic,
 comparison, boolean and constant operators (``OPERATORS``). cosmic-ray mutates the module
@@ -28,7 +28,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "runs" / "mutation" / "scores.json"
+RESULTS = ROOT / "runs" / "mutation"
 
 # name -> (module file, its fast test files, top-level definitions to mutate or None = all).
 # Paths are relative to the repository root: the one place to edit when a module moves.
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in MODULES]
     if unknown:
         parser.error(f"unknown module {unknown}; choose from {', '.join(MODULES)}")
-    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    results = {}
     for name in names:
         start = time.monotonic()
         results[name] = run_module(name, args.timeout)
@@ -188,9 +188,9 @@ def main(argv: list[str] | None = None) -> int:
               f"  ({time.monotonic() - start:.0f} s)", flush=True)
         for s in r["survivors"]:
             print(f"    survived line {s['line']} {s['operator']}: " + s["diff"].replace("\n", " | "))
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"\nmodule      file                   killed/total  score   (results: {RESULTS.relative_to(ROOT)})")
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / f"{name}.json").write_text(json.dumps(r, indent=2) + "\n")
+    print(f"\nmodule      file                   killed/total  score   (results: {RESULTS.relative_to(ROOT)}/NAME.json)")
     for name in names:
         r = results[name]
         print(f"{name:<11} {r['module']:<22} {r['killed']:>4}/{r['total']:<4}    {r['score']:5.1f} %")
