@@ -380,3 +380,28 @@ def test_json_decode_failures_are_bounded_at_64():
 
 def test_last_answer_tag_wins():
     assert parse_action("<answer>1</answer> no, <answer>2</answer>").answer == "2"
+
+
+def test_empty_bash_fence_is_empty_not_unclosed():
+    assert parse_action(f"{FENCE}bash\n{FENCE}").error == "the ```bash block is empty"
+
+
+def test_tool_call_json_in_another_language_fence_is_quoted_code():
+    call = '{"name": "bash", "arguments": {"command": "ls"}}'
+    assert parse_action(f"{FENCE}python\n{call}\n{FENCE}").error == "no action found in the reply"
+
+
+def test_a_closing_tag_is_not_scanned_again():
+    # the submit tag's span ends after </submit>; a JSON value that would start inside the
+    # tag (at its '{"') is never decoded, so the tool call it would hold is prose
+    text = '<submit>{"</submit>": 1, "name": "bash", "arguments": {"command": "ls"}}'
+    assert parse_action(text) == Action(kind="submit", answer='{"')
+
+
+def test_boxed_content_starting_with_a_brace():
+    assert parse_action(r"\boxed{{1}}").answer == "{1}"
+
+
+def test_several_actions_report_the_first_invalid_one():
+    action = parse_action("<bash></bash> then <tool_call>nope</tool_call>")
+    assert action.error.startswith("found 2 actions (invalid, invalid) (the <bash></bash> tag is empty)")

@@ -173,6 +173,9 @@ def test_error_from_body_fastapi_422_detail_names_the_field():
     two = {"detail": [{"loc": ["body", "cpus"], "msg": "first"}, {"loc": ["body", "pids"], "msg": "second"}]}
     exc = error_from_body(422, two)
     assert exc.field == "cpus" and exc.args == ("cpus: first",)
+    # only the first entry has to be FastAPI's shape
+    exc = error_from_body(422, {"detail": [{"loc": ["body", "cpus"], "msg": "first"}, "junk"]})
+    assert exc.field == "cpus" and exc.args == ("cpus: first",)
     # a loc of only "body" names the body; no msg says "invalid"
     exc = error_from_body(422, {"detail": [{"loc": ["body"]}]})
     assert exc.field == "body" and exc.args == ("body: invalid",)
