@@ -56,7 +56,7 @@ def test_per_chunk_puts_turn_values_on_their_tokens():
         [0.0, 0.0, 7.0, 7.0, 7.0, 0.0, 0.0],
         [0.0] * 7,
     ])
-    with pytest.raises(ValueError, match="3 chunks"):
+    with pytest.raises(ValueError, match=r"has 3 chunks \(turns\) but only 2 turn values"):
         per_chunk(values[:, :2], t(MASK))
 
 
@@ -220,3 +220,11 @@ def test_ipa_loss_default_clip_low():
     loss, _ = ipa_loss(t([[LN(0.6)]]), torch.zeros(1, 1), t([[-1.0]]), torch.ones(1, 1),
                        ratio_low=0.5, ratio_high=2.0)
     close(loss, 0.8)
+
+
+def test_turn_advantages_more_turn_columns_than_sequences():
+    # 2 sequences, 3 turn columns (the padding past each one's single turn is garbage):
+    # gamma 1, G_A = [1], G_B = [0] -> mean 0.5, std 0.5 -> A +1, B -1
+    mask = t([[1, 0, 0], [0, 1, 1]])
+    adv = turn_advantages(t([[1.0, 9.0, 9.0], [0.0, 9.0, 9.0]]), mask, torch.tensor([0, 0]), 1.0)
+    close(adv, [[1.0, 0.0, 0.0], [0.0, -1.0, -1.0]])
