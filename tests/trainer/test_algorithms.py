@@ -413,3 +413,16 @@ def test_topr_empty_batch_metrics_are_zero():
     loss, metrics = topr_loss(torch.zeros(0, 2), torch.zeros(0, 2), torch.zeros(0), torch.zeros(0, 2))
     assert loss.item() == 0.0
     assert metrics == {"pos_frac": 0.0, "neg_weight_mean": 0.0, "log_seq_ratio_mean": 0.0}
+
+
+def test_eps_is_added_to_the_std():
+    # one group R = [1, 0]: deviations +-0.5, std 0.5; eps 0.5 -> +-0.5 / (0.5 + 0.5) = +-0.5
+    close(grpo_advantages(t([1.0, 0.0]), torch.tensor([0, 0]), eps=0.5), [0.5, -0.5])
+    # REINFORCE++ with no KL: returns [1] and [0] on one token each -> the same numbers
+    adv = reinforce_pp_advantages(t([1.0, 0.0]), t([[1], [1]]), torch.zeros(2, 1), torch.zeros(2, 1),
+                                  kl_coef=0.1, eps=0.5)
+    close(adv, [[0.5], [-0.5]])
+
+
+def test_grpo_advantages_of_an_empty_batch():
+    assert grpo_advantages(torch.zeros(0), torch.zeros(0, dtype=torch.long)).shape == (0,)

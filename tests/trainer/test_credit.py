@@ -228,3 +228,10 @@ def test_turn_advantages_more_turn_columns_than_sequences():
     mask = t([[1, 0, 0], [0, 1, 1]])
     adv = turn_advantages(t([[1.0, 9.0, 9.0], [0.0, 9.0, 9.0]]), mask, torch.tensor([0, 0]), 1.0)
     close(adv, [[1.0, 0.0, 0.0], [0.0, -1.0, -1.0]])
+
+
+def test_eps_is_added_to_the_std():
+    # one chunk each, gamma 1, R = [1, 0]: deviations +-0.5, std 0.5, eps 0.5 -> +-0.5
+    mask = t([[1], [1]])
+    close(turn_advantages(t([[1.0], [0.0]]), mask, torch.tensor([0, 0]), 1.0, eps=0.5), [[0.5], [-0.5]])
+    close(ipa_advantages(t([1.0, 0.0]), torch.tensor([0, 0]), mask, 1.0, eps=0.5), [[0.5], [-0.5]])
