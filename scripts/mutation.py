@@ -19,6 +19,7 @@ import argparse
 import ast
 import json
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -114,7 +115,8 @@ def run_module(name: str, timeout_floor: float) -> dict:
         # schemathesis, ...) would cost seconds per mutant
         # no bytecode cache: a mutant written within the second of the last one, at the
         # same size, could otherwise be run from the previous mutant's .pyc
-        test_cmd = ["env", "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1", "PYTHONDONTWRITEBYTECODE=1", sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
+        test_cmd = ["env", "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1", "PYTHONDONTWRITEBYTECODE=1",
+                    sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
         # the unmutated module must pass its tests, or every mutant would count as killed
         start = time.monotonic()
         base = subprocess.run(test_cmd, cwd=work, capture_output=True, text=True)
@@ -128,7 +130,7 @@ def run_module(name: str, timeout_floor: float) -> dict:
             # a mutant that loops forever is killed by the timeout
             f"timeout = {max(timeout_floor, 5 * took):.0f}\n"
             "excluded-modules = []\n"
-            f"test-command = {json.dumps(' '.join(test_cmd))}\n"
+            f"test-command = {json.dumps(shlex.join(test_cmd))}\n"  # cosmic-ray shlex.splits it
             "[cosmic-ray.distributor]\nname = \"local\"\n")
         db = work / "session.sqlite"
         cr = str(Path(sys.executable).parent / "cosmic-ray")
