@@ -7,7 +7,7 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
 VLLM_VENV := .venv-vllm
 
-.PHONY: help demo test test-vllm services bench clean
+.PHONY: help demo test test-vllm services bench mutation clean
 
 help:  ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -53,6 +53,12 @@ bench: $(BIN)/python  ## run the benchmarks (tables on stdout, JSON in bench/res
 	bash scripts/services.sh
 	$(BIN)/python bench/sandbox.py
 	$(BIN)/python bench/hub.py
+
+# cosmic-ray on throw-away copies (the checkout is never mutated); about an hour on one
+# free core, so not part of `make test`. MODULES="version wire" runs a part.
+mutation: $(BIN)/python  ## mutation score of the pure cores (table on stdout, JSON in runs/mutation/)
+	$(PIP) install -c constraints.txt -e '.[test,service,train]'
+	$(BIN)/python scripts/mutation.py $(MODULES)
 
 clean:  ## remove the virtualenv and caches (sandboxes are reaped by `rockroll sandbox gc`)
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache bench/results

@@ -55,3 +55,52 @@ def test_refs():
 
 def test_one_id_per_major():
     assert latest_per_major(VERSIONS) == {0: "0.9.0", 1: "1.10.1"}
+
+
+def test_parse_fields_and_str_round_trip():
+    v = Version.parse("1.2.3-rc.1")
+    assert (v.major, v.minor, v.patch, v.pre) == (1, 2, 3, ("rc", 1))  # numeric ids become ints
+    assert v.prerelease and not Version.parse("1.2.3").prerelease
+    assert str(v) == "1.2.3-rc.1"
+    assert str(Version.parse("10.0.7")) == "10.0.7"
+
+
+def test_parse_errors_are_value_errors_with_a_hint():
+    with pytest.raises(ValueError, match="build metadata"):
+        Version.parse("1.0.0+build.5")
+    with pytest.raises(ValueError) as info:
+        Version.parse("1.0")
+    assert "build metadata" not in str(info.value)
+    with pytest.raises(ValueError, match="None is not a semantic version"):
+        Version.parse(None)  # not a string: a ValueError too, not a TypeError
+
+
+def test_order_is_strict():
+    a, b = Version.parse("1.0.0"), Version.parse("1.0.0")
+    assert a == b and not a < b and not a > b and a <= b and a >= b
+    assert Version.parse("1.0.0-rc.1") < a and not a < Version.parse("1.0.0-rc.1")
+
+
+def test_versions_and_refs_are_frozen_and_hashable():
+    assert len({Version.parse("1.0.0"), Version(1, 0, 0)}) == 1
+    assert len({EnvRef.parse("c@1"), EnvRef("c", "1")}) == 1
+    with pytest.raises(AttributeError):
+        Version.parse("1.0.0").major = 2
+    with pytest.raises(AttributeError):
+        EnvRef.parse("c").name = "d"
+
+
+def test_ref_str():
+    assert str(EnvRef.parse("counter")) == "counter@latest"
+    assert str(EnvRef.parse("counter@1.2#warm")) == "counter@1.2#warm"
+
+
+def test_range_resolution_is_never_flagged_yanked():
+    assert select(VERSIONS, "latest") == ("1.10.1", False)
+    assert select(VERSIONS, "1.2") == ("1.2.0", False)
+
+
+def test_available_versions_are_listed_in_semver_order():
+    # text order would put 1.10.0 before 1.9.0
+    with pytest.raises(EnvNotFound, match=r"available: 1\.9\.0, 1\.10\.0 \(yanked\)\)"):
+        select({"1.10.0": True, "1.9.0": False}, "2")

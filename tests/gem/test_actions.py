@@ -334,3 +334,74 @@ def test_json_data_that_is_not_a_tool_call_is_quoted():
 def test_constructs_after_a_span_still_count():
     assert parse_action(f"{call('ls')}\n<bash>pwd</bash>").kind == "invalid"
     assert parse_action(f"<bash>echo '{{\"name\": 1}}'</bash> and {call('pwd')}").error.startswith("found 2 actions")
+
+
+# ---- boundaries ----------------------------------------------------------------------------
+# Each test below pins a case that a mutant of actions.py got past before (docs/testing.md,
+# "Mutation score").
+def test_json_list_in_a_fence_and_an_empty_list_is_data():
+    call = {"name": "bash", "arguments": {"command": "ls"}}
+    assert parse_action(f"{FENCE}json\n{json.dumps([call])}\n{FENCE}") == bash("ls")
+    # an empty JSON list is quoted data, not an (empty) tool call list: the answer counts
+    assert parse_action(f"{FENCE}json\n[]\n{FENCE}\n\\boxed{{3}}") == Action(kind="answer", answer="3")
+
+
+def test_unclosed_tag_errors_name_the_missing_closer():
+    assert parse_action("<bash>ls").error == "unclosed <bash> tag (missing </bash>)"
+    assert parse_action('<tool_call>{"name": "bash"').error == "unclosed <tool_call> tag"
+
+
+def test_unclosed_answer_tag_is_ignored():
+    assert parse_action("<answer>5</answer> then <answer>7").answer == "5"
+
+
+def test_backslash_commands_outside_boxed_open_nothing():
+    # "\ldots" is not "\boxed{": the stray "}" after it closes nothing, the answer stays 1
+    assert parse_action(r"\boxed{1} and \ldots then 9}").answer == "1"
+
+
+def test_actions_are_frozen_and_hashable():
+    assert len({bash("ls"), bash("ls")}) == 1
+    with pytest.raises(AttributeError):
+        bash("ls").command = "rm -rf /"
+
+
+def test_unclosed_bash_fence_on_the_last_line():
+    # no newline after the opening line: still a ```bash fence, and unclosed
+    assert parse_action("run this:\n```bash").error == "unclosed ```bash block (missing the closing ```)"
+
+
+def test_json_decode_failures_are_bounded_at_64():
+    # every '{"x' line is a JSON candidate that fails to decode (a raw newline in a string)
+    call = '{"name": "bash", "arguments": {"command": "ls"}}'
+    assert parse_action('{"x\n' * 63 + call) == bash("ls")  # 63 failures: the call is still tried
+    assert parse_action('{"x\n' * 64 + call).kind == "invalid"  # the 64 allowed are spent: prose
+
+
+def test_last_answer_tag_wins():
+    assert parse_action("<answer>1</answer> no, <answer>2</answer>").answer == "2"
+
+
+def test_empty_bash_fence_is_empty_not_unclosed():
+    assert parse_action(f"{FENCE}bash\n{FENCE}").error == "the ```bash block is empty"
+
+
+def test_tool_call_json_in_another_language_fence_is_quoted_code():
+    call = '{"name": "bash", "arguments": {"command": "ls"}}'
+    assert parse_action(f"{FENCE}python\n{call}\n{FENCE}").error == "no action found in the reply"
+
+
+def test_a_closing_tag_is_not_scanned_again():
+    # the submit tag's span ends after </submit>; a JSON value that would start inside the
+    # tag (at its '{"') is never decoded, so the tool call it would hold is prose
+    text = '<submit>{"</submit>": 1, "name": "bash", "arguments": {"command": "ls"}}'
+    assert parse_action(text) == Action(kind="submit", answer='{"')
+
+
+def test_boxed_content_starting_with_a_brace():
+    assert parse_action(r"\boxed{{1}}").answer == "{1}"
+
+
+def test_several_actions_report_the_first_invalid_one():
+    action = parse_action("<bash></bash> then <tool_call>nope</tool_call>")
+    assert action.error.startswith("found 2 actions (invalid, invalid) (the <bash></bash> tag is empty)")

@@ -344,3 +344,85 @@ def test_losses_backprop_from_logits(which):
     assert logits.grad.abs().sum() > 0
     assert logits.grad[3].abs().sum() == 0  # empty-mask sequence gets no gradient
     assert all(isinstance(v, float) and math.isfinite(v) for v in metrics.values())
+
+
+# --------------------------------------------------------------------------- boundaries
+# Each test below pins a boundary or a sign that a mutant of algorithms.py got past before
+# (docs/testing.md, "Mutation score").
+
+
+def test_masked_mean_of_one_entry():
+    close(masked_mean(t([5.0, 7.0]), t([1, 0])), 5.0)  # 5 / max(1, 1), not 5 / 2
+
+
+def test_reinforce_pp_kl_is_old_minus_ref_and_a_first_token_answer_gets_its_reward():
+    # kl_coef 1; seq 0, mask [1, 1], R=0: old - ref = [1 - 0, 2 - 2] = [1, 0] -> r = [-1, 0], G = [-1, 0]
+    # seq 1, mask [1, 0] (its only response token at position 0), R=1: old - ref = 3 - 3 = 0
+    #   -> r = [0 + 1], G = [1]
+    # response returns [-1, 0, 1]: mean 0, var (1 + 0 + 1) / 3 = 2/3, std 0.8164966
+    # A = [-1, 0, 1] / 0.8164966 = [-1.2247449, 0, 1.2247449]
+    adv = reinforce_pp_advantages(t([0.0, 1.0]), t([[1, 1], [1, 0]]), t([[1.0, 2.0], [3.0, 9.0]]),
+                                  t([[0.0, 2.0], [3.0, 0.0]]), kl_coef=1.0)
+    close(adv, [[-1.2247449, 0.0], [1.2247449, 0.0]])
+
+
+def test_tis_default_cap_is_two():
+    # exp(ln 3) = 3 capped at the default C = 2
+    close(tis_weights(t([[LN(3.0)]]), t([[0.0]]), t([[1]])), [[2.0]])
+
+
+def test_ppo_dual_clip_only_for_negative_advantages_and_strictly_above_the_cap():
+    # c = 3; per-token A [0.5, 1, -1], ratios [1, 1, 3]:
+    #   A=0.5, r=1: loss -0.5 (cap -1.5 lies below, but A > 0: no dual clip)
+    #   A=1,   r=1: loss -1
+    #   A=-1,  r=3: loss max(3, 1.2) = 3 == cap 3*|A|: not above it, not dual-clipped, keeps its grad
+    # mean (-0.5 - 1 + 3) / 3 = 0.5; grads -A r / 3 = [-0.1666667, -0.3333333, 1.0]
+    logp = t([[0.0, 0.0, LN(3.0)]], requires_grad=True)
+    loss, metrics = ppo_clip_loss(logp, torch.zeros(1, 3), t([[0.5, 1.0, -1.0]]), torch.ones(1, 3),
+                                  dual_clip=3.0)
+    close(loss, 0.5)
+    assert metrics["dual_clip_frac"] == 0.0
+    loss.backward()
+    close(logp.grad, [[-0.1666667, -0.3333333, 1.0]])
+
+
+def test_ppo_dual_clip_must_exceed_one():
+    with pytest.raises(ValueError, match="dual_clip must be > 1"):
+        ppo_clip_loss(torch.zeros(1, 1), torch.zeros(1, 1), t([-1.0]), torch.ones(1, 1), dual_clip=1.0)
+    # c = 1.5 is legal: A=-1, r=2: max(2, 1.2) = 2 > 1.5 -> capped at 1.5
+    loss, metrics = ppo_clip_loss(t([[LN(2.0)]]), torch.zeros(1, 1), t([-1.0]), torch.ones(1, 1), dual_clip=1.5)
+    close(loss, 1.5)
+    assert metrics["dual_clip_frac"] == 1.0
+
+
+def test_topr_zero_and_small_positive_rewards_are_positives():
+    # R = [0, 0.5]: neither is negative, so w = 1 for both whatever their ratio
+    # seq 1 has log ratio -2 - (-2 + ln 2) = -ln 2 (would give w 0.5 if it were a negative)
+    # loss = -(1/2) [0 * (-1) + 1 * 0.5 * (-2)] = 0.5; pos_frac 2/2; no negative: weight mean 0
+    # log_seq_ratio_mean = (0 - ln 2) / 2 = -0.3465736
+    logp = t([[-1.0], [-2.0]])
+    behav = t([[-1.0], [-2.0 + LN(2.0)]])
+    loss, metrics = topr_loss(logp, behav, t([0.0, 0.5]), torch.ones(2, 1))
+    close(loss, 0.5)
+    assert metrics["pos_frac"] == 1.0
+    assert metrics["neg_weight_mean"] == 0.0
+    assert metrics["log_seq_ratio_mean"] == pytest.approx(-0.3465736)
+
+
+def test_topr_empty_batch_metrics_are_zero():
+    loss, metrics = topr_loss(torch.zeros(0, 2), torch.zeros(0, 2), torch.zeros(0), torch.zeros(0, 2))
+    assert loss.item() == 0.0
+    assert metrics == {"pos_frac": 0.0, "neg_weight_mean": 0.0, "log_seq_ratio_mean": 0.0}
+
+
+def test_eps_is_added_to_the_std():
+    # one group R = [1, 0]: deviations +-0.5, std 0.5; eps 0.5 -> +-0.5 / (0.5 + 0.5) = +-0.5
+    close(grpo_advantages(t([1.0, 0.0]), torch.tensor([0, 0]), eps=0.5), [0.5, -0.5])
+    # REINFORCE++ with no KL: returns [1] and [0] on one token each -> the same numbers
+    adv = reinforce_pp_advantages(t([1.0, 0.0]), t([[1], [1]]), torch.zeros(2, 1), torch.zeros(2, 1),
+                                  kl_coef=0.1, eps=0.5)
+    close(adv, [[0.5], [-0.5]])
+
+
+def test_grpo_advantages_of_an_empty_batch():
+    assert grpo_advantages(torch.zeros(0), torch.zeros(0, dtype=torch.long)).shape == (0,)

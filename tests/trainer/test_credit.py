@@ -56,7 +56,7 @@ def test_per_chunk_puts_turn_values_on_their_tokens():
         [0.0, 0.0, 7.0, 7.0, 7.0, 0.0, 0.0],
         [0.0] * 7,
     ])
-    with pytest.raises(ValueError, match="3 chunks"):
+    with pytest.raises(ValueError, match=r"has 3 chunks \(turns\) but only 2 turn values"):
         per_chunk(values[:, :2], t(MASK))
 
 
@@ -185,3 +185,53 @@ def test_ipa_end_to_end_from_logits():
     assert torch.isfinite(logits.grad).all() and logits.grad.abs().sum() > 0
     assert logits.grad[2].abs().sum() == 0  # no response tokens, no gradient
     assert all(isinstance(v, float) and math.isfinite(v) for v in metrics.values())
+
+
+# --------------------------------------------------------------------------- boundaries
+# Each test below pins a boundary that a mutant of credit.py could move unnoticed
+# (docs/testing.md, "Mutation score").
+
+
+def test_chunk_ratio_mask_bounds_are_inclusive_on_both_sides():
+    # bounds [0.5, 2]: 0.5 and 2 are kept, 0.49 and 2.01 dropped
+    keep = chunk_ratio_mask(t([[0.5, 2.0, 0.49, 2.01]]), torch.ones(1, 4), low=0.5, high=2.0)
+    close(keep, [[1.0, 1.0, 0.0, 0.0]])
+
+
+def test_per_chunk_one_turn_and_no_turn_batches():
+    # at most one chunk: chunk 0 (tokens 1, 2) gets values[:, 0] = 3
+    close(per_chunk(t([[3.0]]), t([[0, 1, 1]])), [[0.0, 3.0, 3.0]])
+    # no chunk at all, no turn values: zeros of the mask's shape
+    out = per_chunk(torch.zeros(2, 0), torch.zeros(2, 3))
+    assert out.shape == (2, 3) and out.abs().sum() == 0
+
+
+def test_turn_advantages_episode_without_turns_does_not_count_in_its_group():
+    # gamma 1, one group: A wins in 1 turn (G = [1]), B loses in 1 (G = [0]), C has no response
+    # token: 2 episodes with turns -> mean 0.5, std 0.5 -> A +1, B -1, C 0 (were C counted,
+    # the mean would be 1/3)
+    mask = t([[1, 1, 0], [0, 1, 0], [0, 0, 0]])
+    adv = turn_advantages(t([[1.0], [0.0], [5.0]]), mask, torch.tensor([0, 0, 0]), 1.0)
+    close(adv, [[1.0, 1.0, 0.0], [0.0, -1.0, 0.0], [0.0, 0.0, 0.0]])
+
+
+def test_ipa_loss_default_clip_low():
+    # one one-token chunk, rho 0.6, A = -1, default clip 0.2: max(0.6, clip(0.6, 0.8, 1.2)) = 0.8
+    loss, _ = ipa_loss(t([[LN(0.6)]]), torch.zeros(1, 1), t([[-1.0]]), torch.ones(1, 1),
+                       ratio_low=0.5, ratio_high=2.0)
+    close(loss, 0.8)
+
+
+def test_turn_advantages_more_turn_columns_than_sequences():
+    # 2 sequences, 3 turn columns (the padding past each one's single turn is garbage):
+    # gamma 1, G_A = [1], G_B = [0] -> mean 0.5, std 0.5 -> A +1, B -1
+    mask = t([[1, 0, 0], [0, 1, 1]])
+    adv = turn_advantages(t([[1.0, 9.0, 9.0], [0.0, 9.0, 9.0]]), mask, torch.tensor([0, 0]), 1.0)
+    close(adv, [[1.0, 0.0, 0.0], [0.0, -1.0, -1.0]])
+
+
+def test_eps_is_added_to_the_std():
+    # one chunk each, gamma 1, R = [1, 0]: deviations +-0.5, std 0.5, eps 0.5 -> +-0.5
+    mask = t([[1], [1]])
+    close(turn_advantages(t([[1.0], [0.0]]), mask, torch.tensor([0, 0]), 1.0, eps=0.5), [[0.5], [-0.5]])
+    close(ipa_advantages(t([1.0, 0.0]), torch.tensor([0, 0]), mask, 1.0, eps=0.5), [[0.5], [-0.5]])
