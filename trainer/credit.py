@@ -83,31 +83,39 @@ def per_chunk(values: Tensor, mask: Tensor) -> Tensor:
 
 def turn_advantages(turn_rewards: Tensor, mask: Tensor, group_ids: Tensor, gamma: float, *,
                     eps: float = 1e-6, std_normalize: bool = True) -> Tensor:
-    """GRPO over per-turn discounted returns, broadcast to each turn's tokens, (B, T).
+    """GRPO over per-turn discounted returns with a per-position baseline, broadcast to each
+    turn's tokens, (B, T).
 
     ``turn_rewards`` (B, K): the reward after each turn (chunk) of a sequence, zero-padded.
-    G_bk = :func:`turn_returns` for the K_b turns of sequence b (K_b = its number of chunks);
-    within a group g
-        A_bk = (G_bk - mean_g) / (std_g + eps)
-    where the group's mean and population std weigh every *episode* the same: turn k of
-    sequence b counts 1 / K_b. A long episode does not outweigh a short one in the baseline,
-    and with gamma = 1 and only an outcome reward (G_bk = R_b for every k) this is exactly
+    G_bk = :func:`turn_returns` for the K_b turns of sequence b (K_b = its number of chunks).
+    Turn k of sequence b is compared with turn k of the other episodes of its group g that
+    reached a k-th turn, S_gk = {b' in g : K_b' > k}:
+        A_bk = (G_bk - mean_{S_gk} G_.k) / (std_{S_gk} G_.k + eps)      (population std)
+    The baseline of a turn estimates the return-to-go *from that turn*, so it must be taken at
+    the same turn index: one baseline pooled over all positions compares the return-to-go of
+    turn 1 (which includes turn 2's reward) with that of turn 2, and hands the last turn of a
+    group of identical, correct episodes a negative advantage. Here identical episodes get 0.
+    Episodes of different lengths: an episode that has ended has no k-th turn and is left out
+    of position k's baseline (counting it as G = 0 would make a turn look good merely because
+    a sibling finished - e.g. succeeded - sooner). A position only one episode of the group
+    reached has nothing to be compared with and gets 0, as a GRPO group of one does.
+    With equal lengths, gamma = 1 and only an outcome reward (G_bk = R_b) this is exactly
     :func:`grpo_advantages`. ``std_normalize=False`` is the Dr.GRPO variant.
     """
     m = mask.bool()
     K_b = num_chunks(m)
     valid = torch.arange(turn_rewards.shape[1], device=m.device).unsqueeze(0) < K_b.unsqueeze(-1)
     G = turn_returns(torch.where(valid, turn_rewards.float(), 0.0), gamma)
-    w = torch.where(valid, 1.0 / K_b.clamp(min=1).unsqueeze(-1).float(), 0.0)
+    v = valid.to(G.dtype)
     _, g = torch.unique(group_ids, return_inverse=True)
     n_groups = int(g.max()) + 1 if g.numel() else 0
-    zeros = torch.zeros(n_groups, dtype=G.dtype, device=G.device)
-    n = zeros.index_add(0, g, (K_b > 0).to(G.dtype)).clamp(min=1)  # episodes with a turn
-    mean = zeros.index_add(0, g, (w * G).sum(-1)) / n
-    adv = G - mean[g].unsqueeze(-1)
+    zeros = torch.zeros(n_groups, G.shape[1], dtype=G.dtype, device=G.device)
+    n = zeros.index_add(0, g, v).clamp(min=1)  # (groups, K): episodes that reached turn k
+    mean = zeros.index_add(0, g, v * G) / n
+    adv = G - mean[g]
     if std_normalize:
-        var = zeros.index_add(0, g, (w * adv * adv).sum(-1)) / n
-        adv = adv / (var.sqrt()[g].unsqueeze(-1) + eps)
+        var = zeros.index_add(0, g, v * adv * adv) / n
+        adv = adv / (var.sqrt()[g] + eps)
     return per_chunk(torch.where(valid, adv, 0.0), m)
 
 

@@ -68,26 +68,60 @@ TURN_REWARDS = [[0.0, 1.0], [-0.1, 9.0]]
 
 def test_turn_advantages():
     # gamma 0.5: G_A = [0 + 0.5 * 1, 1] = [0.5, 1]; G_B = [-0.1]
-    # each episode weighs 1 (A's turns 1/2 each): mean = (0.5 * 0.5 + 0.5 * 1 - 0.1) / 2 = 0.325
-    # deviations A [0.175, 0.675], B [-0.425]
-    # var = (0.5 * 0.175^2 + 0.5 * 0.675^2 + 0.425^2) / 2 = (0.0153125 + 0.2278125 + 0.180625) / 2
-    #     = 0.211875, std = 0.4602988
-    # A = [0.175, 0.675] / std = [0.3801878, 1.4664387] on A's chunks; B: -0.425 / std = -0.9233133
+    # turn 1: {0.5, -0.1}: mean 0.2, deviations +-0.3, std 0.3 -> A 0.3 / (0.3 + 1e-6) = 0.9999967, B -it
+    # turn 2: only A reached it -> nothing to compare with -> 0
     adv = turn_advantages(t(TURN_REWARDS), t(TURN_MASK), torch.tensor([0, 0]), 0.5)
-    close(adv, [[0.3801878, 0.3801878, 0.0, 1.4664387, 0.0], [0.0, -0.9233133, -0.9233133, 0.0, 0.0]])
+    close(adv, [[0.9999967, 0.9999967, 0.0, 0.0, 0.0], [0.0, -0.9999967, -0.9999967, 0.0, 0.0]])
     # Dr.GRPO variant: the deviations themselves
     adv = turn_advantages(t(TURN_REWARDS), t(TURN_MASK), torch.tensor([0, 0]), 0.5, std_normalize=False)
-    close(adv, [[0.175, 0.175, 0.0, 0.675, 0.0], [0.0, -0.425, -0.425, 0.0, 0.0]])
+    close(adv, [[0.3, 0.3, 0.0, 0.0, 0.0], [0.0, -0.3, -0.3, 0.0, 0.0]])
+
+
+def test_turn_advantages_identical_correct_episodes_get_zero():
+    # four identical episodes answering both turns right (0.5 each), gamma 1: G = [1, 0.5] for all.
+    # Every turn equals its position's baseline -> 0 everywhere. (One baseline pooled over both
+    # positions, mean 0.75 std 0.25, gave turn 1 +1 and the correct turn 2 -1.)
+    mask = t([[1, 0, 1]] * 4)
+    adv = turn_advantages(t([[0.5, 0.5]] * 4), mask, torch.tensor([3, 3, 3, 3]), 1.0)
+    close(adv, [[0.0] * 3] * 4)
+
+
+def test_turn_advantages_credit_the_turn_that_differs():
+    # C answers both turns right [0.5, 0.5], D misses turn 1 [0, 0.5]; gamma 1:
+    # G_C = [1, 0.5], G_D = [0.5, 0.5]. Turn 1: {1, 0.5} -> mean 0.75, std 0.25 -> C +1, D -1
+    # (0.25 / (0.25 + 1e-6) = 0.999996). Turn 2: both 0.5 -> 0: both right, neither is blamed.
+    # (Pooled: mean 0.625, std 0.2165 gave C's correct turn 2 -0.577.)
+    adv = turn_advantages(t([[0.5, 0.5], [0.0, 0.5]]), t([[1, 0, 1], [1, 0, 1]]), torch.tensor([0, 0]), 1.0)
+    close(adv, [[0.999996, 0.0, 0.0], [-0.999996, 0.0, 0.0]])
+
+
+def test_turn_advantages_unequal_lengths_compare_the_episodes_that_reached_the_turn():
+    # gamma 0.5, one group; padding rewards (9) are ignored
+    #   A 3 turns [0, 0, 1] -> G_A = [0.25, 0.5, 1]   mask [1,0,1,0,1,0]: chunks {0} {2} {4}
+    #   B 2 turns [0, 1]    -> G_B = [0.5, 1]         mask [0,1,1,0,1,0]: chunks {1,2} {4}
+    #   C 1 turn  [0]       -> G_C = [0]              mask [1,1,1,0,0,0]: chunk {0,1,2}
+    # turn 1: {0.25, 0.5, 0}: mean 0.25, deviations [0, 0.25, -0.25], var 0.125 / 3, std 0.2041241
+    #         -> A 0, B 1.2247449, C -1.2247449 (1e-6 in the denominator: 1.2247389)
+    # turn 2: {0.5, 1} (C has ended and is left out): mean 0.75, std 0.25 -> A -1, B +1 (0.999996)
+    # turn 3: only A -> 0
+    mask = t([[1, 0, 1, 0, 1, 0], [0, 1, 1, 0, 1, 0], [1, 1, 1, 0, 0, 0]])
+    rewards = t([[0.0, 0.0, 1.0], [0.0, 1.0, 9.0], [0.0, 9.0, 9.0]])
+    adv = turn_advantages(rewards, mask, torch.tensor([5, 5, 5]), 0.5)
+    close(adv, [[0.0, 0.0, -0.999996, 0.0, 0.0, 0.0],
+                [0.0, 1.2247389, 1.2247389, 0.0, 0.999996, 0.0],
+                [-1.2247389, -1.2247389, -1.2247389, 0.0, 0.0, 0.0]])
+    close(turn_advantages(rewards, mask, torch.tensor([5, 5, 5]), 0.5, std_normalize=False),
+          [[0.0, 0.0, -0.25, 0.0, 0.0, 0.0], [0.0, 0.25, 0.25, 0.0, 0.25, 0.0], [-0.25, -0.25, -0.25, 0.0, 0.0, 0.0]])
 
 
 def test_turn_advantages_outcome_only_gamma_one_is_grpo():
-    # E wins after 3 turns ([0, 0, 1]), F loses in 1 ([0], padding 9): gamma 1 -> G_E = [1, 1, 1],
-    # G_F = [0]; per-episode mean 0.5, std 0.5: E +1 on every token, F -1 (GRPO on R = [1, 0]).
+    # E wins after 3 turns ([0, 0, 1]), F loses after 3 ([0, 0, 0]): gamma 1 -> G_E = [1, 1, 1],
+    # G_F = [0, 0, 0]; at every turn mean 0.5, std 0.5: E +1 on every token, F -1 (GRPO on R = [1, 0]).
     # A group of one episode, G = [2]: mean 2, deviation 0 -> 0 (no NaN).
-    mask = t([[1, 0, 1, 0, 1], [1, 1, 1, 1, 0], [0, 0, 1, 1, 0]])
-    adv = turn_advantages(t([[0.0, 0.0, 1.0], [0.0, 9.0, 9.0], [2.0, 0.0, 0.0]]), mask,
+    mask = t([[1, 0, 1, 0, 1, 0], [1, 1, 0, 1, 0, 1], [0, 0, 1, 1, 0, 0]])
+    adv = turn_advantages(t([[0.0, 0.0, 1.0], [0.0, 0.0, 0.0], [2.0, 0.0, 0.0]]), mask,
                           torch.tensor([4, 4, 7]), 1.0)
-    close(adv, [[1.0, 0.0, 1.0, 0.0, 1.0], [-1.0, -1.0, -1.0, -1.0, 0.0], [0.0] * 5])
+    close(adv, [[1.0, 0.0, 1.0, 0.0, 1.0, 0.0], [-1.0, -1.0, 0.0, -1.0, 0.0, -1.0], [0.0] * 6])
 
 
 def test_chunk_ratios_geometric_mean_and_gradient():

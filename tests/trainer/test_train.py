@@ -239,7 +239,7 @@ def test_discounted_turn_credit_from_the_samples_turn_rewards():
                         turn_rewards=[[0.0, 1.0], [-0.1]])
     a = AlgorithmConfig(turn_credit="discounted", gamma=0.5)
     adv, _ = compute_advantages(a, batch, None, None, None)
-    close(adv, [[0.3801878, 0.3801878, 0.0, 1.4664387], [0.0, -0.9233133, -0.9233133, 0.0]])
+    close(adv, [[0.9999967, 0.9999967, 0.0, 0.0], [0.0, -0.9999967, -0.9999967, 0.0]])
     # outcome credit: one GRPO advantage per sample from the summed rewards [1, -0.1] -> [1, -1]
     close(compute_advantages(AlgorithmConfig(), batch, None, None, None)[0], [1.0, -1.0])
     bad = _hand_batch([[1, 0, 1]], [[0.0] * 3], [1.0], turn_rewards=[[1.0]])  # 2 chunks, 1 reward
