@@ -426,3 +426,61 @@ def test_eps_is_added_to_the_std():
 
 def test_grpo_advantages_of_an_empty_batch():
     assert grpo_advantages(torch.zeros(0), torch.zeros(0, dtype=torch.long)).shape == (0,)
+
+
+# --------------------------------------------------------------------------- the ALGORITHMS table
+# What each row selects is part of each algorithm's definition: PPO learns a critic and
+# uses GAE; REINFORCE++ puts the KL in the per-token reward; GRPO-style group advantages
+# are what discounted turn credit and IPA replace; TOPR and PPO keep their own estimators.
+
+def test_each_algorithm_runs_its_own_estimator_and_loss():
+    from rockroll.trainer.algorithms import ALGORITHMS
+
+    plain = {name: (spec.parts(), spec.value_head, spec.kl_in_reward) for name, spec in ALGORITHMS.items()}
+    assert plain == {
+        "grpo": (("grpo", "ppo_clip"), False, False),
+        "ppo": (("gae", "ppo_clip"), True, False),
+        "reinforce_pp": (("reinforce_pp", "ppo_clip"), False, True),
+        "topr": (("dr_grpo", "topr"), False, False),
+        "cispo": (("grpo", "cispo"), False, False),
+    }
+
+
+def test_credit_options_replace_the_estimator_only_where_they_apply():
+    from rockroll.trainer.algorithms import ALGORITHMS
+
+    parts = {name: (spec.parts("discounted", False), spec.parts("outcome", True), spec.parts("discounted", True))
+             for name, spec in ALGORITHMS.items()}
+    assert parts["grpo"] == (("turn", "ppo_clip"), ("ipa", "ipa"), ("turn", "ipa"))
+    assert parts["cispo"] == (("turn", "cispo"), ("grpo", "cispo"), ("turn", "cispo"))
+    for name in ("ppo", "reinforce_pp", "topr"):  # a critic or their own estimator: untouched
+        plain = ALGORITHMS[name].parts()
+        assert parts[name] == (plain, plain, plain), name
+
+
+def test_reads_names_the_keys_of_what_runs():
+    from rockroll.trainer.algorithms import ALGORITHMS
+
+    assert ALGORITHMS["ppo"].reads() == {"gamma", "lam", "clip_low", "clip_high", "dual_clip", "tis_cap", "vf_coef"}
+    assert "vf_coef" not in ALGORITHMS["grpo"].reads()
+    assert "gamma" in ALGORITHMS["grpo"].reads("discounted") and "gamma" not in ALGORITHMS["grpo"].reads()
+    assert ALGORITHMS["topr"].reads() == frozenset()  # no clip, no std scaling
+
+
+def test_topr_metrics_count_the_negatives_weights():
+    # R = (+1, -1, -1); sequence log-ratios 0, log 0.5, log 2: negatives weigh min(1, rho) = 0.5 and 1
+    logp = t([[0.0], [math.log(0.5)], [math.log(2.0)]])
+    behav = t([[0.0], [0.0], [0.0]])
+    mask = torch.ones(3, 1, dtype=torch.bool)
+    _, metrics = topr_loss(logp, behav, t([1.0, -1.0, -1.0]), mask)
+    close(metrics["pos_frac"], 1 / 3)
+    close(metrics["neg_weight_mean"], 0.75)
+
+
+def test_cispo_reports_the_k3_estimate_of_the_kl_to_the_generator():
+    logp = t([[math.log(0.5), math.log(2.0)]])
+    behav = t([[0.0, 0.0]])
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    _, metrics = cispo_loss(logp, behav, t([1.0]), mask, eps_low=0.2, eps_high=0.2)
+    # k3 = ratio - 1 - log ratio, averaged: (0.5 - 1 + LN2 + 2 - 1 - LN2) / 2 = 0.25
+    close(metrics["approx_kl"], 0.25)
