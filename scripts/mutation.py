@@ -94,6 +94,41 @@ def _scope_lines(source: Path, names: list[str]) -> list[tuple[int, int]]:
     return [found[n] for n in names]
 
 
+def _span(n: ast.AST) -> tuple[tuple[int, int], tuple[int, int]]:
+    return (n.lineno, n.col_offset), (n.end_lineno, n.end_col_offset)
+
+
+def _not_run(source: Path):
+    """A predicate: is a mutant at this (line, col) in text that never runs as an operator?
+    Two places cosmic-ray mutates are not code: annotations, in a module with ``from
+    __future__ import annotations`` (never evaluated, so ``Tensor | None`` -> ``Tensor &
+    None`` changes nothing), and the bare ``*`` that starts keyword-only parameters, which
+    it takes for a multiplication (no ``ast.BinOp`` is there)."""
+    tree = ast.parse(source.read_text())
+    lazy = any(isinstance(n, ast.ImportFrom) and n.module == "__future__" and
+               any(a.name == "annotations" for a in n.names) for n in tree.body)
+    notes = []
+    if lazy:
+        for n in ast.walk(tree):
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.returns is not None:
+                notes.append(_span(n.returns))
+            elif isinstance(n, ast.arg) and n.annotation is not None:
+                notes.append(_span(n.annotation))
+            elif isinstance(n, ast.AnnAssign):
+                notes.append(_span(n.annotation))
+    binops = [_span(n) for n in ast.walk(tree) if isinstance(n, (ast.BinOp, ast.AugAssign))]
+
+    def inside(pos, spans):
+        return any(lo <= pos < hi for lo, hi in spans)
+
+    def not_run(m) -> bool:
+        pos = tuple(m.start_pos)
+        if inside(pos, notes):
+            return True
+        return m.operator_name.startswith("core/ReplaceBinaryOperator") and not inside(pos, binops)
+    return not_run
+
+
 def _skip(db_path: Path, keep) -> None:
     """Mark every pending mutant for which ``keep(mutation)`` is false as skipped."""
     from cosmic_ray.work_db import WorkDB, use_db
@@ -137,7 +172,8 @@ def run_module(name: str, timeout_floor: float) -> dict:
         subprocess.run([cr, "init", str(cfg), str(db)], cwd=work, check=True, capture_output=True)
         kept = re.compile("|".join(f"(?:{o})" for o in OPERATORS))
         lines = _scope_lines(work / module, scope) if scope else None
-        _skip(db, lambda m: kept.match(m.operator_name) and (
+        not_run = _not_run(work / module)
+        _skip(db, lambda m: kept.match(m.operator_name) and not not_run(m) and (
             lines is None or any(lo <= m.start_pos[0] <= hi for lo, hi in lines)))
         subprocess.run([cr, "exec", str(cfg), str(db)], cwd=work, check=True, capture_output=True)
         return _score(name, path, db)
