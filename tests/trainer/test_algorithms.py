@@ -462,7 +462,7 @@ def test_reads_names_the_keys_of_what_runs():
     from rockroll.trainer.algorithms import ALGORITHMS
 
     assert ALGORITHMS["ppo"].reads() == {"gamma", "lam", "clip_low", "clip_high", "dual_clip", "tis_cap", "vf_coef"}
-    assert "vf_coef" not in ALGORITHMS["grpo"].reads()
+    assert ALGORITHMS["grpo"].reads() == {"std_normalize", "clip_low", "clip_high", "dual_clip", "tis_cap"}
     assert "gamma" in ALGORITHMS["grpo"].reads("discounted") and "gamma" not in ALGORITHMS["grpo"].reads()
     assert ALGORITHMS["topr"].reads() == frozenset()  # no clip, no std scaling
 
@@ -478,9 +478,18 @@ def test_topr_metrics_count_the_negatives_weights():
 
 
 def test_cispo_reports_the_k3_estimate_of_the_kl_to_the_generator():
-    logp = t([[math.log(0.5), math.log(2.0)]])
+    logp = t([[math.log(0.5), math.log(4.0)]])
     behav = t([[0.0, 0.0]])
     mask = torch.ones(1, 2, dtype=torch.bool)
     _, metrics = cispo_loss(logp, behav, t([1.0]), mask, eps_low=0.2, eps_high=0.2)
-    # k3 = ratio - 1 - log ratio, averaged: (0.5 - 1 + LN2 + 2 - 1 - LN2) / 2 = 0.25
-    close(metrics["approx_kl"], 0.25)
+    # k3 = ratio - 1 - log ratio, averaged: (0.5 - 1 + ln 2 + 4 - 1 - 2 ln 2) / 2 = (2.5 - ln 2) / 2
+    close(metrics["approx_kl"], (2.5 - math.log(2.0)) / 2)
+
+
+def test_the_table_is_constant():
+    import dataclasses
+
+    from rockroll.trainer.algorithms import ALGORITHMS
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ALGORITHMS["grpo"].loss = "topr"
