@@ -253,7 +253,9 @@ class _GridEnv(GemEnv):
         if dropped:
             text += f" ({dropped} extra moves ignored: at most {self.max_actions_per_turn} per turn.)"
         info = {"success": self.success, "moves": done_moves, "dropped_moves": dropped}
-        return f"{text}\n\n{self._view()}", round(total, 6), terminated, info
+        # the board alone: the legend was in the intro (and comes back after a format error),
+        # so the position the next move depends on is the last thing before the reply
+        return f"{text}\n\n{self._board()}", round(total, 6), terminated, info
 
     def _render_text(self) -> str:
         return self._view()

@@ -253,9 +253,16 @@ class GenerationConfig:
     top_p: float = 1.0
     max_new_tokens: int = 4
     gpu_memory_utilization: float = 0.5  # vllm only
+    # Constrained decoding: the reply may use only these texts, each one token of the tokenizer
+    # (empty: the whole vocabulary). Generator and trainer both renormalise over them, so the
+    # learned log-probs are those of the distribution sampled from. For action-space tasks and
+    # a policy trained from scratch, which has no prior for the reply format.
+    allowed_tokens: list[str] = field(default_factory=list)
 
     def validate(self, p: str) -> None:
         _check(self.backend in ("transformers", "vllm"), f"{p}.backend", "must be transformers or vllm")
+        _check(all(isinstance(t, str) and t for t in self.allowed_tokens), f"{p}.allowed_tokens",
+               "must be a list of non-empty strings")
         _check(self.temperature > 0, f"{p}.temperature", "must be > 0")
         _check(0 < self.top_p <= 1, f"{p}.top_p", "must be in (0, 1]")
         _check(self.max_new_tokens >= 1, f"{p}.max_new_tokens", "must be >= 1")

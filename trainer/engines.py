@@ -26,6 +26,8 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     # One seed per prompt makes a request's sample independent of how requests were batched.
     seeds: list[int] | None = None
+    # Constrained decoding: sample only these ids (None: any), renormalised over them.
+    allowed_token_ids: list[int] | None = None
 
 
 @dataclass
@@ -93,12 +95,15 @@ class TransformersEngine:
         out_lp: list[list[float]] = [[] for _ in range(B)]
         done = [False] * B
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        allowed = _vocab_mask(sampling.allowed_token_ids, self.model.config.vocab_size, device)
         past, step_ids, step_pos = None, ids, pos
         for _ in range(sampling.max_new_tokens):
             out = self.model(input_ids=step_ids, attention_mask=attn, position_ids=step_pos,
                              past_key_values=past, use_cache=True)
             past = out.past_key_values
             logits = out.logits[:, -1, :].float() / sampling.temperature
+            if allowed is not None:
+                logits = logits + allowed
             logp = torch.log_softmax(logits, -1).cpu()
             probs = logp.exp()
             if sampling.top_p < 1.0:
@@ -121,6 +126,17 @@ class TransformersEngine:
             attn = torch.cat([attn, torch.ones(B, 1, dtype=attn.dtype, device=device)], dim=1)
         return [GenOutput(out_ids[i], out_lp[i], "stop" if out_ids[i] and out_ids[i][-1] in stop else "length")
                 for i in range(B)]
+
+
+def _vocab_mask(ids: list[int] | None, vocab_size: int, device):
+    """0 at ``ids``, -inf elsewhere (None when every token is allowed)."""
+    import torch
+
+    if ids is None:
+        return None
+    mask = torch.full((vocab_size,), float("-inf"), device=device)
+    mask[torch.tensor(ids, device=device)] = 0.0
+    return mask
 
 
 def _top_p(probs, top_p: float):
@@ -171,6 +187,7 @@ class VLLMEngine:
                                 max_tokens=sampling.max_new_tokens, logprobs=0,
                                 stop_token_ids=list(sampling.stop_token_ids),
                                 seed=None if sampling.seeds is None else int(sampling.seeds[i] % 2**31),
+                                allowed_token_ids=sampling.allowed_token_ids,
                                 detokenize=False)
             for i in range(len(prompts))
         ]

@@ -13,7 +13,7 @@ import string
 from pathlib import Path
 from typing import Any
 
-from .config import EnvConfig, ModelConfig, TokenizerConfig
+from .config import ConfigError, EnvConfig, ModelConfig, TokenizerConfig
 
 SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|end|>", "<|user|>", "<|assistant|>", "<|unk|>"]
 # Lower-case words, Capitalised words, or any single other character (board cells, spaces,
@@ -91,6 +91,20 @@ def load_tokenizer(cfg: TokenizerConfig, envs: list[EnvConfig], default_dir: str
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
+
+
+def allowed_token_ids(tokenizer: Any, texts: list[str]) -> list[int] | None:
+    """The ids of ``generation.allowed_tokens`` (None: no restriction); each text must be
+    exactly one token of ``tokenizer``."""
+    if not texts:
+        return None
+    ids = []
+    for text in texts:
+        enc = tokenizer.encode(text, add_special_tokens=False)
+        if len(enc) != 1 or enc[0] == tokenizer.unk_token_id:
+            raise ConfigError("generation.allowed_tokens", f"{text!r} is not one token of the tokenizer ({enc})")
+        ids.append(enc[0])
+    return sorted(set(ids))
 
 
 def _dtype(name: str):

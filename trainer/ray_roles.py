@@ -124,7 +124,7 @@ class _EnvWorker(EnvWorker):
 class _PolicyTrainer(PolicyTrainer):
     def __init__(self, cfg: TrainConfig, tokenizer: Any):
         seed_everything(cfg.seed, cfg.deterministic)
-        super().__init__(cfg, build_model(cfg.model, tokenizer, cfg.seed), tokenizer.pad_token_id)
+        super().__init__(cfg, build_model(cfg.model, tokenizer, cfg.seed), tokenizer)
         self.group: WeightGroup | None = None
 
     def weights_checksum(self) -> str:

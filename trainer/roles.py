@@ -26,7 +26,7 @@ import torch
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import EnvConfig, TrainConfig, config_to_dict
 from .engines import TransformersEngine, VLLMEngine
-from .models import build_model, load_tokenizer
+from .models import allowed_token_ids, build_model, load_tokenizer
 from .policy import ActorModule, make_policy
 from .rollout import Group, PromptTemplate, RolloutManager
 from .update import collate, update_policy
@@ -149,13 +149,14 @@ class PolicyTrainer:
     """:class:`Trainer` over ``lm``: the policy engine (torch or DeepSpeed, PPO's value head as
     the critic) and, when ``algorithm.kl_coef > 0``, a frozen reference copy of ``lm``."""
 
-    def __init__(self, cfg: TrainConfig, lm: Any, pad_id: int):
-        self.cfg, self.pad_id = cfg, pad_id
+    def __init__(self, cfg: TrainConfig, lm: Any, tokenizer: Any):
+        self.cfg, self.pad_id = cfg, tokenizer.pad_token_id
+        self.allowed_ids = allowed_token_ids(tokenizer, cfg.generation.allowed_tokens)
         self.policy, self.ref_forward = build_policy(cfg, lm)
 
     def update(self, groups: list[Group]) -> dict[str, float]:
         return update_policy(self.policy, self.cfg.algorithm, collate(groups, self.pad_id),
-                             self.cfg.generation.temperature, self.ref_forward)
+                             self.cfg.generation.temperature, self.ref_forward, self.allowed_ids)
 
     def weights(self) -> dict[str, Any]:
         return self.policy.sync_state_dict()
@@ -219,7 +220,7 @@ class LocalRoles(Roles):
         self.tokenizer = load_tokenizer(cfg.tokenizer, cfg.envs, Path(cfg.logging.dir) / "tokenizer")
         lm = build_model(cfg.model, self.tokenizer, cfg.seed)
         self.generator = make_generator(cfg, lm, self.tokenizer)  # a copy of lm, taken before the engine wraps it
-        self.trainer = PolicyTrainer(cfg, lm, self.tokenizer.pad_token_id)
+        self.trainer = PolicyTrainer(cfg, lm, self.tokenizer)
         self.rollout = EnvWorker(cfg, self.tokenizer, self.generator, env_factory=env_factory)
 
     def sync_weights(self, version: int) -> None:

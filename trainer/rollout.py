@@ -34,6 +34,7 @@ from typing import Any, Callable
 from .config import EnvConfig, TokenizerConfig, TrainConfig
 from .curriculum import Curriculum, Start, Trajectory, initialized_metrics, task_key
 from .engines import GenOutput, SamplingParams
+from .models import allowed_token_ids
 
 __all__ = ["Group", "PromptTemplate", "RolloutManager", "Sample", "make_env", "run_episode", "filter_stale"]
 
@@ -325,7 +326,8 @@ class RolloutManager:
         self.env_factory = env_factory or (lambda spec: make_env(spec, fp))
         self.sampling = SamplingParams(temperature=cfg.generation.temperature, top_p=cfg.generation.top_p,
                                        max_new_tokens=cfg.generation.max_new_tokens,
-                                       stop_token_ids=[template.stop_id])
+                                       stop_token_ids=[template.stop_id],
+                                       allowed_token_ids=allowed_token_ids(template.tok, cfg.generation.allowed_tokens))
         self.rng = random.Random(cfg.seed)
         cur = r.curriculum
         self.curriculum = Curriculum(cur.promote_at, cur.window) if cur.enabled else None

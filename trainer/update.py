@@ -78,28 +78,31 @@ def collate(groups: list[Group], pad_id: int) -> Batch:
 LOGP_CHUNK = 1024  # sequence positions per slice of the fp32 log-prob computation
 
 
-def _slice_logp(logits, targets, temperature: float):
+def _slice_logp(logits, targets, temperature: float, allowed=None):
     logits = logits.float() / temperature  # the only fp32 copy of (a slice of) the logits
-    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
+    over = logits if allowed is None else logits.index_select(-1, allowed)
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - over.logsumexp(-1)
 
 
-def target_logp(logits, targets, temperature: float, chunk: int = LOGP_CHUNK):
+def target_logp(logits, targets, temperature: float, chunk: int = LOGP_CHUNK, allowed=None):
     """log softmax(logits / temperature)[target], (B, T), without a full-vocabulary fp32 tensor
     for all positions: ``logit[target] - logsumexp(logits)`` in fp32, ``chunk`` positions at a
     time. Under autograd each slice is checkpointed (recomputed in backward rather than
     keeping its fp32 logits), which keeps the peak near 1.5x the fp32 size of ``logits``
     instead of about 4x (bf16 logits of a 0.5B model: 150k vocabulary x 16k tokens is 10 GB
-    in fp32)."""
+    in fp32). ``allowed`` (a LongTensor of token ids, constrained decoding): the softmax is
+    over those ids only, the distribution the generator sampled from."""
     parts = []
     for lg, tg in zip(logits.split(chunk, 1), targets.split(chunk, 1)):
         if torch.is_grad_enabled() and lg.requires_grad:
-            parts.append(torch.utils.checkpoint.checkpoint(_slice_logp, lg, tg, temperature, use_reentrant=False))
+            parts.append(torch.utils.checkpoint.checkpoint(_slice_logp, lg, tg, temperature, allowed,
+                                                           use_reentrant=False))
         else:
-            parts.append(_slice_logp(lg, tg, temperature))
+            parts.append(_slice_logp(lg, tg, temperature, allowed))
     return torch.cat(parts, 1)
 
 
-def token_logp(policy_forward, batch: Batch, temperature: float, micro_batch_size: int = 0):
+def token_logp(policy_forward, batch: Batch, temperature: float, micro_batch_size: int = 0, allowed=None):
     """log pi(target_t) with logits / temperature (the distribution the generator sampled),
     and values if the module has a value head (else None), by :func:`target_logp`.
 
@@ -114,7 +117,7 @@ def token_logp(policy_forward, batch: Batch, temperature: float, micro_batch_siz
     for mb in parts:
         n = int(mb.attention_mask.sum(-1).max())  # sequences are left-aligned: columns >= n are padding
         logits, v = policy_forward(mb.input_ids[:, :n], mb.attention_mask[:, :n])
-        lp = target_logp(logits[:, :-1], mb.targets[:, : n - 1], temperature)
+        lp = target_logp(logits[:, :-1], mb.targets[:, : n - 1], temperature, allowed=allowed)
         del logits  # this micro-batch's logits go before the next forward
         # back to the batch's width (the padding positions are masked out everywhere)
         logps.append(torch.nn.functional.pad(lp, (0, width - (n - 1))))
@@ -235,22 +238,26 @@ def _rows(x, idx):
     return None if x is None else x[idx]
 
 
-def update_policy(policy, a: AlgorithmConfig, batch: Batch, temperature: float, ref_forward=None) -> dict[str, float]:
+def update_policy(policy, a: AlgorithmConfig, batch: Batch, temperature: float, ref_forward=None,
+                  allowed_ids: list[int] | None = None) -> dict[str, float]:
     """One training step on a batch: advantages, then ppo_epochs x mini_batches optimizer steps.
 
     A mini-batch runs in micro-batches of ``engine.micro_batch_size`` sequences (0: at once):
     each is forwarded and backwarded with its loss normalised by the *mini-batch's* token /
     sequence counts, and their gradients accumulate into the mini-batch's one optimizer step,
-    the same step as unsplit. The batch moves to the policy's device first.
+    the same step as unsplit. The batch moves to the policy's device first. ``allowed_ids``:
+    the token ids of constrained decoding (``generation.allowed_tokens``), None for all.
     """
     batch = batch.to(policy.device)
+    allowed = None if allowed_ids is None else torch.tensor(allowed_ids, device=policy.device)
     micro = policy.cfg.micro_batch_size
     # One optimizer step over one forward: the proximal policy is the current one, so that
     # forward's log-probs serve as old_logp, and no separate no-grad pass is needed.
     single = a.ppo_epochs == 1 and a.mini_batches == 1 and not 0 < micro < batch.size
     with torch.no_grad():
-        ref_logp = token_logp(ref_forward, batch, temperature, micro)[0] if ref_forward is not None else None
-        old_logp, old_values = (None, None) if single else token_logp(policy.forward, batch, temperature, micro)
+        ref_logp = token_logp(ref_forward, batch, temperature, micro, allowed)[0] if ref_forward is not None else None
+        old_logp, old_values = (None, None) if single else token_logp(policy.forward, batch, temperature, micro,
+                                                                      allowed)
 
     def advantages(old, values):
         ref = ref_logp if ref_logp is not None else old
@@ -265,7 +272,7 @@ def update_policy(policy, a: AlgorithmConfig, batch: Batch, temperature: float, 
             micro_metrics = []
             for i, idx in enumerate(parts):
                 mb = batch if single else batch.select(idx)
-                logp, values = token_logp(policy.forward, mb, temperature)
+                logp, values = token_logp(policy.forward, mb, temperature, allowed=allowed)
                 if single:
                     old_logp = logp.detach()
                     adv, returns = advantages(old_logp, values)

@@ -505,3 +505,15 @@ def test_harder_frozenlake_presets_are_harder_and_stay_solvable():
         mean_holes.append(np.mean(holes))
     assert mean_path == sorted(mean_path) and len(set(mean_path)) == 3, mean_path
     assert mean_holes == sorted(mean_holes) and len(set(mean_holes)) == 3, mean_holes
+
+
+def test_a_move_shows_the_board_last_and_the_legend_only_in_the_intro_and_after_a_format_error():
+    """The position the next move depends on is the last thing before the reply (a small
+    policy reads it there); the legend is in the first observation and after a bad reply."""
+    env = FrozenLakeEnv(size=4, p=1.0, max_actions_per_turn=1)
+    obs, _ = env.reset(seed=0)
+    assert FrozenLakeEnv.legend in obs
+    obs, *_ = env.step("Right")
+    assert obs == "Moves: Right.\n\n_P__\n____\n____\n___G"
+    obs, *_ = env.step("nothing")
+    assert obs.endswith(f"_P__\n____\n____\n___G\n{FrozenLakeEnv.legend}")

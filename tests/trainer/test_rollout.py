@@ -8,9 +8,9 @@ import time
 import pytest
 import torch
 
-from rockroll.trainer.config import EnvConfig, load_config
+from rockroll.trainer.config import ConfigError, EnvConfig, load_config
 from rockroll.trainer.engines import TransformersEngine
-from rockroll.trainer.models import build_model, load_tokenizer
+from rockroll.trainer.models import allowed_token_ids, build_model, load_tokenizer
 from rockroll.trainer.rollout import Group, PromptTemplate, RolloutManager, Sample, filter_stale, make_env
 from rockroll.trainer.synthetic import LatencyEnv
 from rockroll.trainer.testing import RecordingEngine, ScriptEngine
@@ -85,6 +85,42 @@ def test_masks_and_exact_generated_ids(tok):
     with torch.no_grad():
         logp, _ = token_logp(lambda ids, a: (model(input_ids=ids, attention_mask=a).logits, None), batch, 1.0)
     torch.testing.assert_close(logp[batch.mask], batch.behav_logp[batch.mask], atol=2e-4, rtol=1e-4)
+
+
+def test_constrained_decoding_samples_only_allowed_tokens_and_the_trainer_agrees(tok):
+    """``generation.allowed_tokens``: every generated token is one of them, and the trainer's
+    log-probs (softmax over the allowed ids only) are the generator's; over the whole
+    vocabulary they would not be (the generator's are larger: renormalised over 2 ids)."""
+    data = {**_cfg(group_size=4, max_turns=3), "generation": {"max_new_tokens": 2, "allowed_tokens": ["Up", "Down"]},
+            "envs": [{"id": "rock/FrozenLake-v0", "kwargs": {"max_actions_per_turn": 1}, "task_ids": [0]}]}
+    cfg = load_config(data)
+    allowed = allowed_token_ids(tok, cfg.generation.allowed_tokens)
+    assert allowed == sorted(tok.convert_tokens_to_ids(["Up", "Down"]))
+    torch.manual_seed(0)
+    model = build_model(cfg.model, tok, seed=0)
+    mgr, _, _ = _manager(tok, data, engine=TransformersEngine(model, tok.pad_token_id))
+    mgr.start()
+    try:
+        groups, _ = mgr.get_batch(0, timeout=120)
+    finally:
+        mgr.close()
+    batch = collate(groups, tok.pad_token_id)
+    generated = batch.targets[batch.mask]
+    assert generated.numel() >= 8 and set(generated.tolist()) <= set(allowed)
+    forward = lambda ids, a: (model(input_ids=ids, attention_mask=a).logits, None)  # noqa: E731
+    with torch.no_grad():
+        logp, _ = token_logp(forward, batch, 1.0, allowed=torch.tensor(allowed))
+        whole, _ = token_logp(forward, batch, 1.0)
+    torch.testing.assert_close(logp[batch.mask], batch.behav_logp[batch.mask], atol=2e-4, rtol=1e-4)
+    assert (whole[batch.mask] < batch.behav_logp[batch.mask] - 0.1).all()
+
+
+def test_allowed_tokens_must_each_be_one_token(tok):
+    with pytest.raises(ConfigError, match=r"generation\.allowed_tokens: 'Upward'"):
+        allowed_token_ids(tok, ["Up", "Upward"])
+    with pytest.raises(ConfigError, match=r"generation\.allowed_tokens"):
+        load_config({"generation": {"allowed_tokens": ["Up", ""]}})
+    assert allowed_token_ids(tok, []) is None
 
 
 def test_filter_stale_pure():
