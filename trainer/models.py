@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import ConfigError, EnvConfig, ModelConfig, TokenizerConfig
+from .envs import make_env
 
 SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|end|>", "<|user|>", "<|assistant|>", "<|unk|>"]
 # Lower-case words, Capitalised words, or any single other character (board cells, spaces,
@@ -23,11 +24,9 @@ PRETOKENIZE = r"<\|[a-z]+\|>|[a-z]+|[A-Z][a-z]+|[\s\S]"
 
 def _env_texts(envs: list[EnvConfig], episodes: int = 8) -> list[str]:
     """Text the envs print: a few episodes of each, stepped with every direction and garbage."""
-    import gymnasium  # the rock/* ids: registered by rockroll/__init__, run by any rockroll.* import
-
     texts = []
     for spec in envs:
-        env = gymnasium.make(spec.id, **spec.kwargs).unwrapped
+        env = make_env(spec)
         for i in range(episodes):
             # without task_ids the seed picks the task: tool envs' ids are names, not 0..n
             options = {"task_id": spec.task_ids[i % len(spec.task_ids)]} if spec.task_ids else None

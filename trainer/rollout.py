@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
-import importlib
 import random
 import threading
 import time
@@ -34,6 +33,7 @@ from typing import Any, Callable
 from .config import EnvConfig, TokenizerConfig, TrainConfig
 from .curriculum import Curriculum, Start, Trajectory, initialized_metrics, task_key
 from .engines import GenOutput, SamplingParams
+from .envs import make_env
 from .models import allowed_token_ids
 
 __all__ = ["Group", "PromptTemplate", "RolloutManager", "Sample", "make_env", "run_episode", "filter_stale"]
@@ -103,19 +103,6 @@ class PromptTemplate:
 
     def decode_reply(self, token_ids: list[int]) -> str:
         return self.tok.decode(token_ids, skip_special_tokens=True)
-
-
-def make_env(spec: EnvConfig, format_penalty: float | None = None) -> Any:
-    """A fresh env: a gymnasium id (``rock/FrozenLake-v0``) or an entry point ``module:Class``."""
-    kwargs = dict(spec.kwargs)
-    if format_penalty is not None:
-        kwargs["format_penalty"] = format_penalty
-    if ":" in spec.id and "/" not in spec.id.split(":")[0]:
-        module, name = spec.id.split(":", 1)
-        return getattr(importlib.import_module(module), name)(**kwargs)
-    import gymnasium  # the rock/* ids: registered by rockroll/__init__, run by any rockroll.* import
-
-    return gymnasium.make(spec.id, **kwargs).unwrapped  # GEM envs truncate themselves
 
 
 def _mix(*xs: int) -> int:

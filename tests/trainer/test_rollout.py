@@ -362,3 +362,11 @@ def test_a_groups_samples_share_task_and_seed(tok):
         assert {s.task_id for s in g.samples} == {g.task_id} and {s.group_id for s in g.samples} == {g.group_id}
         boards.append(g.samples[0].transcript[0][1])
     assert len({g.seed for g in groups}) == 4 and len(set(boards)) > 1
+
+
+def test_the_word_tokenizer_is_built_from_entry_point_envs_too(tmp_path):
+    """``envs[].id`` may be ``module:Class`` (make_env): the tokenizer builder plays those
+    envs as well, so their words are single tokens."""
+    envs = [EnvConfig(id=LAT, kwargs={"target": "Correct"})]
+    tok = load_tokenizer(load_config({}).tokenizer, envs, tmp_path / "tok")
+    assert len(tok.encode("Correct", add_special_tokens=False)) == 1
