@@ -39,6 +39,15 @@ def _manager(tok, data, engine=None, env_factory=None, words=("Right", "Left")):
     return RolloutManager(cfg, engine, template, env_factory=env_factory), engine, template
 
 
+def _first_batch(mgr):
+    """Start ``mgr``, take the batch of step 0 (the timeout only catches a hang), close it."""
+    mgr.start()
+    try:
+        return mgr.get_batch(0, timeout=60)
+    finally:
+        mgr.close()
+
+
 def test_masks_and_exact_generated_ids(tok):
     """Observation tokens are mask 0, the policy's tokens mask 1 and exactly what the engine
     produced; the trainer's recomputed log-probs match the generator's on those tokens."""
@@ -195,12 +204,8 @@ def test_dynamic_sampling_stops_when_every_group_has_zero_advantage(tok):
     data = {**_cfg(group_size=2, batch_groups=1), "envs": [{"id": LAT, "task_ids": ["easy"]}],
             "algorithm": {"dynamic_sampling": True, "dynamic_sampling_max_batches": 3}}
     mgr, _, _ = _manager(tok, data)
-    mgr.start()
-    try:
-        with pytest.raises(RuntimeError, match="rollout failed") as err:
-            mgr.get_batch(0, timeout=60)  # the timeout only catches the hang this test is about
-    finally:
-        mgr.close()
+    with pytest.raises(RuntimeError, match="rollout failed") as err:
+        _first_batch(mgr)  # it used to sample forever (its timeout caught it after 60 s)
     assert isinstance(err.value.__cause__, ZeroAdvantageError)
     assert "dropped 3 groups in a row" in str(err.value.__cause__)
     assert "algorithm.dynamic_sampling_max_batches" in str(err.value.__cause__)
@@ -216,11 +221,7 @@ def test_dynamic_sampling_with_per_turn_credit_keeps_groups_whose_turns_differ(t
             "envs": [{"id": "rockroll.trainer.synthetic:TwoStepEnv", "kwargs": {"first": "Up", "second": "Down"}}],
             "algorithm": {"dynamic_sampling": True, "turn_credit": "discounted"}}
     mgr, _, _ = _manager(tok, data, words=("Up", "Down", "Left"))
-    mgr.start()
-    try:
-        groups, metrics = mgr.get_batch(0, timeout=60)
-    finally:
-        mgr.close()
+    groups, _ = _first_batch(mgr)
     turns = [[tuple(s.turn_rewards) for s in g.samples] for g in groups]
     assert all(len(set(t)) > 1 for t in turns), turns  # no kept group has zero advantage
     assert any(len({s.reward for s in g.samples}) == 1 for g in groups), turns  # some tie on the sum
