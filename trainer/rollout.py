@@ -508,7 +508,10 @@ class RolloutManager:
     # ------------------------------------------------------------------ rollout thread
     def _notify(self) -> None:
         if self._loop is not None and self._wake is not None:
-            self._loop.call_soon_threadsafe(self._wake.set)
+            try:
+                self._loop.call_soon_threadsafe(self._wake.set)
+            except RuntimeError:  # the loop is closed: the rollout thread has ended, none to wake
+                pass
 
     def _thread_main(self) -> None:
         loop = asyncio.new_event_loop()

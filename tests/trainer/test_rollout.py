@@ -206,6 +206,7 @@ def test_dynamic_sampling_stops_when_every_group_has_zero_advantage(tok):
     mgr, _, _ = _manager(tok, data)
     with pytest.raises(RuntimeError, match="rollout failed") as err:
         _first_batch(mgr)  # it used to sample forever (its timeout caught it after 60 s)
+    mgr.close()  # idempotent, also once the failed rollout thread has closed its loop
     assert isinstance(err.value.__cause__, ZeroAdvantageError)
     assert "dropped 3 groups in a row" in str(err.value.__cause__)
     assert "algorithm.dynamic_sampling_max_batches" in str(err.value.__cause__)
