@@ -155,6 +155,10 @@ class AlgorithmConfig:
     loss_agg: str = "token-mean"
     std_normalize: bool = True
     dynamic_sampling: bool = False
+    # dynamic sampling gives up (the rollout fails with ZeroAdvantageError) once this many
+    # batches' worth of groups in a row (x rollout.batch_groups) had zero advantage: a policy
+    # that always earns the same (collapsed, or the task solved) would otherwise be sampled forever
+    dynamic_sampling_max_batches: int = 10
     format_penalty: float | None = None  # overrides each env's format_penalty when set
     tis_cap: float = 2.0                 # PPO clip loss: truncated IS weight pi_old / pi_behav (0: off)
     ppo_epochs: int = 1
@@ -199,6 +203,7 @@ class AlgorithmConfig:
         _check(self.tis_cap >= 0, f"{p}.tis_cap", "must be >= 0")
         _check(self.ppo_epochs >= 1, f"{p}.ppo_epochs", "must be >= 1")
         _check(self.mini_batches >= 1, f"{p}.mini_batches", "must be >= 1")
+        _check(self.dynamic_sampling_max_batches >= 1, f"{p}.dynamic_sampling_max_batches", "must be >= 1")
         _check(0 < self.gamma <= 1, f"{p}.gamma", "must be in (0, 1]")
         _check(0 <= self.lam <= 1, f"{p}.lam", "must be in [0, 1]")
         _check(self.turn_credit in TURN_CREDIT, f"{p}.turn_credit", f"must be one of {', '.join(TURN_CREDIT)}")

@@ -12,6 +12,7 @@ Conventions are those of :mod:`rockroll.trainer.algorithms`: ``mask`` (B, T) mar
 response tokens, ``rewards`` (B,) outcome rewards, ``group_ids`` (B,) GRPO groups; chunk
 indices ``k`` are 0-based in code (chunk 0 is the first turn), ``K`` is a sequence's number
 of chunks. Functions returning (B, T) put 0 (or -1 for ids, 1 for ratios) off the chunks.
+Token tensors are 2-D by contract, so the token axis is written ``1``, never ``-1``.
 """
 
 from __future__ import annotations
@@ -36,21 +37,20 @@ def chunk_ids(mask: Tensor) -> Tensor:
     Example: mask [1,1,0,0,1,0,1] -> [0,0,-1,-1,1,-1,2].
     """
     m = mask.bool()
-    ids = _chunk_starts(m).long().cumsum(-1) - 1
+    ids = _chunk_starts(m).long().cumsum(1) - 1
     return torch.where(m, ids, -1)
 
 
 def num_chunks(mask: Tensor) -> Tensor:
     """Number of chunks (agent turns) K_b of every sequence, (B,) long."""
-    return _chunk_starts(mask).long().sum(-1)
+    return _chunk_starts(mask).long().sum(1)
 
 
 def _discount_to_end(mask: Tensor, gamma: float) -> Tensor:
     """gamma^(K_b - 1 - k) on the tokens of chunk k (0-based), 0 elsewhere, (B, T) float."""
     m = mask.bool()
-    ids = chunk_ids(m)
-    turns_left = (num_chunks(m).unsqueeze(-1) - 1 - ids).clamp(min=0).float()
-    return torch.where(m, torch.full_like(turns_left, gamma) ** turns_left, 0.0)
+    turns_left = num_chunks(m).unsqueeze(1) - 1 - chunk_ids(m)  # >= 0: K_b - 1 - k, or K_b off the chunks
+    return torch.where(m, gamma ** turns_left, 0.0)
 
 
 def turn_returns(turn_rewards: Tensor, gamma: float) -> Tensor:
@@ -73,11 +73,11 @@ def per_chunk(values: Tensor, mask: Tensor) -> Tensor:
     """Per-turn values (B, K) on the tokens of each chunk, (B, T): chunk k gets ``values[:, k]``,
     0 off the chunks. Every sequence must have at most K chunks."""
     m = mask.bool()
-    k_max = int(num_chunks(m).max()) if m.shape[0] else 0
+    if not m.any():  # no turn (or no sequence): nothing to gather, and ``values`` may have no column
+        return torch.zeros(m.shape, dtype=values.dtype, device=values.device)
+    k_max = int(num_chunks(m).max())
     if k_max > values.shape[1]:
         raise ValueError(f"a sequence has {k_max} chunks (turns) but only {values.shape[1]} turn values")
-    if k_max == 0:
-        return torch.zeros(m.shape, dtype=values.dtype, device=values.device)
     return torch.where(m, values.gather(1, chunk_ids(m).clamp(min=0)), 0.0)
 
 
@@ -104,34 +104,21 @@ def turn_advantages(turn_rewards: Tensor, mask: Tensor, group_ids: Tensor, gamma
     """
     m = mask.bool()
     K_b = num_chunks(m)
-    valid = torch.arange(turn_rewards.shape[1], device=m.device).unsqueeze(0) < K_b.unsqueeze(-1)
-    G = turn_returns(torch.where(valid, turn_rewards.float(), 0.0), gamma)
+    valid = torch.arange(turn_rewards.shape[1], device=m.device).unsqueeze(0) < K_b.unsqueeze(1)
+    G = turn_returns(torch.where(valid, turn_rewards.float(), 0.0), gamma)  # 0 past the last turn
     v = valid.to(G.dtype)
-    _, g = torch.unique(group_ids, return_inverse=True)
-    n_groups = int(g.max()) + 1 if g.numel() else 0
-    zeros = torch.zeros(n_groups, G.shape[1], dtype=G.dtype, device=G.device)
-    n = zeros.index_add(0, g, v).clamp(min=1)  # (groups, K): episodes that reached turn k
-    mean = zeros.index_add(0, g, v * G) / n
+    groups, g = torch.unique(group_ids, return_inverse=True)
+    zeros = torch.zeros(len(groups), G.shape[1], dtype=G.dtype, device=G.device)
+    # (groups, K): episodes that reached turn k; where none did, the 0/1 below is never read
+    n = zeros.index_add(0, g, v).clamp(min=1)
+    mean = zeros.index_add(0, g, G) / n
     adv = G - mean[g]
     if std_normalize:
         var = zeros.index_add(0, g, v * adv * adv) / n
         adv = adv / (var.sqrt()[g] + eps)
-    return per_chunk(torch.where(valid, adv, 0.0), m)
-
-
-def _chunk_mean(x: Tensor, mask: Tensor) -> Tensor:
-    """Mean of x over each chunk's tokens, broadcast back to the chunk's tokens (0 elsewhere)."""
-    m = mask.bool()
-    ids = chunk_ids(m)
-    B, T = m.shape
-    k_max = int(num_chunks(m).max()) if B else 0
-    # non-response tokens go to a spare slot k_max that is never read back
-    slot = torch.where(ids >= 0, ids, k_max)
-    zeros = torch.zeros(B, k_max + 1, dtype=x.dtype, device=x.device)
-    total = zeros.scatter_add(1, slot, torch.where(m, x, 0.0))
-    count = zeros.scatter_add(1, slot, m.to(x.dtype))
-    mean = total / count.clamp(min=1)
-    return torch.where(m, mean.gather(1, slot), 0.0)
+    # per_chunk reads turn k of sequence b only where b played it (k < K_b): the turns not
+    # played, whose values above are meaningless, are never read
+    return per_chunk(adv, m)
 
 
 def chunk_ratios(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
@@ -143,8 +130,14 @@ def chunk_ratios(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
     Differentiable in ``logp`` (d rho_k / d logp_t = rho_k / n_k).
     """
     m = mask.bool()
-    mean_log = _chunk_mean(torch.where(m, logp - old_logp, 0.0), m)
-    return torch.where(m, mean_log.exp(), 1.0)
+    # chunk k sums into slot k of a (B, T) tensor (a sequence has at most T chunks); the
+    # tokens off the chunks add 0 to slot 0, in both the sum and the count
+    slot = chunk_ids(m).clamp(min=0)
+    log_ratio = torch.where(m, logp - old_logp, 0.0)  # padding may hold inf - inf
+    total = torch.zeros_like(log_ratio).scatter_add(1, slot, log_ratio)
+    count = torch.zeros_like(log_ratio).scatter_add(1, slot, m.to(log_ratio.dtype))
+    mean = total / count.clamp(min=1)  # a slot of no chunk: 0/1, never read on a chunk
+    return torch.where(m, mean.gather(1, slot).exp(), 1.0)
 
 
 def chunk_ratio_mask(ratios: Tensor, mask: Tensor, *, low: float, high: float) -> Tensor:
@@ -174,7 +167,7 @@ def ipa_advantages(rewards: Tensor, group_ids: Tensor, mask: Tensor, gamma: floa
     outcome less credit. ``std_normalize=False`` is the Dr.GRPO variant.
     """
     adv_seq = grpo_advantages(rewards, group_ids, eps=eps, std_normalize=std_normalize)
-    return _discount_to_end(mask, gamma) * adv_seq.unsqueeze(-1)
+    return _discount_to_end(mask, gamma) * adv_seq.unsqueeze(1)
 
 
 def ipa_loss(logp: Tensor, behav_logp: Tensor, advantages: Tensor, mask: Tensor, *,

@@ -13,7 +13,9 @@ Pieces, bottom up:
   seed on an asyncio loop in a background thread, admits new groups under the staleness
   bound ``async_ratio`` (alpha), and hands the trainer whole groups with
   :meth:`RolloutManager.get_batch`. Infra failures, stale samples and (with dynamic sampling)
-  zero-advantage groups are dropped, counted, and replaced by new groups. With
+  zero-advantage groups are dropped, counted, and replaced by new groups; dynamic sampling
+  gives up with :class:`ZeroAdvantageError` after ``algorithm.dynamic_sampling_max_batches``
+  batches' worth of zero-advantage groups in a row, rather than sampling forever. With
   ``rollout.curriculum`` enabled, groups of a task start from states saved along one of its
   successful episodes (:mod:`.curriculum`).
 """
@@ -36,7 +38,8 @@ from .engines import GenOutput, SamplingParams
 from .envs import make_env
 from .models import allowed_token_ids
 
-__all__ = ["Group", "PromptTemplate", "RolloutManager", "Sample", "make_env", "run_episode", "filter_stale"]
+__all__ = ["Group", "PromptTemplate", "RolloutManager", "Sample", "ZeroAdvantageError", "make_env", "run_episode",
+           "filter_stale", "zero_advantage"]
 
 
 @dataclass
@@ -293,6 +296,23 @@ def filter_stale(groups: list[Group], step: int, alpha: int) -> tuple[list[Group
     return fresh, stale
 
 
+def zero_advantage(samples: list[Sample], turn_credit: str = "outcome") -> bool:
+    """Whether a group gives every token a zero group-normalised advantage: its episodes all
+    earned the same summed reward, or, with ``turn_credit="discounted"``, the same reward after
+    every turn. (Equal sums are not enough there: rewards [0.5, 0] and [0, 0.5] have the same
+    sum but different returns-to-go, hence non-zero per-turn advantages.) Rewards are compared
+    rounded to 1e-9, against float noise."""
+    per_turn = turn_credit == "discounted"
+    return len({tuple(round(r, 9) for r in s.turn_rewards) if per_turn else round(s.reward, 9)
+                for s in samples}) == 1
+
+
+class ZeroAdvantageError(RuntimeError):
+    """Dynamic sampling dropped ``algorithm.dynamic_sampling_max_batches`` x ``batch_groups``
+    groups in a row, every one with zero advantage: the policy earns the same in every episode
+    (it has collapsed, or solved the task), and more sampling would never fill a batch."""
+
+
 class RolloutManager:
     """Produces GRPO groups in the background; the trainer takes them with :meth:`get_batch`.
 
@@ -321,6 +341,7 @@ class RolloutManager:
         self.version = 0
         self.started = 0
         self.replaced = 0
+        self.zero_adv_streak = 0  # groups dropped by dynamic sampling since the last group kept
         self.next_gid = 0
         self.in_flight = 0
         self.paused = False
@@ -476,7 +497,10 @@ class RolloutManager:
     # ------------------------------------------------------------------ rollout thread
     def _notify(self) -> None:
         if self._loop is not None and self._wake is not None:
-            self._loop.call_soon_threadsafe(self._wake.set)
+            try:
+                self._loop.call_soon_threadsafe(self._wake.set)
+            except RuntimeError:  # the loop is closed: the rollout thread has ended, none to wake
+                pass
 
     def _thread_main(self) -> None:
         loop = asyncio.new_event_loop()
@@ -597,7 +621,9 @@ class RolloutManager:
                 moved = self.curriculum.observe(task_key(spec.id, task), level, success)
             self.counters["curriculum_promotions"] += int(moved)
         keep = len(valid) >= min(self.G, 2)
-        if keep and cfg.algorithm.dynamic_sampling and len({round(s.reward, 9) for s in valid}) == 1:
+        a = cfg.algorithm
+        zero_adv = keep and a.dynamic_sampling and zero_advantage(valid, a.turn_credit)
+        if zero_adv:
             self.counters["zero_adv_groups_dropped"] += 1
             keep = False
         elif not keep:
@@ -607,10 +633,20 @@ class RolloutManager:
             if keep:
                 self.ready.append(Group(gid, spec.id, task, seed, valid, start_level=level))
                 self.counters["groups_done"] += 1
+                self.zero_adv_streak = 0
             else:
                 self.replaced += 1
+                self.zero_adv_streak += zero_adv
+            streak = self.zero_adv_streak
             self._cond.notify_all()
         self._wake.set()
+        limit = a.dynamic_sampling_max_batches * self.bg
+        if streak >= limit:  # surfaces in get_batch, which would otherwise wait forever
+            raise ZeroAdvantageError(
+                f"dynamic sampling dropped {streak} groups in a row, each with zero advantage (every "
+                f"episode of a group earned the same reward): the policy has collapsed or solved the "
+                f"task. Raise algorithm.dynamic_sampling_max_batches ({a.dynamic_sampling_max_batches}) "
+                f"or set algorithm.dynamic_sampling: false")
 
 
 def batch_metrics(groups: list[Group], step: int) -> dict[str, float]:

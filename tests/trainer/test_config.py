@@ -67,6 +67,8 @@ def test_defaults_and_nested():
     ({"algorithm": {"name": "topr", "turn_credit": "discounted"}}, "algorithm.turn_credit: discounted needs"),
     ({"algorithm": {"turn_credit": "discounted", "ipa": {"enabled": True, "gamma": 0.9}}},
      "algorithm.ipa.gamma: unused with turn_credit=discounted"),
+    ({"algorithm": {"dynamic_sampling": True, "dynamic_sampling_max_batches": 0}},
+     "algorithm.dynamic_sampling_max_batches: must be >= 1"),
 ])
 def test_errors_name_the_key(data, key):
     with pytest.raises(ConfigError) as e:
@@ -80,6 +82,7 @@ def test_errors_name_the_key(data, key):
     {"ipa": {"enabled": True, "gamma": 0.9}, "clip_high": 0.3, "turn_credit": "outcome"},
     {"ipa": {"enabled": True}, "turn_credit": "discounted", "gamma": 0.8},
     {"name": "topr", "kl_coef": 0.01, "ppo_epochs": 2},
+    {"dynamic_sampling": True, "dynamic_sampling_max_batches": 1},
 ])
 def test_settings_the_algorithm_reads_are_accepted(algorithm):
     assert load_config({"algorithm": algorithm}).algorithm.name == algorithm.get("name", "grpo")

@@ -34,6 +34,13 @@ ALGORITHMS = {
     "decoupled_ppo": ({"name": "grpo", "ppo_epochs": 2, "mini_batches": 2, "tis_cap": 2.0}, {"async_ratio": 1},
                       ONE_TURN),
     "ipa": ({"name": "grpo", "ipa": {"enabled": True, "gamma": 0.9}}, {}, TWO_STEP),
+    # per-turn credit: turn k's tokens get the group-normalised return-to-go of the per-turn
+    # rewards. Groups of 16, two per step (the same 32 episodes a step): a turn's advantage is 0
+    # in a group where no episode got that turn right, and in groups of 8 the "Up" learned first
+    # on turn 1 spreads to turn 2 (both turns are predicted at the same <|assistant|> token)
+    # before enough groups hold a right second answer: turn 2 collapsed to "Up" (eval 0.5)
+    "turn_credit": ({"name": "grpo", "turn_credit": "discounted", "gamma": 0.9},
+                    {"group_size": 16, "batch_groups": 2}, TWO_STEP),
 }
 STEPS = 30  # the one-turn task is learned by step 10, the two-step one by step 20-30
 KL_COEF = 1.0  # holds the GRPO run of the one-turn task near 0.5

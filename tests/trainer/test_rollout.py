@@ -10,8 +10,10 @@ import torch
 
 from rockroll.trainer.config import ConfigError, EnvConfig, load_config
 from rockroll.trainer.engines import TransformersEngine
+from rockroll.trainer.credit import turn_advantages
 from rockroll.trainer.models import allowed_token_ids, build_model, load_tokenizer
-from rockroll.trainer.rollout import Group, PromptTemplate, RolloutManager, Sample, filter_stale, make_env
+from rockroll.trainer.rollout import (Group, PromptTemplate, RolloutManager, Sample, ZeroAdvantageError,
+                                      filter_stale, make_env, zero_advantage)
 from rockroll.trainer.synthetic import LatencyEnv
 from rockroll.trainer.testing import RecordingEngine, ScriptEngine
 from rockroll.trainer.update import collate, token_logp
@@ -35,6 +37,15 @@ def _manager(tok, data, engine=None, env_factory=None, words=("Right", "Left")):
     template = PromptTemplate(tok, cfg.tokenizer)
     engine = engine or ScriptEngine(tok, list(words), stop_id=template.stop_id)
     return RolloutManager(cfg, engine, template, env_factory=env_factory), engine, template
+
+
+def _first_batch(mgr):
+    """Start ``mgr``, take the batch of step 0 (the timeout only catches a hang), close it."""
+    mgr.start()
+    try:
+        return mgr.get_batch(0, timeout=60)
+    finally:
+        mgr.close()
 
 
 def test_masks_and_exact_generated_ids(tok):
@@ -220,6 +231,57 @@ def test_dynamic_sampling_drops_zero_advantage_groups(tok):
     for g in groups:  # every kept group has a reward spread: a non-zero GRPO advantage
         assert len({s.reward for s in g.samples}) > 1
     assert metrics["rollout/zero_adv_groups_dropped"] >= 1  # every "easy" group is all-wins
+
+
+def test_dynamic_sampling_stops_when_every_group_has_zero_advantage(tok):
+    """Every reply wins the "easy" task, so every group has zero advantage (a collapsed or
+    solved policy looks the same): the rollout must fail with a ZeroAdvantageError after exactly
+    dynamic_sampling_max_batches x batch_groups dropped groups, not sample forever."""
+    data = {**_cfg(group_size=2, batch_groups=1), "envs": [{"id": LAT, "task_ids": ["easy"]}],
+            "algorithm": {"dynamic_sampling": True, "dynamic_sampling_max_batches": 3}}
+    mgr, _, _ = _manager(tok, data)
+    with pytest.raises(RuntimeError, match="rollout failed") as err:
+        _first_batch(mgr)  # it used to sample forever (its timeout caught it after 60 s)
+    mgr.close()  # idempotent, also once the failed rollout thread has closed its loop
+    assert isinstance(err.value.__cause__, ZeroAdvantageError)
+    assert "dropped 3 groups in a row" in str(err.value.__cause__)
+    assert "algorithm.dynamic_sampling_max_batches" in str(err.value.__cause__)
+    # one group in flight at a time (batch_groups 1, async_ratio 0): the third drop, not a fourth
+    assert mgr.counters["zero_adv_groups_dropped"] == 3 and mgr.counters["groups_done"] == 0
+
+
+def test_dynamic_sampling_with_per_turn_credit_keeps_groups_whose_turns_differ(tok):
+    """TwoStepEnv pays 0.5 per right turn; the scripted policy says Up, Down or Left (by seed) each
+    turn, so groups of two often tie on the sum ((Up, Up) and (Down, Down) both earn 0.5) while
+    their turns differ: per-turn credit learns from them, and dynamic sampling must keep them."""
+    data = {**_cfg(group_size=2, batch_groups=8, max_turns=2),
+            "envs": [{"id": "rockroll.trainer.synthetic:TwoStepEnv", "kwargs": {"first": "Up", "second": "Down"}}],
+            "algorithm": {"dynamic_sampling": True, "turn_credit": "discounted"}}
+    mgr, _, _ = _manager(tok, data, words=("Up", "Down", "Left"))
+    groups, _ = _first_batch(mgr)
+    turns = [[tuple(s.turn_rewards) for s in g.samples] for g in groups]
+    assert all(len(set(t)) > 1 for t in turns), turns  # no kept group has zero advantage
+    assert any(len({s.reward for s in g.samples}) == 1 for g in groups), turns  # some tie on the sum
+
+
+def test_zero_advantage_with_per_turn_credit_compares_every_turn():
+    # equal sums (0.5) from different turns: no spread for GRPO on the sum, but per-turn credit
+    # (gamma 1) has G = [0.5, 0] and [0.5, 0.5]: turn 1 {0.5, 0.5} -> 0; turn 2 {0, 0.5}: mean
+    # 0.25, std 0.25 -> -1 and +1 (0.25 / (0.25 + 1e-6) = 0.999996)
+    a = Sample(turn_rewards=[0.5, 0.0], reward=0.5)
+    b = Sample(turn_rewards=[0.0, 0.5], reward=0.5)
+    assert zero_advantage([a, b]) and zero_advantage([a, b], "outcome")
+    assert not zero_advantage([a, b], "discounted")
+    adv = turn_advantages(torch.tensor([a.turn_rewards, b.turn_rewards]), torch.tensor([[1, 0, 1], [1, 0, 1]]),
+                          torch.tensor([0, 0]), 1.0)
+    assert torch.allclose(adv, torch.tensor([[0.0, 0.0, -0.999996], [0.0, 0.0, 0.999996]]), atol=1e-6)
+    # the same turns (0.1 + 0.2 is 0.30000000000000004: float noise is not a spread)
+    c = Sample(turn_rewards=[0.1 + 0.2, 0.0], reward=0.1 + 0.2)
+    d = Sample(turn_rewards=[0.3, 0.0], reward=0.3)
+    assert zero_advantage([c, d], "discounted") and zero_advantage([c, d])
+    # different sums: a spread either way
+    e = Sample(turn_rewards=[0.5, 0.5], reward=1.0)
+    assert not zero_advantage([a, e]) and not zero_advantage([a, e], "discounted")
 
 
 def test_mixture_and_per_env_metrics(tok):
