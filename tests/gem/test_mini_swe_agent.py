@@ -22,6 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from rockroll.envhub import pull
 from rockroll.gem.agents import AGENTS, MINI_SWE_AGENT_VERSION
 from rockroll.gem.swe import SWEEnv, hub_swe_tasks
 from rockroll.gem.swe_build import agent_tasks
@@ -105,9 +106,11 @@ def service(upstream, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def env(task, service):
+def env(task, service, swe_hub):
+    tasks = agent_tasks([task], AGENT.name)
+    pull(tasks[0].image[4:], hub=swe_hub)  # a bare hub: ref then means this hub's env
     spec = SandboxSpec(model_endpoint=service.url, memory_mb=2048, pids=512, timeout_s=900)
-    e = SWEEnv(tasks=agent_tasks([task], AGENT.name), sandbox_spec=spec, step_timeout=600, pool_size=1)
+    e = SWEEnv(tasks=tasks, sandbox_spec=spec, step_timeout=600, pool_size=1)
     yield e
     e.close()
 
@@ -157,8 +160,8 @@ def test_mini_swe_agent_fixes_a_task_through_the_model_service(env, task, upstre
     assert task.problem_statement in first["messages"][1]["content"]
     last = upstream.requests[-1]["messages"]
     assert [m["role"] for m in last] == ["system", "user"] + ["assistant", "user"] * 3
-    assert "<returncode>0</returncode>" in last[4]["content"]  # git apply of the fix
-    assert "1 passed" in last[6]["content"]
+    assert "<returncode>0</returncode>" in last[5]["content"]  # git apply of the fix
+    assert "1 passed" in last[7]["content"]
 
     # the model service recorded every call, attributed to this sandbox's key
     recs = records(service)
