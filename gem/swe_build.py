@@ -25,8 +25,9 @@ Agents (``--agent NAME``, :mod:`rockroll.gem.agents`) go into *variants*, so the
 build stays as it is: ``swe-<name>-<agent>@<version>`` sits on ``swe-<name>@<version>``,
 its setup is the agent's install steps, and it holds one snapshot per task at the same
 buggy state (the reference fix reversed, then the same reproducible commit, checked
-against the task's ``base_commit``). A variant lists no tasks of its own (``rock/SWE-v0``
-does not count them twice); :func:`agent_tasks` points an env's tasks at it.
+against the task's ``base_commit``). Its hidden task records are its base's, pointed at it
+(:func:`agent_tasks`), so ``rock/swe-<name>-<agent>-v<major>`` makes them; ``rock/SWE-v0``
+leaves variants out (it does not count a task twice).
 """
 
 from __future__ import annotations
@@ -493,6 +494,10 @@ def build_agent_variant(ref: str, agent: AgentSpec, *, hub: str | None = None,
     if env.private_dir is None or not (env.private_dir / TASKS_FILE).is_file():
         raise BuildSWEError(f"{ref} is not a SWE env built by build-swe (no task records)")
     tasks = load_swe_tasks(env.private_dir / TASKS_FILE)
+    lines = (env.private_dir / TASKS_FILE).read_text().splitlines()
+    records = [json.loads(line) for line in lines if line.strip()]
+    for rec, t in zip(records, agent_tasks(tasks, agent.name)):  # its tasks, in this image
+        rec.update(image=t.image, snapshot=t.snapshot, created_by=f"rockroll envs build-swe --agent {agent.name}")
     snapshots = []
     for t in tasks:
         unfix = f"cd {WORKDIR} && git apply -R --whitespace=nowarn <<'ROCKROLL_FIX'\n{t.patch}ROCKROLL_FIX"
@@ -502,11 +507,13 @@ def build_agent_variant(ref: str, agent: AgentSpec, *, hub: str | None = None,
         f"name = {_toml(name)}", f"version = {_toml(version)}",
         f"description = {_toml(f'{ref} with {agent.name} installed: its {len(tasks)} tasks, for agents to run in')}",
         f"license = {_toml(env.manifest.license)}", f"base = {_toml('hub:' + ref)}",
-        f"setup = {_toml(list(agent.install))}", "setup_timeout_s = 1800", "",
+        f"setup = {_toml(list(agent.install))}", "setup_timeout_s = 1800", 'private = "private"', "",
         "[env]", f"entry_point = {_toml('rockroll.gem.swe:SWEEnv')}", "", *snapshots,
     ]
     with tempfile.TemporaryDirectory(prefix="rockroll-swe-agent-") as tmp:
         (Path(tmp) / "rockenv.toml").write_text("\n".join(manifest))
+        (Path(tmp) / "private").mkdir()
+        (Path(tmp) / "private" / TASKS_FILE).write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
         say(f"building {out}: {ref} + {agent.name} ({len(tasks)} task snapshots)")
         created = publish(build(tmp, hub=hub, log=say).manifest, store).created
     say(f"{out}: published on {hub}")

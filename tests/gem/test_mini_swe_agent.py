@@ -24,7 +24,7 @@ import pytest
 
 from rockroll.envhub import pull
 from rockroll.gem.agents import AGENTS, MINI_SWE_AGENT_VERSION
-from rockroll.gem.swe import SWEEnv, hub_swe_tasks
+from rockroll.gem.swe import TASKS_FILE, SWEEnv, hub_swe_tasks, load_swe_tasks
 from rockroll.gem.swe_build import agent_tasks
 from rockroll.sandbox import SandboxSpec
 from rockroll.sandbox.modelservice import ModelService, ProxyMode
@@ -107,8 +107,10 @@ def service(upstream, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def env(task, service, swe_hub):
-    tasks = agent_tasks([task], AGENT.name)
-    pull(tasks[0].image[4:], hub=swe_hub)  # a bare hub: ref then means this hub's env
+    variant = pull(f"swe-toolz-{AGENT.name}@0.12.1", hub=swe_hub)  # a bare hub: ref now means this hub's
+    tasks = [t for t in load_swe_tasks(variant.private_dir / TASKS_FILE) if t.id == task.id]
+    assert tasks == agent_tasks([task], AGENT.name)  # its hidden records: the task, in the variant's image
+    assert not any(t.image == tasks[0].image for t in hub_swe_tasks(swe_hub))  # rock/SWE-v0: no task twice
     spec = SandboxSpec(model_endpoint=service.url, memory_mb=2048, pids=512, timeout_s=900)
     e = SWEEnv(tasks=tasks, sandbox_spec=spec, step_timeout=600, pool_size=1)
     yield e
@@ -196,6 +198,21 @@ def test_the_agent_is_the_pinned_release_and_the_sandbox_has_no_network(env, tas
                             "u.urlopen('https://pypi.org/simple/', timeout=5)\" 2>&1 | tail -1"))
     assert f"Version: {MINI_SWE_AGENT_VERSION}" in obs and "Version: 1.110.2" in obs, obs
     assert "URLError" in obs, obs  # the build had network; the task's sandbox has none
+
+
+def test_the_variant_is_makeable_by_its_own_id(swe_hub, task):
+    import gymnasium
+
+    from rockroll.registry.hub import register_hub
+
+    assert "rock/swe-toolz-mini-swe-agent-v0" in register_hub(swe_hub)
+    env = gymnasium.make("rock/swe-toolz-mini-swe-agent-v0")
+    try:
+        tasks = env.unwrapped.tasks
+        assert len(tasks) == 10 and task.id in {t.id for t in tasks}
+        assert {t.image for t in tasks} == {"hub:swe-toolz-mini-swe-agent@0.12.1"}
+    finally:
+        env.close()
 
 
 def test_agent_tasks_point_at_the_variant_and_refuse_other_tasks():
