@@ -235,7 +235,8 @@ def hub_swe_tasks(hub: str | None = None) -> list[SWETask]:
     for name, versions in sorted(store.listing().items()):
         for version in latest_per_major(versions).values():
             manifest, _ = resolve(f"{name}@{version}", store, cache)
-            if manifest.entry_point != ENTRY_POINT or manifest.private is None or _repeats_swe_env(manifest, store, cache):
+            if (manifest.entry_point != ENTRY_POINT or manifest.private is None
+                    or _repeats_swe_env(manifest, store, cache)):
                 continue
             env = pull(f"{name}@{version}", hub=store, cache=cache)
             tasks += load_swe_tasks(env.private_dir / TASKS_FILE)

@@ -147,7 +147,8 @@ def test_mini_swe_agent_fixes_a_task_through_the_model_service(env, task, upstre
     script = [
         reply("Let me see the repository.", "git status --short && ls"),
         reply("The bug is in the library code; this patch fixes it.", f"echo {fix} | base64 -d | git apply"),
-        reply("Run a test that was failing.", f"python3 -m pytest -q -p no:cacheprovider {shlex.quote(first_failing)} 2>&1 | tail -1"),
+        reply("Run a test that was failing.",
+              f"python3 -m pytest -q -p no:cacheprovider {shlex.quote(first_failing)} 2>&1 | tail -1"),
         reply("Done.", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"),
     ]
     obs, info, sandbox_id = run_agent(env, task, script, upstream)
