@@ -32,6 +32,7 @@ test: $(BIN)/python  ## install what the tests need, start their services, run t
 	$(PIP) install -c constraints.txt -e '.[test,docker,s3,ray,service,train]'
 	bash scripts/services.sh
 	$(BIN)/rockroll envs build-swe --default
+	$(BIN)/rockroll envs build-swe --package toolz==0.12.1 --agent mini-swe-agent  # tests/gem/test_mini_swe_agent.py
 	$(MAKE) test-vllm
 	CI=$${CI:-true} $(BIN)/python -m pytest --ignore=tests/trainer/test_vllm.py
 

@@ -5,7 +5,10 @@
    that env's layers (pulled; the ref is pinned to the exact version in the manifest).
 2. A local sandbox on that base, with network (setup steps install things), gets the
    package's files, then runs the setup steps; a failing step fails the build with its
-   stderr. The upper layer is packed reproducibly (sorted entries, zero mtimes and owners):
+   stderr. Where the host names its own CA bundle (``$PIP_CERT``, ``$SSL_CERT_FILE``,
+   ``$REQUESTS_CA_BUNDLE``: a network behind a TLS-inspecting proxy), the steps get it too
+   (the same variables, pointing at a copy removed before the layer is packed), so a
+   ``pip install`` step reaches the package index the way the host's pip does. The upper layer is packed reproducibly (sorted entries, zero mtimes and owners):
    the same inputs give the same digest, so re-building and re-publishing is a no-op.
 3. Each named snapshot: back to the post-setup state, run its commands, ``snapshot()``;
    packed the same way (sessions kept, minus the per-sandbox HOSTNAME).
@@ -18,6 +21,7 @@ the inputs, so ``hub publish DIR`` reuses an up-to-date build instead of running
 
 from __future__ import annotations
 
+import os
 import posixpath
 import re
 import shlex
@@ -37,6 +41,8 @@ from .package import Package, load_package
 from .pull import pull
 
 BUILD_SPEC = dict(memory_mb=4096, pids=2048, cpus=None)  # setup steps compile, install, unpack
+CA_VARS = ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")  # the host's trust, if it names one
+_BUILD_CA = "/tmp/.rockroll-build-ca.pem"
 _HOSTNAME = re.compile(r"^(declare -x|export) HOSTNAME=.*$\n?", re.M)
 
 
@@ -76,9 +82,12 @@ def build(folder: str | Path, *, cache: LocalCache | None = None, hub: str | Non
                 parent = dest if host.is_dir() else posixpath.dirname(dest)
                 _check(sb.run(f"mkdir -p {shlex.quote(parent)}"), f"mkdir {parent}")
                 sb.upload(host, dest)
+            step_env = _forward_ca(sb) if pkg.setup else {}
             for i, step in enumerate(pkg.setup, 1):
                 say(f"setup [{i}/{len(pkg.setup)}] {step}")
-                _check(sb.run(step, timeout=pkg.setup_timeout_s), f"setup step {i} ({step!r})")
+                _check(sb.run(step, timeout=pkg.setup_timeout_s, env=step_env), f"setup step {i} ({step!r})")
+            if step_env:
+                _check(sb.run(f"rm -f {_BUILD_CA}"), "removing the host's CA bundle")
             after_setup = sb.snapshot()
             throwaway.append(after_setup)
             env_layer = _repack(cache, after_setup, None)
@@ -115,6 +124,15 @@ def build(folder: str | Path, *, cache: LocalCache | None = None, hub: str | Non
         snapshots=snapshots, source_digest=source, private=private)
     _write_atomic(record, manifest.to_json())
     return BuildResult(manifest, record, False, time.perf_counter() - t0)
+
+
+def _forward_ca(sb) -> dict[str, str]:
+    """Copy the CA bundle the host names into the build sandbox; the setup steps' env."""
+    host = next((os.environ[v] for v in CA_VARS if os.path.isfile(os.environ.get(v) or "")), None)
+    if host is None:
+        return {}
+    sb.write_file(_BUILD_CA, Path(host).read_bytes())
+    return dict.fromkeys(CA_VARS, _BUILD_CA)
 
 
 def _base(pkg: Package, cache: LocalCache, hub: str | None) -> tuple[str, str, tuple[LayerRef, ...], str]:

@@ -211,8 +211,19 @@ def _load_swe_tasks(path: str, mtime_ns: int, size: int) -> tuple[SWETask, ...]:
     return tuple(tasks)
 
 
+def _repeats_swe_env(manifest, store, cache) -> bool:
+    """Whether a hub env is built on another SWE env (an agent installed in it: the same tasks)."""
+    from rockroll.envhub.pull import resolve
+
+    if not manifest.base.startswith("hub:"):
+        return False
+    parent, _ = resolve(manifest.base[4:], store, cache)
+    return parent.entry_point == ENTRY_POINT and parent.private is not None
+
+
 def hub_swe_tasks(hub: str | None = None) -> list[SWETask]:
-    """The tasks of every SWE env on ``hub`` (latest release of each major), pulling them."""
+    """The tasks of every SWE env on ``hub`` (latest release of each major), pulling them;
+    agent variants (``build-swe --agent``) are left out: they repeat their base env's tasks."""
     from rockroll.envhub.pull import pull, resolve
     from rockroll.envhub.cache import LocalCache
     from rockroll.envhub.store import HubStore, default_hub_url, normalize_url
@@ -224,7 +235,8 @@ def hub_swe_tasks(hub: str | None = None) -> list[SWETask]:
     for name, versions in sorted(store.listing().items()):
         for version in latest_per_major(versions).values():
             manifest, _ = resolve(f"{name}@{version}", store, cache)
-            if manifest.entry_point != ENTRY_POINT or manifest.private is None:
+            if (manifest.entry_point != ENTRY_POINT or manifest.private is None
+                    or _repeats_swe_env(manifest, store, cache)):
                 continue
             env = pull(f"{name}@{version}", hub=store, cache=cache)
             tasks += load_swe_tasks(env.private_dir / TASKS_FILE)

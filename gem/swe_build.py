@@ -20,11 +20,20 @@ For each ``NAME==VERSION``:
    the fix. Publish it.
 
 A version already on the hub is left alone (versions are immutable): building is skipped.
+
+Agents (``--agent NAME``, :mod:`rockroll.gem.agents`) go into *variants*, so the default
+build stays as it is: ``swe-<name>-<agent>@<version>`` sits on ``swe-<name>@<version>``,
+its setup is the agent's install steps, and it holds one snapshot per task at the same
+buggy state (the reference fix reversed, then the same reproducible commit, checked
+against the task's ``base_commit``). Its hidden task records are its base's, pointed at it
+(:func:`agent_tasks`), so ``rock/swe-<name>-<agent>-v<major>`` makes them; ``rock/SWE-v0``
+leaves variants out (it does not count a task twice).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 import re
@@ -41,10 +50,11 @@ from typing import Callable, Sequence
 
 from rockroll.sandbox import AsyncSandbox, SandboxSpec
 
-from .swe import TASKS_FILE, arm_report, fetch_report, is_graded_path, pytest_command
+from .agents import AgentSpec
+from .swe import TASKS_FILE, SWETask, arm_report, load_swe_tasks, fetch_report, is_graded_path, pytest_command
 from .swe_mutate import KINDS, Mutation, find_mutations, unified_diff
 
-__all__ = ["DEFAULT_PACKAGES", "BuiltEnv", "build_swe", "detect_layout", "ensure_base", "git_init_script"]
+__all__ = ["DEFAULT_PACKAGES", "BuiltEnv", "agent_tasks", "build_agent_variant", "build_swe", "detect_layout", "ensure_base", "git_init_script"]
 
 #: The default task set: small, pure-Python, dependency-free packages whose sdists ship
 #: fast pytest suites that run on Debian bookworm's pytest 7.
@@ -445,3 +455,66 @@ def build_swe(packages: Sequence[str], *, tasks: int = 10, hub: str | None = Non
             say(f"{ref}: published on {hub}")
             out.append(BuiltEnv(f"{name}=={version}", ref, created, len(records), tried, records))
     return out
+
+
+# ---- agent variants ---------------------------------------------------------------------------------
+def _variant(ref: str, agent: str) -> tuple[str, str]:
+    name, _, version = ref.partition("@")
+    return f"{name}-{agent}", version
+
+
+def agent_tasks(tasks: Sequence[SWETask], agent: str) -> list[SWETask]:
+    """``tasks`` (of hub SWE envs) in their env's variant with ``agent`` installed."""
+    out = []
+    for t in tasks:
+        if not (t.image.startswith("hub:") and t.snapshot == f"{t.image}#{t.id}"):
+            raise BuildSWEError(f"{t.id}: not a task of a hub SWE env (image {t.image!r})")
+        name, version = _variant(t.image[4:], agent)
+        image = f"hub:{name}@{version}"
+        out.append(dataclasses.replace(t, image=image, snapshot=f"{image}#{t.id}"))
+    return out
+
+
+def build_agent_variant(ref: str, agent: AgentSpec, *, hub: str | None = None,
+                        log: Callable[[str], None] | None = None) -> BuiltEnv:
+    """Build and publish the variant of the SWE env ``ref`` (``name@version``) with ``agent``
+    installed (see the module docstring); skipped when the hub has it."""
+    from rockroll.envhub import build, publish, pull
+    from rockroll.envhub.store import HubStore, default_hub_url, normalize_url
+
+    say = log or (lambda msg: None)
+    hub = normalize_url(hub or default_hub_url())
+    store = HubStore(hub)
+    name, version = _variant(ref, agent.name)
+    out = f"{name}@{version}"
+    if store.read(store.manifest_path(name, version)) is not None:
+        say(f"{out} is already on {hub}: skipped")
+        return BuiltEnv(agent.name, out, False, -1)
+    env = pull(ref, hub=store)
+    if env.private_dir is None or not (env.private_dir / TASKS_FILE).is_file():
+        raise BuildSWEError(f"{ref} is not a SWE env built by build-swe (no task records)")
+    tasks = load_swe_tasks(env.private_dir / TASKS_FILE)
+    lines = (env.private_dir / TASKS_FILE).read_text().splitlines()
+    records = [json.loads(line) for line in lines if line.strip()]
+    for rec, t in zip(records, agent_tasks(tasks, agent.name)):  # its tasks, in this image
+        rec.update(image=t.image, snapshot=t.snapshot, created_by=f"rockroll envs build-swe --agent {agent.name}")
+    snapshots = []
+    for t in tasks:
+        unfix = f"cd {WORKDIR} && git apply -R --whitespace=nowarn <<'ROCKROLL_FIX'\n{t.patch}ROCKROLL_FIX"
+        same = f'test "$(git -C {WORKDIR} rev-parse HEAD)" = {t.base_commit}'  # the task's commit, exactly
+        snapshots.append(f"[snapshots.{json.dumps(t.id)}]\ncommands = {_toml([unfix, git_init_script(), same])}\n")
+    manifest = [
+        f"name = {_toml(name)}", f"version = {_toml(version)}",
+        f"description = {_toml(f'{ref} with {agent.name} installed: its {len(tasks)} tasks, for agents to run in')}",
+        f"license = {_toml(env.manifest.license)}", f"base = {_toml('hub:' + ref)}",
+        f"setup = {_toml(list(agent.install))}", "setup_timeout_s = 1800", 'private = "private"', "",
+        "[env]", f"entry_point = {_toml('rockroll.gem.swe:SWEEnv')}", "", *snapshots,
+    ]
+    with tempfile.TemporaryDirectory(prefix="rockroll-swe-agent-") as tmp:
+        (Path(tmp) / "rockenv.toml").write_text("\n".join(manifest))
+        (Path(tmp) / "private").mkdir()
+        (Path(tmp) / "private" / TASKS_FILE).write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+        say(f"building {out}: {ref} + {agent.name} ({len(tasks)} task snapshots)")
+        created = publish(build(tmp, hub=hub, log=say).manifest, store).created
+    say(f"{out}: published on {hub}")
+    return BuiltEnv(agent.name, out, created, len(tasks))

@@ -381,9 +381,11 @@ def envs(ctx, as_json):
               help="Give up on a package after screening this many candidate bugs.")
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True,
               help="Sandboxes running test suites at once.")
+@click.option("--agent", "agents", multiple=True, metavar="NAME",
+              help="Also build each env's variant with this agent installed, swe-<name>-<agent> (repeatable).")
 @_hub_options
 @_hub_errors
-def envs_build_swe(packages, default_set, tasks, max_candidates, workers, hub_url, s3_endpoint):
+def envs_build_swe(packages, default_set, tasks, max_candidates, workers, agents, hub_url, s3_endpoint):
     """Build SWE repair tasks from real packages and publish them as hub envs.
 
     Each package's sdist is downloaded from the package index, bugs are injected by AST
@@ -392,28 +394,35 @@ def envs_build_swe(packages, default_set, tasks, max_candidates, workers, hub_ur
     problem statement is written from the failing tests' output. Each package becomes the hub
     env swe-<name>@<version> (pre-installed repository, one snapshot per task, hidden task
     data), makeable as rock/swe-<name>-v<major>; rock/SWE-v0 serves the tasks of all of them.
-    A version already on the hub is skipped.
+    A version already on the hub is skipped. --agent mini-swe-agent also builds
+    swe-<name>-mini-swe-agent@<version>: the same tasks with that agent installed.
 
     \b
     Example:  rockroll envs build-swe --package cachetools==5.3.3 --tasks 10
     """
     import os
 
-    from rockroll.gem.swe_build import DEFAULT_PACKAGES, BuildSWEError, build_swe
+    from rockroll.gem.agents import AGENTS
+    from rockroll.gem.swe_build import DEFAULT_PACKAGES, BuildSWEError, build_agent_variant, build_swe
 
     if s3_endpoint:
         os.environ["ROCKROLL_S3_ENDPOINT"] = s3_endpoint
     chosen = list(packages) + (list(DEFAULT_PACKAGES) if default_set else [])
     if not chosen:
         raise click.UsageError("name at least one --package NAME==VERSION, or --default")
+    unknown = [a for a in agents if a not in AGENTS]
+    if unknown:
+        raise click.BadParameter(f"{', '.join(unknown)}: not one of {', '.join(sorted(AGENTS))}", param_hint="--agent")
+    say = lambda msg: click.echo(msg, err=True)  # noqa: E731
     try:
-        built = build_swe(chosen, tasks=tasks, hub=hub_url, workers=workers, max_candidates=max_candidates,
-                          log=lambda msg: click.echo(msg, err=True))
+        built = build_swe(chosen, tasks=tasks, hub=hub_url, workers=workers, max_candidates=max_candidates, log=say)
+        built += [build_agent_variant(b.ref, AGENTS[a], hub=hub_url, log=say) for b in list(built) for a in agents]
     except BuildSWEError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
     for b in built:
-        what = f"published {b.tasks} tasks (screened {b.tried} candidate bugs)" if b.created else "already published"
+        screened = f" (screened {b.tried} candidate bugs)" if b.tried else ""  # none for an agent variant
+        what = f"published {b.tasks} tasks{screened}" if b.created else "already published"
         click.echo(f"{b.ref}: {what}")
 
 

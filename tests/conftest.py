@@ -30,6 +30,20 @@ def swe_hub() -> str:
     return url
 
 
+@pytest.fixture(scope="session")
+def swe_agent_variant(swe_hub):
+    """``build(package, agent)``: the default hub's variant of ``swe-<package>`` with ``agent``
+    installed (`rockroll envs build-swe --package P --agent A`), built if it is missing
+    (minutes: the agent's install steps download it from the package index)."""
+    rockroll = str(Path(sys.executable).parent / "rockroll")
+
+    def build(package: str, agent: str) -> None:
+        proc = subprocess.run([rockroll, "envs", "build-swe", "--package", package, "--agent", agent],
+                              env=_USER_ENV, capture_output=True, text=True)
+        assert proc.returncode == 0, f"building {package} with {agent} failed:\n{proc.stderr[-3000:]}"
+    return build
+
+
 # --------------------------------------------------------------------------- no silent skips
 # Under CI=true (.ci/run and `make test` set it) a skipped test is a failure: a skip there
 # means a dependency or a service CI is meant to provide went missing, and a suite that

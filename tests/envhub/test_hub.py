@@ -299,3 +299,35 @@ def test_private_files_reach_the_host_side_but_never_a_sandbox(pkg, file_hub, ca
     plain = build(pkg(name="plain", snapshots=False)).manifest
     assert plain.private is None and b'"private"' not in plain.to_json()
     assert EnvManifest.from_json(manifest.to_json(), "x") == manifest
+
+
+def test_setup_steps_get_the_ca_bundle_the_host_names(pkg, file_hub, tmp_path, monkeypatch):
+    """Behind a TLS-inspecting proxy only the host's own bundle makes `pip install` steps work:
+    the steps see it under the same variables; the image keeps no copy."""
+    from rockroll.envhub.build import CA_VARS
+
+    ca = tmp_path / "host-ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\nrockroll-test-ca\n-----END CERTIFICATE-----\n")
+    step = json.dumps('for v in PIP_CERT SSL_CERT_FILE REQUESTS_CA_BUNDLE; do echo "$v=${!v}"; done '
+                      '> /opt/counter/vars.txt; cat "$PIP_CERT" > /opt/counter/seen.txt 2>/dev/null; true')
+
+    def built(name: str) -> dict[str, str]:
+        folder = pkg(name=name, snapshots=False)
+        toml = (folder / "rockenv.toml").read_text().replace("setup = [", f"setup = [{step}, ", 1)
+        (folder / "rockenv.toml").write_text(toml)
+        publish(build(folder).manifest, HubStore(file_hub))
+        pull(f"{name}@1", hub=file_hub)  # into this process's home, where sandboxes find it
+        with open_sandbox(SandboxSpec(image=f"hub:{name}@1.0.0")) as sb:
+            seen = sb.run("cat /opt/counter/vars.txt /opt/counter/seen.txt").stdout.splitlines()
+            left = sb.run("grep -rIl rockroll-test-ca /opt /tmp /var/tmp /workspace /root 2>/dev/null | "
+                          "grep -v /opt/counter/seen.txt; true").stdout
+        assert left == ""  # no copy of the bundle left anywhere in the image
+        return dict(line.split("=", 1) for line in seen if "=" in line) | {"ca": "\n".join(l for l in seen if "=" not in l)}
+
+    for var in CA_VARS:
+        monkeypatch.delenv(var, raising=False)
+    assert built("untrusting") == {"PIP_CERT": "", "SSL_CERT_FILE": "", "REQUESTS_CA_BUNDLE": "", "ca": ""}
+    monkeypatch.setenv("PIP_CERT", str(ca))
+    got = built("trusting")
+    assert got["ca"] == ca.read_text().strip()
+    assert got["PIP_CERT"] == got["SSL_CERT_FILE"] == got["REQUESTS_CA_BUNDLE"] != str(ca)  # a copy inside
