@@ -157,8 +157,10 @@ class AlgorithmConfig:
     dynamic_sampling: bool = False
     # dynamic sampling gives up (the rollout fails with ZeroAdvantageError) once this many
     # batches' worth of groups in a row (x rollout.batch_groups) had zero advantage: a policy
-    # that always earns the same (collapsed, or the task solved) would otherwise be sampled forever
-    dynamic_sampling_max_batches: int = 10
+    # that always earns the same (collapsed, or the task solved) would otherwise be sampled forever.
+    # Generous: early in a sparse-reward run most groups fail alike (the FrozenLake example
+    # drops 40 in a row before its first success on some seeds)
+    dynamic_sampling_max_batches: int = 100
     format_penalty: float | None = None  # overrides each env's format_penalty when set
     tis_cap: float = 2.0                 # PPO clip loss: truncated IS weight pi_old / pi_behav (0: off)
     ppo_epochs: int = 1
