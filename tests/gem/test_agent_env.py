@@ -17,6 +17,7 @@ import json
 import os
 import signal
 import socket
+import warnings
 
 import gymnasium
 import openai
@@ -357,3 +358,16 @@ def test_every_sandbox_goes_back_after_close_and_errors(agent_snapshot):
         make_env(agent_snapshot, sandbox_spec=SandboxSpec(network=True))
     with pytest.raises(ValueError, match="agent must be one of"):
         make_env(agent_snapshot, agent="no-such-agent")
+
+
+def test_gymnasium_check_env(agent_snapshot):
+    from gymnasium.utils.env_checker import check_env
+
+    env = make_env(agent_snapshot)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            check_env(env.unwrapped, skip_render_check=True)  # random words answer the agent: it just exits
+        assert [str(w.message) for w in caught] == []
+    finally:
+        env.close()
