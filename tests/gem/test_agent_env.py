@@ -371,3 +371,34 @@ def test_gymnasium_check_env(agent_snapshot):
         assert [str(w.message) for w in caught] == []
     finally:
         env.close()
+
+
+# A stdlib-only agent, carried whole by its command (SWE images hold no openai client): it
+# asks once, applies the answer as a patch, and exits.
+PATCHER = AgentSpec(name="patcher", command=(
+    "python3 -c 'import json, os, subprocess, sys, urllib.request\n"
+    "body = {\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": open(sys.argv[1]).read()}]}\n"
+    "req = urllib.request.Request(os.environ[\"OPENAI_BASE_URL\"] + \"/chat/completions\", json.dumps(body).encode(),\n"
+    "    {\"Authorization\": \"Bearer \" + os.environ[\"OPENAI_API_KEY\"], \"Content-Type\": \"application/json\"})\n"
+    "patch = json.load(urllib.request.urlopen(req))[\"choices\"][0][\"message\"][\"content\"]\n"
+    "subprocess.run([\"git\", \"apply\"], input=patch.encode(), check=True)' {task}"))
+
+
+def test_swe_task_set_is_graded_by_the_swe_grader(service, swe_hub):
+    from rockroll.gem.swe import hub_swe_tasks
+
+    task = hub_swe_tasks(swe_hub)[0]
+    env = gymnasium.make("rock/Agent-v0", agent=PATCHER, task_set="swe",
+                         task_kwargs={"hub": swe_hub, "task_ids": [task.id]})
+    try:
+        obs, info = env.reset()
+        assert "infra_error" not in info, info
+        assert task.problem_statement in info["messages"][0]["content"] and info["task_id"] == task.id
+        obs, reward, term, trunc, info = env.step(task.patch)  # the reference fix, as the model's answer
+        assert (reward, term) == (1.0, True) and info["agent_status"] == "exited", obs
+        assert info["resolved"] and info["f2p_pass_fraction"] == 1.0  # the SWE grader's own verdict
+        obs, info = env.reset()
+        obs, reward, term, trunc, info = env.step("not a patch")
+        assert (reward, term) == (0.0, True) and info["agent_status"] == "crashed"  # git apply failed
+    finally:
+        env.close()
