@@ -1,7 +1,8 @@
-"""The real ``openai`` client for sandboxes, without network: its pure-Python
-distributions (and the two compiled ones, pydantic_core and jiter, built for this same
-CPython 3.11 ABI as the host image's ``/usr/bin/python3``) copied out of this venv, to be
-uploaded into a sandbox and put on its ``PYTHONPATH``."""
+"""What the model-service tests run in sandboxes: the real ``openai`` client without
+network (its pure-Python distributions, and the two compiled ones, pydantic_core and jiter,
+built for this same CPython 3.11 ABI as the host image's ``/usr/bin/python3``, copied out of
+this venv, to be uploaded into a sandbox and put on its ``PYTHONPATH``), and the attack
+that checks the network stayed closed."""
 
 import importlib.metadata
 import shutil
@@ -39,3 +40,20 @@ def copy_client(dest: Path) -> Path:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(f.locate(), target)
     return dest
+
+
+# ``python3 -c ATTACK host:port ...``: one word per target, CONNECTED or the errno's name.
+ATTACK = """
+import errno, socket, sys
+def attempt(host, port):
+    s = socket.socket()
+    s.settimeout(3)
+    try:
+        s.connect((host, port))
+        return "CONNECTED"
+    except OSError as e:
+        return errno.errorcode.get(e.errno, type(e).__name__)
+    finally:
+        s.close()
+print(*[attempt(h, int(p)) for h, p in (a.rsplit(":", 1) for a in sys.argv[1:])])
+"""

@@ -22,7 +22,7 @@ import warnings
 import gymnasium
 import openai
 import pytest
-from _openai_client import copy_client
+from _openai_client import ATTACK, copy_client
 
 from rockroll.gem import TerminalTask
 from rockroll.gem.agent_env import AGENT_SESSION, AgentEnv, render_chatml, shared_model_service
@@ -256,22 +256,6 @@ def test_sandbox_killed_mid_episode_is_an_infra_error(agent_snapshot):
         assert "infra_error" not in info and env.unwrapped.sandbox.id != sb_id
     finally:
         env.close()
-
-
-ATTACK = """
-import errno, socket, sys
-def attempt(host, port):
-    s = socket.socket()
-    s.settimeout(3)
-    try:
-        s.connect((host, port))
-        return "CONNECTED"
-    except OSError as e:
-        return errno.errorcode.get(e.errno, type(e).__name__)
-    finally:
-        s.close()
-print(*[attempt(h, int(p)) for h, p in (a.split(":") for a in sys.argv[1:])])
-"""
 
 
 def host_addresses() -> list[str]:

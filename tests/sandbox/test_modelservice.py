@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import openai
 import pytest
-from _openai_client import copy_client
+from _openai_client import ATTACK, copy_client
 
 from rockroll.sandbox import SandboxSpec, open_sandbox
 from rockroll.sandbox.modelservice import (ModelService, PolicyMode, ProxyMode, ReplayMode, Sample,
@@ -223,32 +223,18 @@ def test_keys_are_per_sandbox_and_closed_sandboxes_are_refused(spec, client_snap
     assert service.caller(key_a) is None
 
 
-ATTACK = """
-import socket, sys
-def try_connect(port, host="127.0.0.1"):
-    s = socket.socket()
-    s.settimeout(3)
-    try:
-        s.connect((host, port))
-        return "CONNECTED"
-    except OSError as e:
-        return type(e).__name__
-    finally:
-        s.close()
-print(try_connect(%d), try_connect(%d), try_connect(8081))
-"""
-
-
 def test_network_stays_closed_for_everything_else(agent_sb, service):
     other = socket.socket()
     other.bind(("127.0.0.1", 0))
     other.listen(1)
     svc_port = int(service.url.rsplit(":", 1)[1])
     try:
-        r = run_py(agent_sb, ATTACK % (other.getsockname()[1], svc_port))
+        agent_sb.write_file("/tmp/attack.py", ATTACK)
+        r = agent_sb.run(f"python3 /tmp/attack.py 127.0.0.1:{other.getsockname()[1]} 127.0.0.1:{svc_port} "
+                         "127.0.0.1:8081")
         assert r.exit_code == 0, r.stderr
         # another host port, the model service's own host port, another sandbox port
-        assert r.stdout.split() == ["ConnectionRefusedError"] * 3, r.stdout
+        assert r.stdout.split() == ["ECONNREFUSED"] * 3, r.stdout
         r = agent_sb.run("cat /proc/net/dev")
         ifaces = [line.split(":")[0].strip() for line in r.stdout.splitlines()[2:]]
         assert ifaces == ["lo"]
