@@ -55,8 +55,10 @@ def bash_call(command: str) -> str:
 @pytest.fixture(scope="module")
 def service():
     register_builtin()
+    before = live()
     yield shared_model_service()  # lives as long as the process
     run_sync(close_pools())
+    assert live() <= before  # no sandbox of this module's episodes (failed ones included) is left
 
 
 @pytest.fixture(scope="module")
