@@ -300,6 +300,8 @@ class AgentEnv(SandboxToolEnv):
                 with contextlib.suppress(asyncio.CancelledError):
                     await getter
         if run.process in done:  # an exit wins: a call it left behind can no longer be answered
+            if run.process.exception() is not None:
+                run.end()  # the sandbox is gone: so is the episode
             return run.process.result()
         if getter in done and getter.result() is not None:
             run.pending = getter.result()
