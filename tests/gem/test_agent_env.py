@@ -182,7 +182,8 @@ def test_forged_key_and_calls_after_the_episode_are_refused(agent_snapshot, serv
 def test_handoff_refuses_calls_of_episodes_that_are_not_running():
     mode = HandoffMode()
     with ModelService(mode) as svc:
-        client = openai.OpenAI(base_url=svc.url + "/v1", api_key=svc.admit("sb", "ep-1"), max_retries=0)
+        client = openai.OpenAI(base_url=svc.url + "/v1", api_key=svc.admit("sb", "ep-1"), max_retries=0,
+                               timeout=20)  # a lost call fails the test instead of hanging it
         ask = lambda: client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])  # noqa: E731
         with pytest.raises(openai.AuthenticationError) as e:  # never opened: refused at once, not left waiting
             ask()
@@ -199,6 +200,23 @@ def test_handoff_refuses_calls_of_episodes_that_are_not_running():
 
         (err,) = asyncio.run(call_then_close())
         assert isinstance(err, openai.AuthenticationError) and err.body["code"] == "episode_ended"
+
+        async def cancelled_wait_loses_no_call():
+            mode.open("ep-1")
+            waiting = asyncio.ensure_future(mode.next_call("ep-1"))
+            await asyncio.sleep(0.05)
+            waiting.cancel()  # e.g. the env's call_timeout
+            await asyncio.gather(waiting, return_exceptions=True)
+            asking = asyncio.ensure_future(asyncio.to_thread(ask))
+            pending = await asyncio.wait_for(mode.next_call("ep-1"), 10)  # queued for the next wait
+            assert pending.answer("the answer")
+            return (await asking).choices[0].message.content
+
+        assert asyncio.run(cancelled_wait_loses_no_call()) == "the answer"
+        with pytest.raises(openai.BadRequestError) as e:  # one completion per call: the env gives one
+            client.chat.completions.create(model="m", n=2, messages=[{"role": "user", "content": "x"}])
+        assert e.value.body["param"] == "n"
+        mode.close("ep-1")
 
 
 CRASHER = AgentSpec(name="crasher", env=TOOL_AGENT.env, command=(
