@@ -168,7 +168,8 @@ class AgentEnv(SandboxToolEnv):
     ``{"task_ids": [...]}``, ``{"tasks_file": ...}``). ``sandbox_spec``: the sandboxes (the
     image must hold the agent, see ``AgentSpec.install``; never ``network=True``);
     ``snapshot``: a snapshot every episode's sandbox starts from instead (e.g. the agent
-    installed). ``call_timeout``: seconds the agent may go without a call or an exit (after
+    installed); ``image``: the sandboxes' image (what a hub env built by
+    ``agents.agent_package`` passes). ``call_timeout``: seconds the agent may go without a call or an exit (after
     start, or after an answer); ``episode_timeout``: the agent process's own time limit.
     ``render``: ``(messages, tools) -> str`` for observations. ``model_service``: a started
     or startable ``ModelService`` in ``HandoffMode`` (default: the process's shared one).
@@ -182,6 +183,7 @@ class AgentEnv(SandboxToolEnv):
         task_kwargs: dict[str, Any] | None = None,
         sandbox_spec: SandboxSpec | None = None,
         snapshot: str | None = None,
+        image: str | None = None,
         model_service: ModelService | None = None,
         call_timeout: float = 600.0,
         episode_timeout: float = 3600.0,
@@ -194,6 +196,8 @@ class AgentEnv(SandboxToolEnv):
     ):
         self.agent = agent_spec(agent)
         spec = sandbox_spec or SandboxSpec()
+        if image is not None:  # a hub env holding the agent (agents.agent_package) passes its image
+            spec = dataclasses.replace(spec, image=image)
         if spec.network:
             raise ValueError("sandbox_spec.network must be False: the agent reaches its model through the "
                              "model service, and nothing else")

@@ -9,10 +9,13 @@ at build time, with network, like a hub package's ``setup``) and how to start it
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass, field
 from importlib import resources
+from pathlib import Path
 
-__all__ = ["AGENTS", "AGENT_DIR", "AGENT_PYLIB", "AgentSpec", "agent_spec", "script_step"]
+__all__ = ["AGENTS", "AGENT_DIR", "AGENT_PYLIB", "AgentSpec", "agent_package", "agent_spec", "script_step"]
 
 #: Where agents' own files and Python libraries go in an image.
 AGENT_DIR = "/opt/rockroll/agents"
@@ -58,3 +61,24 @@ def agent_spec(agent: str | AgentSpec) -> AgentSpec:
         return AGENTS[agent]
     except (KeyError, TypeError):
         raise ValueError(f"agent must be one of {sorted(AGENTS)} or an AgentSpec, not {agent!r}") from None
+
+
+def agent_package(agent: str | AgentSpec, folder: str | os.PathLike, *, name: str | None = None,
+                  version: str = "1.0.0", base: str = "host", files: dict[str, str] | None = None) -> Path:
+    """Write an env package (``folder/rockenv.toml``) whose image holds ``agent``: its
+    ``install`` steps are the package's setup (run at build time, with network), ``files``
+    (package-relative source -> path in the image) are copied in first. ``rockroll hub
+    build|publish`` it; ``gymnasium.make`` of the published id (or ``rock/Agent-v0`` with
+    ``image="hub:<name>@<version>"``) then runs episodes from warm sandboxes of that image."""
+    spec = agent_spec(agent)
+    name = name or f"agent-{spec.name}"
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = [f"name = {json.dumps(name)}", f"version = {json.dumps(version)}", f"base = {json.dumps(base)}",
+             f"setup = [{', '.join(json.dumps(step) for step in spec.install)}]", "",
+             "[files]", *(f"{json.dumps(src)} = {json.dumps(dst)}" for src, dst in (files or {}).items()), "",
+             "[env]", 'entry_point = "rockroll.gem.agent_env:AgentEnv"',
+             # An agent of the registry is named; another one must be passed to make() again.
+             f"kwargs = {{ agent = {json.dumps(spec.name if spec.name in AGENTS else 'openai-tool-agent')} }}", ""]
+    (folder / "rockenv.toml").write_text("\n".join(lines))
+    return folder

@@ -406,3 +406,32 @@ def test_swe_task_set_is_graded_by_the_swe_grader(service, swe_hub):
         assert (reward, term) == (0.0, True) and info["agent_status"] == "crashed"  # git apply failed
     finally:
         env.close()
+
+
+def test_agent_image_built_as_a_hub_env(service, tmp_path):
+    """The agent put into an image at build time (``agent_package``), published, made like
+    any hub env: episodes start from warm sandboxes of that image. The pip step needs network,
+    so here the client comes in as package files and only the script step runs as setup."""
+    from rockroll.envhub.build import build
+    from rockroll.envhub.publish import publish
+    from rockroll.envhub.store import HubStore
+    from rockroll.gem.agents import agent_package
+    from rockroll.registry.hub import make_hub_env
+
+    folder = tmp_path / "pkg"
+    copy_client(folder / "pylib")
+    agent_package(dataclasses.replace(TOOL_AGENT, install=TOOL_AGENT.install[:1]), folder,
+                  files={"pylib": AGENT_PYLIB})
+    hub = f"file://{tmp_path / 'hub'}"
+    publish(build(folder).manifest, HubStore(hub))
+    env = make_hub_env(hub_url=hub, hub_env="agent-openai-tool-agent", hub_version="1.0.0", task_set="terminal",
+                       task_kwargs={"tasks": TASKS}, sandbox_spec=SPEC)
+    try:
+        assert env.agent == TOOL_AGENT  # named by the package's kwargs
+        _, info = env.reset()
+        assert "infra_error" not in info, info
+        assert env.sandbox.spec.image == "hub:agent-openai-tool-agent@1.0.0"
+        env.step(bash_call("echo 7 > n.txt"))
+        assert env.step("Done.")[1] == 1.0
+    finally:
+        env.close()
