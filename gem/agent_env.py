@@ -255,7 +255,8 @@ class AgentEnv(SandboxToolEnv):
             return obs, {**info, "task_id": task.id}
         await self._stop(run, sandbox)
         if event is None:
-            raise InfraError(f"the agent made no model call and did not exit within {self.call_timeout:g}s of its start")
+            raise InfraError(f"the agent made no model call and did not exit within {self.call_timeout:g}s "
+                             "of its start")
         raise InfraError(f"the agent exited (code {event.exit_code}) before its first model call: "
                          f"{event.stderr[-1500:]}")
 
@@ -339,7 +340,8 @@ class AgentEnv(SandboxToolEnv):
     # ---- lifecycle: an episode ends before its sandbox goes back ---------------------------------
     async def _areset(self, seed: int | None, options: dict[str, Any] | None) -> tuple[str, dict]:
         if isinstance((options or {}).get("state"), dict) or isinstance((options or {}).get("snapshot"), dict):
-            raise NotImplementedError("an agent episode cannot be resumed: its running process is no part of a snapshot")
+            raise NotImplementedError("an agent episode cannot be resumed: its running process is no part of "
+                                      "a snapshot")
         await self._end()
         return await super()._areset(seed, options)
 

@@ -25,7 +25,7 @@ import pytest
 from _openai_client import ATTACK, copy_client
 
 from rockroll.gem import TerminalTask
-from rockroll.gem.agent_env import AGENT_SESSION, AgentEnv, render_chatml, shared_model_service
+from rockroll.gem.agent_env import AGENT_SESSION, render_chatml, shared_model_service
 from rockroll.gem.agents import AGENT_PYLIB, AGENTS, AgentSpec
 from rockroll.gem.tools import close_pools
 from rockroll.registry.builtin import register_builtin
@@ -184,7 +184,8 @@ def test_handoff_refuses_calls_of_episodes_that_are_not_running():
     with ModelService(mode) as svc:
         client = openai.OpenAI(base_url=svc.url + "/v1", api_key=svc.admit("sb", "ep-1"), max_retries=0,
                                timeout=20)  # a lost call fails the test instead of hanging it
-        ask = lambda: client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])  # noqa: E731
+        def ask():
+            return client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
         with pytest.raises(openai.AuthenticationError) as e:  # never opened: refused at once, not left waiting
             ask()
         assert e.value.body["code"] == "episode_ended"
