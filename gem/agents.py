@@ -1,19 +1,31 @@
-"""Agent programs that run unmodified inside a sandbox, their model calls answered by the
-model service (``rockroll.sandbox.modelservice``) through the sandbox's
-``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``.
+"""The agents ``rock/Agent-v0`` can run: unmodified agent programs that talk to an
+OpenAI-compatible endpoint (``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``, which every sandbox
+with a model endpoint has; see docs/modelservice.md).
 
 An ``AgentSpec`` says how to put an agent into an env image (``install``: setup steps run
-at build time, with network) and how to run it on one task (``command``, in the sandbox's
-workdir, with ``{task}`` replaced by the path of a file holding the task's instruction).
+at build time, with network, like a hub package's ``setup``) and how to start it on a task
+(``command``, in the sandbox's workdir, with ``{task}`` replaced by the path of a file
+holding the task's instruction). Add an agent by adding an entry to ``AGENTS``.
 ``rockroll envs build-swe --agent NAME`` builds SWE envs with an agent installed
-(:func:`rockroll.gem.swe_build.build_agent_variant`). See docs/modelservice.md.
+(:func:`rockroll.gem.swe_build.build_agent_variant`).
 """
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
 
-__all__ = ["AGENTS", "AgentSpec", "MINI_SWE_AGENT_VERSION"]
+__all__ = ["AGENTS", "AGENT_DIR", "AGENT_PYLIB", "AgentSpec", "MINI_SWE_AGENT_VERSION", "agent_package", "agent_spec",
+           "script_step"]
+
+#: Where agents' own files and Python libraries go in an image.
+AGENT_DIR = "/opt/rockroll/agents"
+AGENT_PYLIB = "/opt/rockroll/pylib"
+#: The openai client the tool agent is installed with (the version the tests run).
+OPENAI_CLIENT = "openai==3.57.0"
 
 
 @dataclass(frozen=True)
@@ -24,6 +36,16 @@ class AgentSpec:
     env: dict[str, str] = field(default_factory=dict)  # extra environment for the agent's session
 
 
+def script_step(name: str) -> str:
+    """A setup step writing the bundled agent script ``gem/data/agents/<name>`` to
+    ``AGENT_DIR`` (a step carries its file: install steps need nothing from the host)."""
+    text = (resources.files(__package__) / "data" / "agents" / name).read_text()
+    marker = "ROCKROLL_AGENT_EOF"
+    if marker in text:  # pragma: no cover - a bundled script never holds the marker
+        raise ValueError(f"{name} contains {marker}")
+    return f"mkdir -p {AGENT_DIR} && cat > {AGENT_DIR}/{name} <<'{marker}'\n{text}{marker}"
+
+
 #: mini-swe-agent (github.com/SWE-agent/mini-swe-agent), installed from PyPI, unmodified.
 #: litellm is pinned too: it is what talks to the endpoint (and a release of it was compromised).
 MINI_SWE_AGENT_VERSION = "2.4.6"
@@ -31,6 +53,13 @@ _MINI_PINS = f"mini-swe-agent=={MINI_SWE_AGENT_VERSION} litellm==1.110.2"
 _MINI_VENV = "/opt/mini-swe-agent"
 
 AGENTS: dict[str, AgentSpec] = {
+    "openai-tool-agent": AgentSpec(
+        name="openai-tool-agent",
+        command=f"python3 {AGENT_DIR}/openai_tool_agent.py {{task}}",
+        install=(script_step("openai_tool_agent.py"),
+                 f"python3 -m pip install --no-cache-dir --target {AGENT_PYLIB} '{OPENAI_CLIENT}'"),
+        env={"PYTHONPATH": AGENT_PYLIB},
+    ),
     "mini-swe-agent": AgentSpec(
         name="mini-swe-agent",
         # Its own CLI, unattended: the text-based config (a THOUGHT, then one
@@ -62,3 +91,34 @@ AGENTS: dict[str, AgentSpec] = {
         },
     ),
 }
+
+
+def agent_spec(agent: str | AgentSpec) -> AgentSpec:
+    """``agent`` itself, or the ``AGENTS`` entry it names (``ValueError`` naming the choices)."""
+    if isinstance(agent, AgentSpec):
+        return agent
+    try:
+        return AGENTS[agent]
+    except (KeyError, TypeError):
+        raise ValueError(f"agent must be one of {sorted(AGENTS)} or an AgentSpec, not {agent!r}") from None
+
+
+def agent_package(agent: str | AgentSpec, folder: str | os.PathLike, *, name: str | None = None,
+                  version: str = "1.0.0", base: str = "host", files: dict[str, str] | None = None) -> Path:
+    """Write an env package (``folder/rockenv.toml``) whose image holds ``agent``: its
+    ``install`` steps are the package's setup (run at build time, with network), ``files``
+    (package-relative source -> path in the image) are copied in first. ``rockroll hub
+    build|publish`` it; ``gymnasium.make`` of the published id (or ``rock/Agent-v0`` with
+    ``image="hub:<name>@<version>"``) then runs episodes from warm sandboxes of that image."""
+    spec = agent_spec(agent)
+    name = name or f"agent-{spec.name}"
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = [f"name = {json.dumps(name)}", f"version = {json.dumps(version)}", f"base = {json.dumps(base)}",
+             f"setup = [{', '.join(json.dumps(step) for step in spec.install)}]", "",
+             "[files]", *(f"{json.dumps(src)} = {json.dumps(dst)}" for src, dst in (files or {}).items()), "",
+             "[env]", 'entry_point = "rockroll.gem.agent_env:AgentEnv"',
+             # An agent of the registry is named; another one must be passed to make() again.
+             f"kwargs = {{ agent = {json.dumps(spec.name if spec.name in AGENTS else 'openai-tool-agent')} }}", ""]
+    (folder / "rockenv.toml").write_text("\n".join(lines))
+    return folder

@@ -471,6 +471,11 @@ class SWEEnv(SandboxToolEnv):
             await self._env_run(sandbox, "base.sh", f"git update-ref {BASE_REF} HEAD")
         return _first_observation(task)
 
+    def agent_instruction(self, task: SWETask) -> str:
+        return (f"Resolve this issue in the repository of {task.repo or 'a Python project'} at {task.workdir} "
+                f"(the working directory):\n\n{task.problem_statement}\n\n"
+                "Change the code, not the tests: they are replaced by the originals when the work is graded.")
+
     async def _evaluate(self, sandbox: AsyncSandbox, task: SWETask, action: Action, text: str) -> Evaluation:
         base = task.base_commit or BASE_REF
         diff_result = await self._env_run(sandbox, "diff.sh", _DIFF_SCRIPT.format(base=shlex.quote(base)), timeout=60)

@@ -80,6 +80,9 @@ class TerminalEnv(SandboxToolEnv):
                 raise InfraError(f"setup of task {task.id!r} failed (exit {result.exit_code}): {result.stderr[-2000:]}")
         return _first_observation(task, sandbox.spec.workdir)
 
+    def agent_instruction(self, task: TerminalTask) -> str:
+        return task.instruction
+
     async def _evaluate(self, sandbox: AsyncSandbox, task: TerminalTask, action: Action, text: str) -> Evaluation:
         result = await self._env_run(sandbox, "check.sh", task.check, timeout=self.check_timeout)
         passed = result.ok

@@ -314,6 +314,11 @@ class SandboxToolEnv(GemEnv):
         """Grade the sandbox after ``submit`` (``action``, parsed from the raw reply ``text``)."""
         raise NotImplementedError
 
+    def agent_instruction(self, task: Any) -> str:
+        """The task as a self-contained instruction for an agent that brings its own prompt
+        and tools (``rock/Agent-v0``): what to do, not how to act in this env."""
+        raise NotImplementedError(f"{type(self).__name__} gives no instruction for agents")
+
     # ---- helpers for subclasses -------------------------------------------------------------
     @property
     def task_ids(self) -> list[str]:

@@ -21,6 +21,7 @@ BUILTIN_ENVS: dict[str, str] = {
     "rock/FrozenLake-v0": "rockroll.gem.grid:FrozenLakeEnv",
     "rock/Terminal-v0": "rockroll.gem.terminal:TerminalEnv",
     "rock/Code-v0": "rockroll.gem.code:CodeEnv",
+    "rock/Agent-v0": "rockroll.gem.agent_env:AgentEnv",
 }
 
 

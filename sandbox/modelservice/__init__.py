@@ -9,17 +9,17 @@ sandboxes (the channel that carries them out of a no-network sandbox is
             sb.run("python agent.py")   # sees OPENAI_BASE_URL and its own OPENAI_API_KEY
 
 ``server.py`` is the HTTP server (FastAPI, imported lazily), ``modes.py`` the generator
-interface and its modes (policy, proxy, replay), ``protocol.py`` the OpenAI wire format,
+interface and its modes (policy, proxy, replay, hand-off), ``protocol.py`` the OpenAI wire format,
 ``tools.py`` the tool-call parsers, ``records.py`` the per-call JSONL records.
 See docs/modelservice.md.
 """
 
-from .modes import (Answer, Call, Caller, Choice, Generator, ModeError, Policy, PolicyMode, ProxyMode,
-                    ReplayMode, Sample, Sampling)
+from .modes import (Answer, Call, Caller, Choice, Generator, HandoffMode, ModeError, PendingCall, Policy, PolicyMode,
+                    ProxyMode, ReplayMode, Sample, Sampling)
 from .records import Recorder
 from .server import ModelService
 from .tools import PARSERS, parse_hermes
 
-__all__ = ["Answer", "Call", "Caller", "Choice", "Generator", "ModeError", "ModelService", "PARSERS",
-           "Policy", "PolicyMode", "ProxyMode", "Recorder", "ReplayMode", "Sample", "Sampling",
+__all__ = ["Answer", "Call", "Caller", "Choice", "Generator", "HandoffMode", "ModeError", "ModelService", "PARSERS",
+           "PendingCall", "Policy", "PolicyMode", "ProxyMode", "Recorder", "ReplayMode", "Sample", "Sampling",
            "parse_hermes"]

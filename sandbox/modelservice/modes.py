@@ -1,4 +1,4 @@
-"""What answers a model call: the small generator interface and its three modes.
+"""What answers a model call: the small generator interface and its modes.
 
 The server (``server.py``) turns an OpenAI request into a ``Call`` and asks a
 ``Generator`` for an ``Answer``; it never knows which mode it runs. So ``sandbox`` never
@@ -9,14 +9,19 @@ log-probs out) and hands ``PolicyMode(its_policy)`` to the server.
   ids, completion ids, their log-probs and the policy version.
 - ``ProxyMode``: forwards to an upstream OpenAI-compatible URL, retrying 429/5xx.
 - ``ReplayMode``: answers from recorded JSONL (``records.py``), deterministically.
+- ``HandoffMode``: each call waits until someone outside answers it: an agent env
+  (``rock/Agent-v0``, in ``gem``) whose ``step(completion)`` is the generator.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
+import contextlib
 import hashlib
 import json
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Protocol
@@ -241,3 +246,134 @@ class ReplayMode:
                           tokens=c.get("tokens"), tool_calls=c.get("tool_calls") or [])
                    for c in rec.get("choices") or []]
         return Answer(choices=choices, prompt_ids=rec.get("prompt_ids"), version=rec.get("version"))
+
+
+# --------------------------------------------------------------------------- hand-off
+
+
+class PendingCall:
+    """A call waiting for an answer from outside the service (``HandoffMode``).
+    ``answer`` and ``refuse`` may be called from any thread, once; later calls are no-ops."""
+
+    def __init__(self, call: Call):
+        self.call = call
+        self._future: concurrent.futures.Future = concurrent.futures.Future()
+
+    @property
+    def waiting(self) -> bool:
+        """Whether the caller still waits (not answered, refused, or gone)."""
+        return not self._future.done()
+
+    def answer(self, answer: "Answer | str") -> bool:
+        """Answer the caller (a completion text becomes one choice); False if it no longer waits."""
+        if isinstance(answer, str):
+            answer = Answer(choices=[Choice(text=answer)])
+        return self._settle(lambda f: f.set_result(answer))
+
+    def refuse(self, error: ModeError) -> bool:
+        """Refuse the call with ``error``; False if it no longer waits."""
+        return self._settle(lambda f: f.set_exception(error))
+
+    def _settle(self, how) -> bool:
+        try:
+            how(self._future)
+            return True
+        except concurrent.futures.InvalidStateError:  # answered, refused, or the caller went away
+            return False
+
+
+class _Episode:
+    __slots__ = ("queued", "waiters", "handed")
+
+    def __init__(self) -> None:
+        self.queued: collections.deque[PendingCall] = collections.deque()  # not yet handed out
+        self.waiters: collections.deque[concurrent.futures.Future] = collections.deque()  # next_call()s
+        self.handed: list[PendingCall] = []  # every call of the episode, refused on close if unanswered
+
+
+def episode_ended(episode: str) -> ModeError:
+    return ModeError(401, f"episode {episode!r} is not running (it ended, or never started)",
+                     code="episode_ended")
+
+
+class HandoffMode:
+    """Calls wait until someone outside the service answers them: an agent env
+    (``rock/Agent-v0``) whose ``step(completion)`` is the generator.
+
+    Calls are grouped by episode (``Caller.episode``, from the key). ``open(episode)``
+    accepts an episode's calls; ``await next_call(episode)`` hands them out in arrival
+    order as ``PendingCall``s, whose ``answer(text)`` releases the waiting caller;
+    ``close(episode)`` refuses the episode's waiting and later calls (401
+    ``episode_ended``, a typed OpenAI error the client does not retry). A call for an
+    episode that is not open is refused the same way, so nothing ever waits for an answer
+    that cannot come. Thread-safe, loop-agnostic (``concurrent.futures`` futures): the
+    server's loop, the env's loop and plain threads all use one instance."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._episodes: dict[str, _Episode] = {}
+
+    def open(self, episode: str) -> None:
+        with self._lock:
+            self._episodes.setdefault(episode, _Episode())
+
+    def close(self, episode: str) -> None:
+        """End ``episode``: its unanswered calls are refused, its ``next_call``s return None."""
+        with self._lock:
+            ep = self._episodes.pop(episode, None)
+        if ep is None:
+            return
+        for waiter in ep.waiters:
+            with contextlib.suppress(concurrent.futures.InvalidStateError):  # cancelled meanwhile
+                waiter.set_result(None)
+        for pending in [*ep.handed, *ep.queued]:
+            pending.refuse(episode_ended(episode))
+
+    def is_open(self, episode: str) -> bool:
+        with self._lock:
+            return episode in self._episodes
+
+    async def next_call(self, episode: str) -> PendingCall | None:
+        """The episode's next call (waiting for one if none is queued), or None once the
+        episode is closed. Cancelling the wait loses no call."""
+        with self._lock:
+            ep = self._episodes.get(episode)
+            if ep is None:
+                return None
+            while ep.queued:
+                pending = ep.queued.popleft()
+                if pending.waiting:  # else its caller went away meanwhile
+                    return pending
+            waiter: concurrent.futures.Future = concurrent.futures.Future()
+            ep.waiters.append(waiter)
+        try:
+            return await asyncio.wrap_future(waiter)
+        except asyncio.CancelledError:
+            with self._lock:
+                if waiter in ep.waiters:
+                    ep.waiters.remove(waiter)
+                elif waiter.done() and not waiter.cancelled() and waiter.result() is not None:
+                    ep.queued.appendleft(waiter.result())  # handed to us as we were cancelled: keep it
+            raise
+
+    async def generate(self, call: Call) -> Answer:
+        if call.sampling.n != 1:
+            raise ModeError(400, "n: an env-driven service answers one choice per call", code="invalid_value",
+                            param="n")
+        pending = PendingCall(call)
+        with self._lock:
+            ep = self._episodes.get(call.caller.episode)
+            if ep is None:
+                raise episode_ended(call.caller.episode)
+            ep.handed.append(pending)
+            while ep.waiters:
+                waiter = ep.waiters.popleft()
+                with contextlib.suppress(concurrent.futures.InvalidStateError):  # a cancelled waiter
+                    waiter.set_result(pending)
+                    break
+            else:
+                ep.queued.append(pending)
+        try:
+            return await asyncio.wrap_future(pending._future)
+        finally:
+            pending._future.cancel()  # the caller went away (or it is done: then a no-op)

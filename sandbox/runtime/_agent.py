@@ -603,6 +603,7 @@ class Session:
         self.agent.sessions.pop(self.name, None)
 
     def close(self) -> None:
+        self.kill_current()  # the running command leads a process group of its own
         try:
             os.killpg(self.pid, signal.SIGKILL)
         except ProcessLookupError:

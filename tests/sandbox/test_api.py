@@ -53,6 +53,21 @@ def test_timeout_kills_process_group_not_session(sb):
     assert r.stdout.split() == ["yes", "0"]
 
 
+async def test_closing_a_session_kills_the_command_running_in_it():
+    async with await AsyncSandbox.create(SandboxSpec()) as sb:
+        running = asyncio.ensure_future(sb.run("sleep 101; echo never", session="doomed", timeout=300))
+        for _ in range(200):  # until the command runs
+            if "sleep 101" in (await sb.run("ps -eo args")).stdout:
+                break
+            await asyncio.sleep(0.05)
+        await sb.close_session("doomed")
+        # the command leads its own process group: it dies with its session, not later
+        assert "sleep 101" not in (await sb.run("ps -eo args")).stdout
+        assert "doomed" not in await sb.sessions()
+        outcome = (await asyncio.gather(running, return_exceptions=True))[0]
+        assert not hasattr(outcome, "stdout") or "never" not in outcome.stdout
+
+
 def test_timeout_kills_a_pure_builtin_loop(sb):
     r = sb.run("while :; do :; done", timeout=0.5)
     assert r.timed_out

@@ -1,18 +1,15 @@
 """The model endpoint inside no-network sandboxes (issue #13 parts 1-2), driven by the real
 ``openai`` client.
 
-The client runs *inside* local sandboxes: its pure-Python distributions (and the two
-compiled ones, pydantic_core and jiter, built for this same CPython 3.11 ABI) are copied
-from this venv into one sandbox's ``/opt/pylib`` (``PYTHONPATH``), which is snapshotted
+The client runs *inside* local sandboxes: it is copied from this venv
+(``tests/_openai_client.py``) into one sandbox's ``/opt/pylib`` (``PYTHONPATH``), which is snapshotted
 once; every test sandbox starts from that snapshot, so each gets its own key and channel
 while the upload happens once per module. The sandbox's ``python3`` is the host's
 ``/usr/bin/python3`` (the host image's read-only ``/usr``).
 """
 
-import importlib.metadata
 import json
 import os
-import shutil
 import socket
 import threading
 import time
@@ -20,8 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import openai
 import pytest
-from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
+from _openai_client import ATTACK, copy_client
 
 from rockroll.sandbox import SandboxSpec, open_sandbox
 from rockroll.sandbox.modelservice import (ModelService, PolicyMode, ProxyMode, ReplayMode, Sample,
@@ -79,24 +75,6 @@ class BytePolicy:
 # --------------------------------------------------------------------------- fixtures
 
 
-def _client_distributions():
-    """The openai distribution and what it requires (markers evaluated for this Python)."""
-    seen = {}
-
-    def visit(name):
-        key = canonicalize_name(name)
-        if key in seen:
-            return
-        seen[key] = dist = importlib.metadata.distribution(name)
-        for r in dist.requires or []:
-            req = Requirement(r)
-            if not req.marker or req.marker.evaluate({"extra": ""}):
-                visit(req.name)
-
-    visit("openai")
-    return seen.values()
-
-
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
     records = tmp_path_factory.mktemp("records") / "calls.jsonl"
@@ -121,15 +99,7 @@ def spec(service):
 @pytest.fixture(scope="module")
 def client_snapshot(spec, tmp_path_factory):
     """A snapshot holding the openai client under /opt/pylib."""
-    lib = tmp_path_factory.mktemp("pylib")
-    for dist in _client_distributions():
-        for f in dist.files or []:
-            parts = f.parts
-            if parts[0] == "..":  # scripts in bin/: not needed
-                continue
-            dest = lib.joinpath(*parts)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(f.locate(), dest)
+    lib = copy_client(tmp_path_factory.mktemp("pylib"))
     with open_sandbox(spec) as sb:
         sb.upload(str(lib), PYLIB)
         r = sb.run("python3 -c 'import openai; print(openai.__version__)'")
@@ -253,32 +223,18 @@ def test_keys_are_per_sandbox_and_closed_sandboxes_are_refused(spec, client_snap
     assert service.caller(key_a) is None
 
 
-ATTACK = """
-import socket, sys
-def try_connect(port, host="127.0.0.1"):
-    s = socket.socket()
-    s.settimeout(3)
-    try:
-        s.connect((host, port))
-        return "CONNECTED"
-    except OSError as e:
-        return type(e).__name__
-    finally:
-        s.close()
-print(try_connect(%d), try_connect(%d), try_connect(8081))
-"""
-
-
 def test_network_stays_closed_for_everything_else(agent_sb, service):
     other = socket.socket()
     other.bind(("127.0.0.1", 0))
     other.listen(1)
     svc_port = int(service.url.rsplit(":", 1)[1])
     try:
-        r = run_py(agent_sb, ATTACK % (other.getsockname()[1], svc_port))
+        agent_sb.write_file("/tmp/attack.py", ATTACK)
+        r = agent_sb.run(f"python3 /tmp/attack.py 127.0.0.1:{other.getsockname()[1]} 127.0.0.1:{svc_port} "
+                         "127.0.0.1:8081")
         assert r.exit_code == 0, r.stderr
         # another host port, the model service's own host port, another sandbox port
-        assert r.stdout.split() == ["ConnectionRefusedError"] * 3, r.stdout
+        assert r.stdout.split() == ["ECONNREFUSED"] * 3, r.stdout
         r = agent_sb.run("cat /proc/net/dev")
         ifaces = [line.split(":")[0].strip() for line in r.stdout.splitlines()[2:]]
         assert ifaces == ["lo"]
