@@ -112,3 +112,23 @@ def test_load_weights_after_a_training_step(run):
     old_lp = [_policy_logp(policy.module.lm, p, o.token_ids) for p, o in zip(prompts, before)]
     moved = max(abs(a - b) for o, lp in zip(before, old_lp) for a, b in zip(o.logprobs, lp))
     assert moved > 1e-3, "the step did not change the policy enough for this test to mean anything"
+
+
+def test_allowed_token_ids_constrain_and_renormalise(run):
+    """Constrained decoding (``generation.allowed_tokens``): vLLM samples only the allowed
+    ids, and reports log-probs of the softmax over those ids alone, which is what the
+    trainer computes with ``allowed``."""
+    tok, lm = run["tokenizer"], run["policy"].module.lm
+    allowed = sorted(tok.convert_tokens_to_ids(["Up", "Down"]))
+    prompts = _prompts(run)
+    sampling = SamplingParams(temperature=T, max_new_tokens=3, seeds=[5, 6, 7], allowed_token_ids=allowed)
+    outs = run["generator"].generate(prompts, sampling)
+    for p, o in zip(prompts, outs):
+        assert len(o.token_ids) == 3 and set(o.token_ids) <= set(allowed)
+        with torch.no_grad():
+            logits = lm(input_ids=torch.tensor([p + o.token_ids])).logits[0, len(p) - 1: -1].float() / T
+        restricted = torch.log_softmax(logits[:, allowed], -1)
+        expected = [restricted[i, allowed.index(t)].item() for i, t in enumerate(o.token_ids)]
+        assert o.logprobs == pytest.approx(expected, abs=2e-4)
+        whole = torch.log_softmax(logits, -1)  # over the whole vocabulary: lower, not what was sampled
+        assert all(lp > whole[i, t].item() + 1e-3 for i, (t, lp) in enumerate(zip(o.token_ids, o.logprobs)))
