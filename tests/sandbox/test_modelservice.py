@@ -28,6 +28,8 @@ from rockroll.sandbox.modelservice import (ModelService, PolicyMode, ProxyMode, 
                                            parse_hermes)
 from rockroll.sandbox.runtime.model_channel import TOKEN_ENV
 
+from _model import ENVIRONS
+
 PYLIB = "/opt/pylib"
 VERSION = 7
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "weather of a city",
@@ -284,6 +286,15 @@ def test_network_stays_closed_for_everything_else(agent_sb, service):
         assert ifaces == ["lo"]
     finally:
         other.close()
+
+
+def test_admin_token_and_host_environment_stay_out(agent_sb, service):
+    """Sessions get their key; no process the sandbox can see (its pid 1 included) carries
+    the admin token or anything of the host's environment (``PYTEST_CURRENT_TEST`` is in
+    every process this test run starts, spare agents included)."""
+    environ = agent_sb.run(ENVIRONS).stdout
+    assert "OPENAI_API_KEY=rr-" in environ  # the probe reads what it should
+    assert service.token not in environ and TOKEN_ENV not in environ and "PYTEST_CURRENT_TEST" not in environ
 
 
 CONCURRENT = """
