@@ -24,20 +24,19 @@ the host) and pipes the bytes both ways. Why this way:
 
 Keys. Attribution is by key: when the sandbox starts, the host asks the model service for
 a fresh key for this sandbox id (``POST /rockroll/keys`` with the service's admin token)
-and revokes it on close, so calls with a closed sandbox's key are refused. A key is 32 random bytes that exist only in that sandbox's environment (other
-sandboxes have separate pid and mount namespaces and cannot read it); each sandbox
-connection is its own upstream connection, so no sandbox can read or answer another's
-calls. The agent re-exports the sandbox's own key over restored session state, so a
+and revokes it on close, so calls with a closed sandbox's key are refused. A key is 32
+random bytes that exist only in that sandbox's environment (other sandboxes have separate
+pid and mount namespaces and cannot read it); each sandbox connection is its own upstream
+connection, so no sandbox can read or answer another's calls. The agent re-exports the sandbox's own key over restored session state, so a
 sandbox forked from another's snapshot does not inherit its key.
 
 The admin token. Where ``open_sandbox`` runs (the driver), it is ``$ROCKROLL_MODEL_TOKEN``
 (``current_token()``). A sandbox remembers the token it was opened with (for its revoke and
 its forks). A host that opens sandboxes for a driver elsewhere (the ray host actor,
-``rockroll serve``) gets the driver's token with the create call, never in the spec (specs
-are listed by the service and stored), and opens the sandbox inside ``admin_token(token)``.
-The token never enters a sandbox: sessions get only their key, and agents start with an
-empty environment (``deployment/process.py``), so ``/proc/*/environ`` inside holds nothing
-of the host's.
+``rockroll serve``) gets the driver's token with the create call, never in the spec (the
+service lists specs), and opens the sandbox inside ``admin_token(token)``. The token never
+enters a sandbox: sessions get only their key, and agents start with an empty environment
+(``deployment/process.py``), so ``/proc/*/environ`` inside holds nothing of the host's.
 """
 
 from __future__ import annotations
