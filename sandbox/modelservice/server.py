@@ -27,6 +27,17 @@ from .tools import PARSERS
 MAX_BODY = 32 << 20  # bytes of one request body (long agent histories fit; a flood does not)
 
 
+def _head(call: Call) -> tuple[str, str, int, str]:
+    """What every body or chunk of one answer names: kind, a fresh id, time, model."""
+    rid = ("chatcmpl-" if call.kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+    return call.kind, rid, int(time.time()), call.model
+
+
+def _include_usage(call: Call) -> bool:
+    options = call.request.get("stream_options") or {}
+    return bool(isinstance(options, dict) and options.get("include_usage"))
+
+
 class ModelService:
     """``ModelService(mode)``: serve ``mode`` to sandboxes. ``start()`` runs it on a
     loopback port (a uvicorn thread) and returns its URL, the ``model_endpoint`` of a
@@ -131,8 +142,7 @@ class ModelService:
     async def _pieces(self, call: Call, first: Answer, pieces, start: float, mode: str):
         """SSE events of a piece-by-piece answer; recorded whole at its end. A failure
         after the first piece can only be reported in the stream: an OpenAI error event."""
-        head = (call.kind, ("chatcmpl-" if call.kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24],
-                int(time.time()), call.model)
+        head = _head(call)
         got, error = [first], "the caller went away mid-stream"
         try:
             for event in piece_events(*head, first.choices[0], call.sampling.logprobs, first=True):
@@ -152,17 +162,13 @@ class ModelService:
         if error is not None:
             yield f"data: {json.dumps(error_body(error, 'server_error', code='mode_failed'))}\n\n"
             return
-        options = call.request.get("stream_options") or {}
-        for event in end_events(*head, answer, finished[0][2],
-                                bool(isinstance(options, dict) and options.get("include_usage"))):
+        for event in end_events(*head, answer, finished[0][2], _include_usage(call)):
             yield event
 
     def _body(self, call: Call, answer: Answer, finished: list):
-        rid = ("chatcmpl-" if call.kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
-        args = (call.kind, rid, int(time.time()), call.model, answer, finished, call.sampling.logprobs)
+        args = (*_head(call), answer, finished, call.sampling.logprobs)
         if call.request.get("stream"):
-            options = call.request.get("stream_options") or {}
-            return sse_events(*args, bool(isinstance(options, dict) and options.get("include_usage")))
+            return sse_events(*args, _include_usage(call))
         return response_body(*args)
 
     # ----------------------------------------------------------------- app
