@@ -12,8 +12,8 @@ the same stdlib client script (``AGENT``):
 - **file bridge**: ROCK's ModelService design, minimal and faithful: the agent writes each
   request to a file inside the sandbox and polls for the response file; the host polls the
   sandbox through the sandbox API (``run("ls")``), reads the request, calls the service,
-  and writes the response file. Both ends poll every ``--poll-ms`` (ROCK polls the request
-  log every 1 s inside and checks every 3 s from the host: far slower than this).
+  and writes the response file. Both ends poll every ``--poll-ms`` (ROCK sleeps 1 s between
+  reads of its request log and checks from the host every 3 s: far slower than this).
 
 Rows: sequential calls over one keep-alive connection and over a fresh connection per
 call (median, p95); and calls/s with ``--agents`` agents at once (one sandbox each; the
