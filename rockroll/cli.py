@@ -497,7 +497,7 @@ def bench_list():
     d = _bench_dir()
     for path in sorted(d.glob("[!_]*.py")):
         doc = ast.get_docstring(ast.parse(path.read_text())) or ""
-        click.echo(f"{path.stem:<10} {doc.splitlines()[0] if doc else ''}")
+        click.echo(f"{path.stem:<12} {doc.splitlines()[0] if doc else ''}")
 
 
 @bench.command("run", context_settings={"ignore_unknown_options": True})

@@ -18,6 +18,7 @@ from typing import Any
 
 from .base import AsyncSandbox
 from .deployment.reaper import install_exit_handlers
+from .runtime.model_channel import admin_token, current_token
 from .errors import SandboxError, SpecError
 from .factory import pool_class
 from .spec import SandboxSpec
@@ -87,6 +88,9 @@ class AsyncSandboxPool(AsyncPool):
             raise SpecError("size", "must be a non-negative integer")
         self.spec, self.size, self.health_interval_s = spec or SandboxSpec(), size, health_interval_s
         self.snapshot = snapshot
+        # the model service's admin token as of now (model_channel.py): sandboxes the pool
+        # creates later, from its own tasks or another caller's acquire, use the same one
+        self._model_token = current_token() if self.spec.model_endpoint else None
         self._idle: collections.deque[AsyncSandbox] = collections.deque()
         self._busy: set[AsyncSandbox] = set()
         self._creating = 0
@@ -164,8 +168,9 @@ class AsyncSandboxPool(AsyncPool):
         finally:
             self._creating -= 1
 
-    def _create(self) -> Any:
-        return AsyncSandbox.create(self.spec, snapshot=self.snapshot)
+    async def _create(self) -> AsyncSandbox:
+        with admin_token(self._model_token):
+            return await AsyncSandbox.create(self.spec, snapshot=self.snapshot)
 
     def _owned(self) -> int:
         """Sandboxes the pool holds: idle, being created or reset, and handed out."""

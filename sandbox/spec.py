@@ -49,6 +49,8 @@ class SandboxSpec:
         _positive("cpus", self.cpus, minimum=0.01)
         _positive("memory_mb", self.memory_mb, minimum=16, integer=True)
         _positive("pids", self.pids, minimum=8, integer=True)
+        if self.pids is not None and self.pids > PID_MAX_LIMIT:  # the kernel refuses more in pids.max
+            raise SpecError("pids", f"must be <= {PID_MAX_LIMIT} (None: unlimited), not {self.pids!r}")
         _positive("disk_mb", self.disk_mb, minimum=1, integer=True)
         _positive("timeout_s", self.timeout_s, minimum=0.001)
         _positive("ttl_s", self.ttl_s, minimum=0.001)
@@ -85,6 +87,9 @@ def _is_http_url(url) -> bool:
             and parts.path in ("", "/") and not parts.username and not parts.password
     except ValueError:  # a port out of range
         return False
+
+
+PID_MAX_LIMIT = 1 << 22  # the most pids a Linux system can have (64-bit), so the most a cgroup can cap
 
 
 def _positive(name: str, value, *, minimum: float, integer: bool = False) -> None:

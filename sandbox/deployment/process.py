@@ -71,7 +71,11 @@ class _SpareAgents:
 
 
 def _popen_agent() -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-S", "-E", AGENT_PATH], stdin=subprocess.PIPE,
+    # An empty environment: the agent's children inside the sandbox (its pid 1, in docker
+    # the process that entered the container) keep the environment they were started with,
+    # and the sandbox's root reads it in /proc/*/environ. The host's holds secrets (the
+    # service's token, $ROCKROLL_MODEL_TOKEN, cloud credentials); sessions get their own.
+    return subprocess.Popen([sys.executable, "-S", "-E", AGENT_PATH], stdin=subprocess.PIPE, env={},
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True)
 
 

@@ -38,6 +38,7 @@ from ..base import AsyncSandbox, once
 from ..errors import IsolationUnavailable, SandboxError, SandboxLost
 from ..home import state_home
 from ..pool import AsyncSandboxPool
+from ..runtime.model_channel import admin_token, current_token
 from ..spec import SandboxSpec
 from ..storage.snapshots import SnapshotStore
 from .reaper import current_run
@@ -176,9 +177,12 @@ class SandboxHost:
                 "pools": {pid: {"idle": p.idle, "replaced": p.replaced} for pid, p in self.pools.items()}}
 
     # -- lifecycle
-    async def create(self, spec: dict, digest: str | None):
+    async def create(self, spec: dict, digest: str | None, model_token: str | None = None):
+        """``model_token``: the driver's admin token of ``spec.model_endpoint`` (a call
+        argument, never part of the spec, never in this actor's environment)."""
         async def make():
-            sb = await AsyncSandbox.create(SandboxSpec.from_dict(spec), snapshot=digest)
+            with admin_token(model_token):
+                sb = await AsyncSandbox.create(SandboxSpec.from_dict(spec), snapshot=digest)
             return self._adopt(sb)
         return await self._guard(make)
 
@@ -240,12 +244,15 @@ class SandboxHost:
         return await self._guard(fork)
 
     # -- warm pools
-    async def pool_resize(self, pool_id: str, spec: dict, size: int, health_interval_s: float, wait: bool):
-        """Open the pool (or change its share) and, with ``wait``, fill it."""
+    async def pool_resize(self, pool_id: str, spec: dict, size: int, health_interval_s: float, wait: bool,
+                          model_token: str | None = None):
+        """Open the pool (or change its share) and, with ``wait``, fill it. The pool keeps
+        ``model_token`` (as ``create``) for every sandbox it makes."""
         async def resize():
             pool = self.pools.get(pool_id)
             if pool is None:
-                pool = AsyncSandboxPool(SandboxSpec.from_dict(spec), size, health_interval_s=health_interval_s)
+                with admin_token(model_token):
+                    pool = AsyncSandboxPool(SandboxSpec.from_dict(spec), size, health_interval_s=health_interval_s)
                 self.pools[pool_id] = pool
                 await pool.start(wait=wait)
                 return
@@ -431,6 +438,13 @@ def cluster() -> RayCluster:
 def local_spec(spec: SandboxSpec) -> dict:
     """What the host runs: the same sandbox on the node's local backend."""
     return dataclasses.replace(spec, backend="local").to_dict()
+
+
+def model_token(spec: SandboxSpec) -> str | None:
+    """The driver's admin token for ``spec.model_endpoint``, sent along with a create: the
+    host actor is shared by every driver of the cluster and started long before, so its
+    own environment cannot hold each driver's token."""
+    return current_token() if spec.model_endpoint else None
 
 
 async def ship(host: HostRef, ref: Any, *, sandbox_id: str | None = None) -> str:

@@ -16,7 +16,7 @@ from ..errors import SandboxError, SandboxLost, SpecError
 from ..pool import AsyncPool
 from ..runtime.ray import RaySandbox
 from ..spec import SandboxSpec
-from .ray import STATS_TIMEOUT_S, HostRef, cluster, local_spec
+from .ray import STATS_TIMEOUT_S, HostRef, cluster, local_spec, model_token
 
 
 def _split(size: int, weights: list[float]) -> list[int]:
@@ -42,6 +42,7 @@ class AsyncRaySandboxPool(AsyncPool):
             raise SpecError("snapshot", "a Ray pool starts sandboxes from the image; restore() after acquire()")
         self.spec, self.size, self.health_interval_s = spec or SandboxSpec(backend="ray"), size, health_interval_s
         self.pool_id = "pool-" + uuid.uuid4().hex[:10]
+        self._model_token = model_token(self.spec)  # as of now, like a local pool
         self._busy: set[RaySandbox] = set()
         self._shares: dict[str, int] = {}  # node id -> warm sandboxes it was asked to keep
         self._stats: dict[str, dict] = {}  # node id -> last pool stats from its host
@@ -81,7 +82,7 @@ class AsyncRaySandboxPool(AsyncPool):
             shares = dict(zip((h.node_id for h in hosts), _split(self.size, [h.cpus for h in hosts])))
             results = await asyncio.gather(*(
                 h.invoke("pool_resize", self.pool_id, local_spec(self.spec), shares[h.node_id],
-                         self.health_interval_s, wait) for h in hosts), return_exceptions=True)
+                         self.health_interval_s, wait, self._model_token) for h in hosts), return_exceptions=True)
             if not any(isinstance(r, SandboxLost) for r in results):
                 self._shares = shares
                 await self._poll(hosts)

@@ -24,7 +24,7 @@ import json
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Protocol
+from typing import Any, AsyncIterator, Iterable, Protocol
 
 
 class ModeError(Exception):
@@ -91,10 +91,35 @@ class Answer:
 
 class Generator(Protocol):
     """Answers calls. One instance serves every sandbox; it must be safe to await
-    concurrently."""
+    concurrently.
+
+    A generator may also have ``stream(call) -> AsyncIterator[Answer]``: the answer of a
+    one-choice call as it is generated, each yielded ``Answer`` holding one ``Choice`` with
+    the new text (and its ids, log-probs, tokens), ``finish_reason`` set on the last;
+    ``join_pieces`` makes the whole answer of them. The server streams those pieces to a
+    caller that asked for ``stream`` (without tools: a tool call is parsed from the whole
+    text); a generator without it is streamed whole."""
 
     async def generate(self, call: Call) -> Answer:
         """The answer to ``call`` (``call.sampling.n`` choices), or ``ModeError``."""
+
+
+def _joined(pieces: list[Choice], attr: str) -> list | None:
+    """The pieces' lists of ``attr`` end to end; None if a piece has none."""
+    values = [getattr(c, attr) for c in pieces]
+    return None if any(v is None for v in values) else [x for v in values for x in v]
+
+
+def join_pieces(pieces: list[Answer]) -> Answer:
+    """The whole answer of a ``stream``'s pieces (the last piece's finish reason, prompt ids
+    and version)."""
+    choices = [p.choices[0] for p in pieces if p.choices]
+    last = pieces[-1] if pieces else Answer([])
+    choice = Choice(text="".join(c.text for c in choices),
+                    finish_reason=choices[-1].finish_reason if choices else "stop",
+                    completion_ids=_joined(choices, "completion_ids"),
+                    logprobs=_joined(choices, "logprobs"), tokens=_joined(choices, "tokens"))
+    return Answer([choice], prompt_ids=last.prompt_ids, version=last.version, response=last.response)
 
 
 # --------------------------------------------------------------------------- policy
@@ -119,7 +144,11 @@ class Policy(Protocol):
         template (chat), or ``call.prompt`` encoded (completion)."""
 
     async def sample(self, prompt_ids: list[int], sampling: Sampling) -> list[Sample]:
-        """``sampling.n`` samples, honouring ``max_tokens``, ``stop`` and ``temperature``."""
+        """``sampling.n`` samples, honouring ``max_tokens``, ``stop`` and ``temperature``.
+
+        Optional, for real streaming: ``sample_stream(prompt_ids, sampling) ->
+        AsyncIterator[Sample]``, one sample in pieces (each the new tokens and their
+        log-probs; ``finish_reason`` set on the last)."""
 
     def decode(self, ids: list[int]) -> str:
         """Token ids back to text."""
@@ -138,6 +167,20 @@ class PolicyMode:
                           completion_ids=list(s.completion_ids), logprobs=list(s.logprobs),
                           tokens=[self.policy.decode([t]) for t in s.completion_ids]) for s in samples]
         return Answer(choices=choices, prompt_ids=list(ids), version=samples[0].version if samples else None)
+
+    async def stream(self, call: Call) -> AsyncIterator[Answer]:
+        """The answer in pieces as the policy's ``sample_stream`` makes them (one piece,
+        the whole answer, for a policy without it)."""
+        sample_stream = getattr(self.policy, "sample_stream", None)
+        if sample_stream is None:
+            yield await self.generate(call)
+            return
+        ids = self.policy.prompt_ids(call)
+        async for s in sample_stream(ids, call.sampling):
+            piece = Choice(text=self.policy.decode(s.completion_ids), finish_reason=s.finish_reason,
+                           completion_ids=list(s.completion_ids), logprobs=list(s.logprobs),
+                           tokens=[self.policy.decode([t]) for t in s.completion_ids])
+            yield Answer([piece], prompt_ids=list(ids), version=s.version)
 
 
 # --------------------------------------------------------------------------- proxy

@@ -152,15 +152,48 @@ def response_body(kind: str, rid: str, created: int, model: str, answer: Answer,
             "created": created, "model": model, "choices": choices, "usage": usage(answer)}
 
 
+def sse_event(kind: str, rid: str, created: int, model: str, choices: list, **extra) -> str:
+    """One SSE ``data:`` event of a streamed answer."""
+    obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+    body = {"id": rid, "object": obj, "created": created, "model": model, "choices": choices, **extra}
+    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+
+def piece_events(kind: str, rid: str, created: int, model: str, piece: Choice, want_logprobs: bool,
+                 *, first: bool) -> Iterator[str]:
+    """The events of one piece of a choice streamed as it is generated (``Generator.stream``):
+    the role first, then the piece's text; the finish comes from ``end_events``."""
+    def event(choices: list) -> str:
+        return sse_event(kind, rid, created, model, choices)
+
+    if kind == "chat":
+        if first:
+            yield event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                          "finish_reason": None}])
+        if piece.text or piece.completion_ids:
+            yield event([{"index": 0, "delta": {"content": piece.text}, "finish_reason": None,
+                          "logprobs": _chat_logprobs(piece) if want_logprobs else None}])
+    elif piece.text or piece.completion_ids:
+        yield event([{"index": 0, "text": piece.text, "finish_reason": None,
+                      "logprobs": _completion_logprobs(piece) if want_logprobs else None}])
+
+
+def end_events(kind: str, rid: str, created: int, model: str, answer: Answer, reason: str,
+               include_usage: bool) -> Iterator[str]:
+    """The finish chunk of a piece-by-piece stream, its usage if asked, and ``[DONE]``."""
+    delta = {"delta": {}} if kind == "chat" else {"text": ""}
+    yield sse_event(kind, rid, created, model, [{"index": 0, **delta, "logprobs": None, "finish_reason": reason}])
+    if include_usage:
+        yield sse_event(kind, rid, created, model, [], usage=usage(answer))
+    yield "data: [DONE]\n\n"
+
+
 def sse_events(kind: str, rid: str, created: int, model: str, answer: Answer, finished: list,
                want_logprobs: bool, include_usage: bool) -> Iterator[str]:
     """The streamed answer as SSE ``data:`` events, ending with ``data: [DONE]``.
     Each choice comes as a role chunk, a content chunk, its tool calls and a finish chunk."""
-    obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
-
     def event(choices: list, **extra) -> str:
-        body = {"id": rid, "object": obj, "created": created, "model": model, "choices": choices, **extra}
-        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+        return sse_event(kind, rid, created, model, choices, **extra)
 
     for i, (choice, (content, calls, reason)) in enumerate(zip(answer.choices, finished)):
         if kind == "chat":

@@ -19,12 +19,23 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from .modes import Answer, Call, Caller, Generator, ModeError
-from .protocol import error_body, finish, parse_request, response_body, sse_events
+from .modes import Answer, Call, Caller, Choice, Generator, ModeError, join_pieces
+from .protocol import end_events, error_body, finish, parse_request, piece_events, response_body, sse_events
 from .records import Recorder, record_of
 from .tools import PARSERS
 
 MAX_BODY = 32 << 20  # bytes of one request body (long agent histories fit; a flood does not)
+
+
+def _head(call: Call) -> tuple[str, str, int, str]:
+    """What every body or chunk of one answer names: kind, a fresh id, time, model."""
+    rid = ("chatcmpl-" if call.kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+    return call.kind, rid, int(time.time()), call.model
+
+
+def _include_usage(call: Call) -> bool:
+    options = call.request.get("stream_options") or {}
+    return bool(isinstance(options, dict) and options.get("include_usage"))
 
 
 class ModelService:
@@ -95,26 +106,69 @@ class ModelService:
         call = Call(caller=caller, index=index, **fields)
         start = time.monotonic()
         mode = type(self.mode).__name__
+        stream = getattr(self.mode, "stream", None)
+        if (stream is not None and call.request.get("stream") and call.sampling.n == 1
+                and not (call.tools and call.tool_choice != "none")):
+            return await self._stream(call, stream(call), start, mode)
         try:
             answer = await self.mode.generate(call)
-        except ModeError as e:
-            self.recorder.write(record_of(call, None, [], time.monotonic() - start, mode, e.message))
-            return e.status, error_body(e.message, "invalid_request_error" if e.status < 500 else "server_error",
-                                        code=e.code, param=e.param)
         except Exception as e:  # noqa: BLE001 - a broken mode is a 500 to one caller, not a dead server
-            message = f"{type(e).__name__}: {e}"
-            self.recorder.write(record_of(call, None, [], time.monotonic() - start, mode, message))
-            return 500, error_body(message, "server_error", code="mode_failed")
+            return self._refused(call, e, start, mode)
         finished = [finish(c, call.tools, call.tool_choice, self.parser) for c in answer.choices]
         self.recorder.write(record_of(call, answer, finished, time.monotonic() - start, mode))
         return 200, self._body(call, answer, finished)
 
+    def _refused(self, call: Call, e: Exception, start: float, mode: str) -> tuple[int, dict]:
+        """A call the mode failed: recorded, and the caller's error (a ``ModeError``'s own
+        status, anything else a 500 ``mode_failed``)."""
+        message = e.message if isinstance(e, ModeError) else f"{type(e).__name__}: {e}"
+        self.recorder.write(record_of(call, None, [], time.monotonic() - start, mode, message))
+        if isinstance(e, ModeError):
+            return e.status, error_body(e.message, "invalid_request_error" if e.status < 500 else "server_error",
+                                        code=e.code, param=e.param)
+        return 500, error_body(message, "server_error", code="mode_failed")
+
+    async def _stream(self, call: Call, pieces, start: float, mode: str) -> tuple[int, Any]:
+        """Stream the mode's pieces as they come. The first is awaited here, so a call the
+        mode refuses gets its error status rather than a stream that breaks."""
+        try:
+            first = await anext(pieces)
+        except StopAsyncIteration:
+            first = Answer([Choice(text="")])
+        except Exception as e:  # noqa: BLE001
+            return self._refused(call, e, start, mode)
+        return 200, self._pieces(call, first, pieces, start, mode)
+
+    async def _pieces(self, call: Call, first: Answer, pieces, start: float, mode: str):
+        """SSE events of a piece-by-piece answer; recorded whole at its end. A failure
+        after the first piece can only be reported in the stream: an OpenAI error event."""
+        head = _head(call)
+        got, error = [first], "the caller went away mid-stream"
+        try:
+            for event in piece_events(*head, first.choices[0], call.sampling.logprobs, first=True):
+                yield event
+            async for piece in pieces:
+                got.append(piece)
+                for event in piece_events(*head, piece.choices[0], call.sampling.logprobs, first=False):
+                    yield event
+            error = None
+        except Exception as e:  # noqa: BLE001 - a broken mode ends one stream, not the server
+            error = e.message if isinstance(e, ModeError) else f"{type(e).__name__}: {e}"
+        finally:  # recorded before the caller hears the end; also when the caller went away
+            await pieces.aclose()  # a caller gone: stop generating
+            answer = join_pieces(got)
+            finished = [finish(c, None, None, self.parser) for c in answer.choices]
+            self.recorder.write(record_of(call, answer, finished, time.monotonic() - start, mode, error))
+        if error is not None:
+            yield f"data: {json.dumps(error_body(error, 'server_error', code='mode_failed'))}\n\n"
+            return
+        for event in end_events(*head, answer, finished[0][2], _include_usage(call)):
+            yield event
+
     def _body(self, call: Call, answer: Answer, finished: list):
-        rid = ("chatcmpl-" if call.kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
-        args = (call.kind, rid, int(time.time()), call.model, answer, finished, call.sampling.logprobs)
+        args = (*_head(call), answer, finished, call.sampling.logprobs)
         if call.request.get("stream"):
-            options = call.request.get("stream_options") or {}
-            return sse_events(*args, bool(isinstance(options, dict) and options.get("include_usage")))
+            return sse_events(*args, _include_usage(call))
         return response_body(*args)
 
     # ----------------------------------------------------------------- app

@@ -643,6 +643,10 @@ class ModelChannel:
             conn.close()
             return
         conn.setblocking(False)
+        # The service's answer arrives in pieces (headers, then body) and is written as it
+        # comes: with Nagle's algorithm on, the body would wait for the client's delayed ACK
+        # of the headers (40 ms per call on a keep-alive connection). Servers set this too.
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.counter += 1
         cid = self.counter
         self.conns[cid] = conn

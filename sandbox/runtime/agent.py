@@ -26,7 +26,7 @@ from ..spec import CommandResult, SandboxSpec, Snapshot
 from ..storage.layers import pack_layer, read_meta
 from ..storage.snapshots import SnapshotStore, copy_tree
 from ._agent import FrameReader, encode_frame
-from .model_channel import SANDBOX_PORT, ModelRelay, issue_key, revoke_key, sandbox_env
+from .model_channel import SANDBOX_PORT, ModelRelay, admin_token, current_token, issue_key, revoke_key, sandbox_env
 
 # Tasks closing sandboxes whose create() was cancelled mid-build (held here: the loop keeps
 # only weak references to tasks).
@@ -206,6 +206,8 @@ class AgentSandbox(AsyncSandbox):
         self._oom_seen = 0
         self._lock = asyncio.Lock()  # serializes restarts against each other
         self.model_key: str | None = None  # this sandbox's key at spec.model_endpoint
+        # the admin token that issued it: revokes it, and issues its forks' keys
+        self._model_token = current_token() if spec.model_endpoint else None
         self.created = time.time()
         self.store = SnapshotStore(current_run().home)
 
@@ -233,7 +235,8 @@ class AgentSandbox(AsyncSandbox):
             # Building a deployment touches the filesystem and cgroups: keep it off the loop.
             self._deploy = await asyncio.to_thread(self._deployment, self.spec, self.id, current_run())
             if self.spec.model_endpoint:
-                self.model_key = await asyncio.to_thread(issue_key, self.spec.model_endpoint, self.id)
+                self.model_key = await asyncio.to_thread(issue_key, self.spec.model_endpoint, self.id,
+                                                        self._model_token)
             sessions: dict[str, str] = {}
             if snapshot is not None:
                 snap = await asyncio.to_thread(self.store.load, snapshot)
@@ -284,7 +287,7 @@ class AgentSandbox(AsyncSandbox):
             await asyncio.to_thread(self._deploy.close)
         if self.model_key:  # after the agent is gone: nothing can call with it any more
             key, self.model_key = self.model_key, None
-            await asyncio.to_thread(revoke_key, self.spec.model_endpoint, key, self.id)
+            await asyncio.to_thread(revoke_key, self.spec.model_endpoint, key, self.id, self._model_token)
 
     async def _request(self, header: dict, payload: bytes = b"", *, stream: asyncio.Queue | None = None
                        ) -> tuple[dict, bytes]:
@@ -476,8 +479,9 @@ class AgentSandbox(AsyncSandbox):
         if not isinstance(n, int) or n < 1:
             raise SpecError("n", "must be a positive integer")
         snap = await self.snapshot()
-        results = await asyncio.gather(*(type(self).open(self.spec, deployment=self._deployment, snapshot=snap)
-                                         for _ in range(n)), return_exceptions=True)
+        with admin_token(self._model_token):  # the children's keys come from the same service
+            results = await asyncio.gather(*(type(self).open(self.spec, deployment=self._deployment, snapshot=snap)
+                                             for _ in range(n)), return_exceptions=True)
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
             await asyncio.gather(*(r.close() for r in results if isinstance(r, AsyncSandbox)))

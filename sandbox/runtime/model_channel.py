@@ -23,30 +23,60 @@ the host) and pipes the bytes both ways. Why this way:
   client work unchanged.
 
 Keys. Attribution is by key: when the sandbox starts, the host asks the model service for
-a fresh key for this sandbox id (``POST /rockroll/keys`` with the service's admin token,
-``$ROCKROLL_MODEL_TOKEN``) and revokes it on close, so calls with a closed sandbox's key
-are refused. A key is 32 random bytes that exist only in that sandbox's environment (other
-sandboxes have separate pid and mount namespaces and cannot read it); each sandbox
-connection is its own upstream connection, so no sandbox can read or answer another's
-calls. The agent re-exports the sandbox's own key over restored session state, so a
+a fresh key for this sandbox id (``POST /rockroll/keys`` with the service's admin token)
+and revokes it on close, so calls with a closed sandbox's key are refused. A key is 32
+random bytes that exist only in that sandbox's environment (other sandboxes have separate
+pid and mount namespaces and cannot read it); each sandbox connection is its own upstream
+connection, so no sandbox can read or answer another's calls. The agent re-exports the sandbox's own key over restored session state, so a
 sandbox forked from another's snapshot does not inherit its key.
+
+The admin token. Where ``open_sandbox`` runs (the driver), it is ``$ROCKROLL_MODEL_TOKEN``
+(``current_token()``). A sandbox remembers the token it was opened with (for its revoke and
+its forks). A host that opens sandboxes for a driver elsewhere (the ray host actor,
+``rockroll serve``) gets the driver's token with the create call, never in the spec (the
+service lists specs), and opens the sandbox inside ``admin_token(token)``. The token never
+enters a sandbox: sessions get only their key, and agents start with an empty environment
+(``deployment/process.py``), so ``/proc/*/environ`` inside holds nothing of the host's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import os
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Callable
+from typing import Callable, Iterator
 
 from ..errors import SandboxStartError
 
 SANDBOX_PORT = 8080  # the model endpoint's port inside every sandbox
 TOKEN_ENV = "ROCKROLL_MODEL_TOKEN"
+TOKEN_HEADER = "X-Rockroll-Model-Token"  # how the remote SDK sends it to rockroll serve
+
+_TOKEN: contextvars.ContextVar[str | None] = contextvars.ContextVar("rockroll_model_token", default=None)
+
+
+@contextlib.contextmanager
+def admin_token(token: str | None) -> Iterator[None]:
+    """Sandboxes opened inside this block get their keys with ``token`` (a driver's, sent
+    with its create call) rather than this process's ``$ROCKROLL_MODEL_TOKEN``. ``None``
+    changes nothing. Context-local: concurrent creates for different drivers do not mix."""
+    reset = _TOKEN.set(token) if token else None
+    try:
+        yield
+    finally:
+        if reset is not None:
+            _TOKEN.reset(reset)
+
+
+def current_token() -> str | None:
+    """The admin token a sandbox opened here and now would use (``admin_token`` block, else
+    ``$ROCKROLL_MODEL_TOKEN``), or None."""
+    return _TOKEN.get() or os.environ.get(TOKEN_ENV) or None
 
 
 def host_port(url: str) -> tuple[str, int]:
@@ -60,11 +90,10 @@ def sandbox_env(key: str) -> dict[str, str]:
     return {"OPENAI_BASE_URL": f"http://127.0.0.1:{SANDBOX_PORT}/v1", "OPENAI_API_KEY": key}
 
 
-def _admin(url: str, method: str, path: str, body: dict | None, sandbox_id: str) -> dict:
-    token = os.environ.get(TOKEN_ENV)
+def _admin(url: str, method: str, path: str, body: dict | None, sandbox_id: str, token: str | None) -> dict:
     if not token:
-        raise SandboxStartError(f"spec.model_endpoint is set but ${TOKEN_ENV} (the model service's "
-                                "admin token) is not", sandbox_id=sandbox_id)
+        raise SandboxStartError(f"spec.model_endpoint is set but no admin token is: set ${TOKEN_ENV} "
+                                "(the model service's token) where open_sandbox runs", sandbox_id=sandbox_id)
     req = urllib.request.Request(url.rstrip("/") + path, method=method,
                                  data=None if body is None else json.dumps(body).encode(),
                                  headers={"Authorization": f"Bearer {token}",
@@ -76,15 +105,16 @@ def _admin(url: str, method: str, path: str, body: dict | None, sandbox_id: str)
         raise SandboxStartError(f"cannot reach the model service at {url}: {e}", sandbox_id=sandbox_id) from e
 
 
-def issue_key(url: str, sandbox_id: str) -> str:
-    """A fresh key for ``sandbox_id`` from the model service at ``url`` (blocking)."""
-    return _admin(url, "POST", "/rockroll/keys", {"sandbox_id": sandbox_id}, sandbox_id)["key"]
+def issue_key(url: str, sandbox_id: str, token: str | None) -> str:
+    """A fresh key for ``sandbox_id`` from the model service at ``url``, asked with the
+    admin ``token`` (blocking)."""
+    return _admin(url, "POST", "/rockroll/keys", {"sandbox_id": sandbox_id}, sandbox_id, token)["key"]
 
 
-def revoke_key(url: str, key: str, sandbox_id: str) -> None:
+def revoke_key(url: str, key: str, sandbox_id: str, token: str | None) -> None:
     """Refuse ``key`` from now on (blocking; a service already gone is fine)."""
     with contextlib.suppress(SandboxStartError):
-        _admin(url, "DELETE", "/rockroll/keys/" + urllib.parse.quote(key, safe=""), None, sandbox_id)
+        _admin(url, "DELETE", "/rockroll/keys/" + urllib.parse.quote(key, safe=""), None, sandbox_id, token)
 
 
 class ModelRelay:

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, AsyncIterable, AsyncIterator, Callable
 
 from ..base import AsyncSandbox, once
-from ..deployment.ray import HostRef, cluster, import_layers, local_spec, missing_layers, ship, unpack_error
+from ..deployment.ray import (HostRef, cluster, import_layers, local_spec, missing_layers, model_token, ship,
+                              unpack_error)
 from ..errors import SandboxError, SandboxLost, SpecError
 from ..home import state_home
 from ..spec import CommandResult, SandboxSpec, Snapshot
@@ -43,7 +44,7 @@ class RaySandbox(AsyncSandbox):
         host = await hosts.pick()
         with hosts.placing(host):
             digest = await ship(host, snapshot) if snapshot is not None else None
-            sid = await host.invoke("create", local_spec(spec), digest)
+            sid = await host.invoke("create", local_spec(spec), digest, model_token(spec))
         return cls(spec, sid, host)
 
     @property

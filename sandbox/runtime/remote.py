@@ -29,6 +29,7 @@ from ..errors import (AgentDied, SandboxClosed, SandboxError, SandboxLost, Sandb
                       SnapshotError, SpecError)
 from ..server.wire import API, AuthError, ResultOut, SandboxOut, SnapshotOut, error_from_body
 from ..spec import CommandResult, SandboxSpec, Snapshot
+from .model_channel import TOKEN_HEADER, current_token
 
 DEFAULT_URL = "http://127.0.0.1:8765"
 RETRIES = 4            # attempts after the first, for calls that may be repeated
@@ -106,8 +107,12 @@ class RemoteSandbox(AsyncSandbox):
         body = spec.to_dict()
         if snapshot is not None:
             body["snapshot"] = await _snapshot_digest(ep, snapshot)
+        # The model service's admin token rides in a header, never in the spec (which the
+        # service lists); the service issues and revokes this sandbox's key with it.
+        token = current_token() if spec.model_endpoint else None
         # POST is not repeated after the request went out: a retry could create a second sandbox.
-        resp = await _request(ep, "POST", f"{API}/sandboxes", json_body=body)
+        resp = await _request(ep, "POST", f"{API}/sandboxes", json_body=body,
+                              headers={TOKEN_HEADER: token} if token else None)
         return cls(spec, SandboxOut.model_validate(resp.json()).id, ep)
 
     create = open  # ``RemoteSandbox.create(spec, url=..., token=...)``: this service, not the factory's
@@ -255,11 +260,11 @@ class RemoteSandbox(AsyncSandbox):
 # --------------------------------------------------------------------------- HTTP
 async def _request(ep: Endpoint, method: str, path: str, *, json_body: Any = None, params: dict | None = None,
                    content=None, stream: bool = False, sandbox_id: str | None = None,
-                   on_error=None) -> httpx.Response:
+                   on_error=None, headers: dict[str, str] | None = None) -> httpx.Response:
     """One API call with retries; a non-2xx answer raises the typed error it carries.
     ``content`` is a zero-argument callable giving the body afresh for each attempt."""
     client = _client()
-    headers = {"Authorization": f"Bearer {ep.token}"} if ep.token else {}
+    headers = {**(headers or {}), **({"Authorization": f"Bearer {ep.token}"} if ep.token else {})}
     delay = BACKOFF_S
     for attempt in range(RETRIES + 1):
         last = attempt == RETRIES

@@ -7,10 +7,11 @@ import json
 import time
 from typing import AsyncIterator
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Header, Response
 from fastapi.responses import StreamingResponse
 
 from ..errors import SandboxError
+from ..runtime.model_channel import admin_token
 from .deps import Hub
 from .wire import ForkIn, OkOut, RestoreIn, ResultOut, RunIn, SandboxOut, SnapshotOut, SpecIn, error_body
 
@@ -19,8 +20,11 @@ router = APIRouter()
 
 # sandboxes ------------------------------------------------------------------
 @router.post("/sandboxes", response_model=SandboxOut, status_code=201)
-async def create_sandbox(body: SpecIn, hub: Hub) -> SandboxOut:
-    entry = await hub.create(body.to_spec(hub.backend), body.snapshot)
+async def create_sandbox(body: SpecIn, hub: Hub, x_rockroll_model_token: str | None = Header(
+        default=None, description="the admin token of the spec's model_endpoint (else the "
+                                  "service's own $ROCKROLL_MODEL_TOKEN); kept in memory only")) -> SandboxOut:
+    with admin_token(x_rockroll_model_token):
+        entry = await hub.create(body.to_spec(hub.backend), body.snapshot)
     return entry.describe(False)
 
 

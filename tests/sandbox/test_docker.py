@@ -325,4 +325,8 @@ def test_model_endpoint_in_a_container(image, monkeypatch):
             r = sb.run(f"exec 3<>/dev/tcp/127.0.0.1/{port} && echo CONNECTED")  # the service's host port
             assert "CONNECTED" not in r.stdout and r.exit_code != 0
             assert container_of(sb).attrs["HostConfig"]["NetworkMode"] == "none"
+            # the agent entered the container from the host: nothing of the host's environment came in
+            environ = sb.run("cat /proc/[0-9]*/environ; env").stdout
+            assert "OPENAI_API_KEY=" + key in environ
+            assert svc.token not in environ and "PYTEST_CURRENT_TEST" not in environ
         assert svc.caller(key) is None

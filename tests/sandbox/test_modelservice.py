@@ -8,6 +8,7 @@ while the upload happens once per module. The sandbox's ``python3`` is the host'
 ``/usr/bin/python3`` (the host image's read-only ``/usr``).
 """
 
+import asyncio
 import json
 import os
 import socket
@@ -23,6 +24,8 @@ from rockroll.sandbox import SandboxSpec, open_sandbox
 from rockroll.sandbox.modelservice import (ModelService, PolicyMode, ProxyMode, ReplayMode, Sample,
                                            parse_hermes)
 from rockroll.sandbox.runtime.model_channel import TOKEN_ENV
+
+from _model import ENVIRONS
 
 PYLIB = "/opt/pylib"
 VERSION = 7
@@ -242,6 +245,15 @@ def test_network_stays_closed_for_everything_else(agent_sb, service):
         other.close()
 
 
+def test_admin_token_and_host_environment_stay_out(agent_sb, service):
+    """Sessions get their key; no process the sandbox can see (its pid 1 included) carries
+    the admin token or anything of the host's environment (``PYTEST_CURRENT_TEST`` is in
+    every process this test run starts, spare agents included)."""
+    environ = agent_sb.run(ENVIRONS).stdout
+    assert "OPENAI_API_KEY=rr-" in environ  # the probe reads what it should
+    assert service.token not in environ and TOKEN_ENV not in environ and "PYTEST_CURRENT_TEST" not in environ
+
+
 CONCURRENT = """
 import concurrent.futures, json, openai
 client = openai.OpenAI()
@@ -325,6 +337,73 @@ def host_client(service):
     key = service.admit("host-harness", episode="ep-host")
     yield openai.OpenAI(base_url=service.url + "/v1", api_key=key, max_retries=0)
     service.revoke(key)
+
+
+class StreamingPolicy(BytePolicy):
+    """``BytePolicy`` answering one token at a time (``sample_stream``). After its first
+    piece it waits until the caller has received that piece (``seen``): an answer streamed
+    only once whole would keep it waiting until ``waited_out``. ``fail_after``: raise
+    after that many pieces."""
+
+    def __init__(self, fail_after: int | None = None):
+        self.seen, self.waited_out, self.fail_after = threading.Event(), False, fail_after
+
+    async def sample_stream(self, prompt_ids, sampling):
+        whole = (await self.sample(prompt_ids, sampling))[0]
+        n = len(whole.completion_ids)
+        for i, (token, logprob) in enumerate(zip(whole.completion_ids, whole.logprobs)):
+            if i == self.fail_after:
+                raise RuntimeError("the policy broke")
+            yield Sample([token], [logprob], whole.finish_reason if i == n - 1 else None, VERSION)
+            if i == 0:
+                self.waited_out = not await asyncio.to_thread(self.seen.wait, 60)
+
+
+def test_answers_stream_as_they_are_generated(tmp_path):
+    policy = StreamingPolicy()
+    with ModelService(PolicyMode(policy)) as svc:
+        client = openai.OpenAI(base_url=svc.url + "/v1", api_key=svc.admit("sb-stream"), max_retries=0)
+        pieces, last = [], None
+        for last in client.chat.completions.create(model="m", messages=[{"role": "user", "content": "abc"}],
+                                                   stream=True, logprobs=True,
+                                                   stream_options={"include_usage": True}):
+            if last.choices and last.choices[0].delta.content:
+                pieces.append((last.choices[0].delta.content, last.choices[0].logprobs.content[0].logprob))
+                policy.seen.set()  # the first token is here while the policy still generates
+        assert not policy.waited_out
+        assert pieces == [(ch, -0.01 * (i % 5)) for i, ch in enumerate("echo: abc")]  # one event per token
+        assert last.usage.completion_tokens == 9
+        rec = svc.recorder.records[-1]  # recorded whole, as a non-streamed call is
+        assert rec["completion_ids"] == list(b"echo: abc") and rec["choices"][0]["content"] == "echo: abc"
+        assert rec["prompt_ids"] and rec["version"] == VERSION and rec["finish_reason"] == "stop" and not rec["error"]
+
+        r = client.completions.create(model="m", prompt="<|user|>xy\n", stream=True)
+        assert [c.choices[0].text for c in r] == [*"echo: xy", ""]  # the last: the finish chunk
+
+        # tools: parsed from the whole text, so streamed whole (still a valid stream)
+        chunks = list(client.chat.completions.create(model="m", messages=[{"role": "user", "content": "weather?"}],
+                                                     tools=TOOLS, stream=True))
+        calls = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or []) if c.choices]
+        assert [tc.function.name for tc in calls] == ["get_weather"]
+
+
+def test_a_stream_that_breaks_ends_with_an_error_event():
+    with ModelService(PolicyMode(StreamingPolicy(fail_after=3))) as svc:
+        client = openai.OpenAI(base_url=svc.url + "/v1", api_key=svc.admit("sb-broken"), max_retries=0)
+        got = []
+        with pytest.raises(openai.APIError, match="the policy broke"):
+            for chunk in client.chat.completions.create(model="m", messages=[{"role": "user", "content": "abc"}],
+                                                        stream=True):
+                got.append(chunk.choices[0].delta.content or "")
+                svc.mode.policy.seen.set()
+        assert "".join(got) == "ech"
+        rec = svc.recorder.records[-1]
+        assert "the policy broke" in rec["error"] and rec["completion_ids"] == list(b"ech")
+    with ModelService(PolicyMode(StreamingPolicy(fail_after=0))) as svc:  # before any token: a plain 500
+        client = openai.OpenAI(base_url=svc.url + "/v1", api_key=svc.admit("sb-broken"), max_retries=0)
+        with pytest.raises(openai.InternalServerError) as e:
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "abc"}], stream=True)
+        assert e.value.body["code"] == "mode_failed"
 
 
 def test_completions_and_sampling_parameters(host_client, service):

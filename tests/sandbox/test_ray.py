@@ -6,6 +6,7 @@ for the machine's outward IP) in its own session, so the second node can be kill
 its own by process group. No mocks: real actors, real sandboxes, a real node loss.
 """
 
+import dataclasses
 import json
 import os
 import shutil
@@ -256,3 +257,26 @@ def _agents_of(run_id: str) -> list[int]:
         alive += [pids[k] for k in ("init_pid", "outer_pid")
                   if isinstance(pids.get(k), int) and proc_start_time(pids[k]) == pids.get(k.replace("pid", "start"))]
     return alive
+
+
+def test_model_endpoint_on_a_ray_node(cluster, monkeypatch):
+    """A sandbox on a Ray node answers in-sandbox model calls through a real model service.
+    The host actors started before the driver had a token (their environment has none):
+    the driver's token travels with each create, and with a pool's resize."""
+    from rockroll.sandbox.modelservice import ModelService
+    from rockroll.sandbox.runtime.model_channel import TOKEN_ENV
+
+    from _model import WhoAmI, assert_served, host_call
+
+    with ModelService(WhoAmI()) as svc:
+        monkeypatch.setenv(TOKEN_ENV, svc.token)
+        spec = dataclasses.replace(SPEC, model_endpoint=svc.url)
+        with open_sandbox(spec) as sb:
+            key = assert_served(sb, svc)
+        assert host_call(svc, key) == 401  # revoked when the host closed it
+        with SandboxPool(spec, size=1) as pool:
+            monkeypatch.delenv(TOKEN_ENV)  # the pool keeps the token it was opened with
+            pooled = pool.acquire()
+            key = assert_served(pooled, svc)
+            pooled.close()
+        assert host_call(svc, key) == 401

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +15,7 @@ from rockroll.sandbox import (AgentDied, AsyncSandbox, SandboxClosed, SandboxErr
 from rockroll.sandbox.runtime import remote
 from rockroll.sandbox.runtime.remote import AuthError, RemoteSandbox
 
+from _model import CALL, WhoAmI, assert_served, host_call
 from _server import Server
 
 SPEC = SandboxSpec(backend="remote", memory_mb=256, pids=128, timeout_s=30)
@@ -201,37 +204,44 @@ def remote_call(coro):
     return run_sync(coro)
 
 
-HTTP_CALL = r"""python3 - <<'PY'
-import json, os, urllib.request
-req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", method="POST",
-                             data=json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode(),
-                             headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
-                                      "Content-Type": "application/json"})
-print(json.loads(urllib.request.urlopen(req).read())["choices"][0]["message"]["content"])
-PY
-"""
-
-
-def test_model_endpoint_through_the_service(monkeypatch):
-    """``model_endpoint`` travels in the spec; the service's host relays the sandbox's calls
-    (it issues and revokes the key with ``$ROCKROLL_MODEL_TOKEN`` from its own environment)."""
-    from rockroll.sandbox.modelservice import ModelService, ReplayMode
+def test_model_endpoint_with_the_drivers_token(server, monkeypatch):
+    """``model_endpoint`` travels in the spec, the admin token in a header of the create call
+    (the service's own environment has none): the service's host relays the sandbox's
+    calls, issues and revokes its key, and its forks' keys, with the driver's token."""
+    from rockroll.sandbox.modelservice import ModelService
     from rockroll.sandbox.runtime.model_channel import TOKEN_ENV
 
-    recorded = {"kind": "chat", "messages": [{"role": "user", "content": "hi"}], "prompt": None, "tools": None,
-                "choices": [{"content": "relayed by the service", "finish_reason": "stop"}]}
-    with ModelService(ReplayMode([recorded])) as svc:
+    assert TOKEN_ENV.encode() not in Path(f"/proc/{server.proc.pid}/environ").read_bytes()
+    with ModelService(WhoAmI()) as svc:
+        monkeypatch.setenv(TOKEN_ENV, svc.token)
+        with open_sandbox(dataclasses.replace(SPEC, model_endpoint=svc.url)) as sb:
+            key = assert_served(sb, svc)
+            assert svc.token not in server.http.get(f"/v1/sandboxes/{sb.id}").text  # never in the spec
+            monkeypatch.delenv(TOKEN_ENV)  # the fork's key comes from the token the parent was opened with
+            kid = sb.fork(1)[0]
+            assert kid.run(CALL).stdout == f"{kid.id}#0\n"
+            kid_key = kid.run("printf %s $OPENAI_API_KEY").stdout
+            assert host_call(svc, kid_key) == 200
+            kid.close()
+            assert host_call(svc, kid_key) == 401
+            assert host_call(svc, key) == 200
+        assert host_call(svc, key) == 401  # closed through the service: revoked
+
+
+def test_model_endpoint_with_the_services_token(monkeypatch):
+    """A driver without the token: the service's own ``$ROCKROLL_MODEL_TOKEN`` serves."""
+    from rockroll.sandbox.modelservice import ModelService
+    from rockroll.sandbox.runtime.model_channel import TOKEN_ENV
+
+    with ModelService(WhoAmI()) as svc:
         monkeypatch.setenv(TOKEN_ENV, svc.token)
         srv, before = Server(), remote._configured  # a service started with the token in its environment
+        monkeypatch.delenv(TOKEN_ENV)
         remote.configure(srv.url, srv.token)
         try:
-            spec = SandboxSpec(backend="remote", memory_mb=256, pids=128, timeout_s=30, model_endpoint=svc.url)
-            with open_sandbox(spec) as sb:
-                r = sb.run(HTTP_CALL)
-                assert r.stdout == "relayed by the service\n", r
-                key = sb.run("printf %s $OPENAI_API_KEY").stdout
-                assert svc.caller(key).sandbox_id == sb.id
-            assert svc.caller(key) is None  # closed through the service: revoked
+            with open_sandbox(dataclasses.replace(SPEC, model_endpoint=svc.url)) as sb:
+                key = assert_served(sb, svc)
+            assert host_call(svc, key) == 401
         finally:
             remote._configured = before
             srv.stop()
