@@ -64,10 +64,17 @@ class ModelConfig:
 class TokenizerConfig:
     """``name_or_path`` loads a tokenizer folder/hub id; without it a word-level tokenizer is
     built over the environments' vocabulary and saved to ``build_dir``.
-    The prompt template wraps observations; the policy's replies end with ``stop``."""
+
+    How turns are framed (``rollout.PromptTemplate``): ``template: chat`` renders the
+    conversation with the tokenizer's own chat template (``apply_chat_template``), ``system``
+    as the system message (none when empty); a built word tokenizer's chat template is made
+    from ``user_prefix``, ``user_suffix``, ``assistant_prefix`` and ``stop``. ``template:
+    prefixes`` joins those strings by hand (``system`` then is raw text before the first
+    turn), for tokenizers without a chat template. The policy's replies end with ``stop``."""
 
     name_or_path: str | None = None
     build_dir: str | None = None
+    template: str = "chat"
     system: str = ""
     user_prefix: str = "<|user|>"
     user_suffix: str = "<|end|>"
@@ -75,6 +82,7 @@ class TokenizerConfig:
     stop: str = "<|end|>"
 
     def validate(self, p: str) -> None:
+        _check(self.template in ("chat", "prefixes"), f"{p}.template", "must be chat or prefixes")
         _check(bool(self.stop), f"{p}.stop", "must be a non-empty token")
 
 

@@ -8,6 +8,7 @@ environments print. Both are ordinary Hugging Face objects saved to folders, so 
 
 from __future__ import annotations
 
+import json
 import re
 import string
 from pathlib import Path
@@ -77,6 +78,21 @@ def save_word_tokenizer(words: Any, folder: str | Path) -> Any:
     return hf
 
 
+def word_chat_template(cfg: TokenizerConfig) -> str:
+    """The Jinja chat template of a built word tokenizer: ``cfg``'s strings around each turn
+    (a system message is written as is), so ``template: chat`` frames turns exactly as
+    ``template: prefixes`` does."""
+    lit = json.dumps  # a JSON string is a Jinja string literal
+    return ("{% for m in messages %}"
+            "{% if m['role'] == 'system' %}{{ m['content'] }}"
+            f"{{% elif m['role'] == 'user' %}}{{{{ {lit(cfg.user_prefix)} }}}}{{{{ m['content'] }}}}"
+            f"{{{{ {lit(cfg.user_suffix)} }}}}"
+            f"{{% elif m['role'] == 'assistant' %}}{{{{ {lit(cfg.assistant_prefix)} }}}}{{{{ m['content'] }}}}"
+            f"{{{{ {lit(cfg.stop)} }}}}"
+            "{% endif %}{% endfor %}"
+            f"{{% if add_generation_prompt %}}{{{{ {lit(cfg.assistant_prefix)} }}}}{{% endif %}}")
+
+
 def load_tokenizer(cfg: TokenizerConfig, envs: list[EnvConfig], default_dir: str | Path) -> Any:
     from transformers import AutoTokenizer
 
@@ -87,6 +103,7 @@ def load_tokenizer(cfg: TokenizerConfig, envs: list[EnvConfig], default_dir: str
         if not (folder / "tokenizer.json").is_file():
             build_word_tokenizer(envs, folder)
         tok = AutoTokenizer.from_pretrained(folder)
+        tok.chat_template = word_chat_template(cfg)  # from this config, not from when it was built
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok

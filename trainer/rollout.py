@@ -79,11 +79,23 @@ class Group:
 
 
 class PromptTemplate:
-    """Chat-ish framing of observations, as token ids.
+    """Framing of observations as token ids: the first turn's prompt, and what goes between
+    a reply and the next reply (the rest of the assistant turn, the observation's user turn,
+    the next assistant header). Token-in/token-out: the generated reply ids are kept as they
+    are and never re-rendered.
+
+    ``tokenizer.template: chat`` renders with the tokenizer's chat template. A later turn is
+    the template's rendering of ``base + [user obs]`` (generation prompt on) minus that of
+    ``base`` (a fixed user/assistant exchange), after what the template writes behind
+    ``stop`` at the end of an assistant turn (ChatML's newline): so the whole sequence is the
+    template's own rendering of the conversation, as a chat template in any serving stack
+    would give it. ``prefixes``:
 
     first turn:  system + user_prefix + obs + user_suffix + assistant_prefix
     later turns: [stop if the reply did not end with it] + user_prefix + obs + user_suffix + assistant_prefix
     """
+
+    _BASE = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
 
     def __init__(self, tokenizer: Any, cfg: TokenizerConfig):
         self.tok, self.cfg = tokenizer, cfg
@@ -91,17 +103,39 @@ class PromptTemplate:
         if stop is None or stop == tokenizer.unk_token_id:
             raise ValueError(f"tokenizer.stop: {cfg.stop!r} is not a token of the tokenizer")
         self.stop_id = int(stop)
+        if cfg.template == "chat":
+            if not getattr(tokenizer, "chat_template", None):
+                raise ValueError("tokenizer.template: chat, but the tokenizer has no chat template "
+                                 "(set tokenizer.template: prefixes and the prefix strings)")
+            self._system = [{"role": "system", "content": cfg.system}] if cfg.system else []
+            self._base = self._render(self._system + self._BASE, generation=False)
+            if self.stop_id not in self._base:
+                raise ValueError(f"tokenizer.stop: the chat template does not end an assistant turn with {cfg.stop!r}")
+            last = len(self._base) - 1 - self._base[::-1].index(self.stop_id)
+            self._after_stop = self._base[last + 1:]  # e.g. ChatML's "\n" after <|im_end|>
+
+    def _render(self, messages: list[dict], generation: bool) -> list[int]:
+        ids = self.tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=generation)
+        return list(ids if isinstance(ids, list) else ids["input_ids"])  # a BatchEncoding in newer transformers
 
     def _enc(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False)
 
     def first(self, obs: str) -> list[int]:
         c = self.cfg
+        if c.template == "chat":
+            return self._render(self._system + [{"role": "user", "content": obs}], generation=True)
         return self._enc(f"{c.system}{c.user_prefix}{obs}{c.user_suffix}{c.assistant_prefix}")
 
     def next(self, obs: str, reply_stopped: bool) -> list[int]:
         c = self.cfg
         head = [] if reply_stopped else [self.stop_id]
+        if c.template == "chat":
+            full = self._render(self._system + self._BASE + [{"role": "user", "content": obs}], generation=True)
+            if full[: len(self._base)] != self._base:
+                raise ValueError("tokenizer.template: chat, but the chat template does not render a new turn "
+                                 "as a suffix of the conversation so far (use tokenizer.template: prefixes)")
+            return head + self._after_stop + full[len(self._base):]
         return head + self._enc(f"{c.user_prefix}{obs}{c.user_suffix}{c.assistant_prefix}")
 
     def decode_reply(self, token_ids: list[int]) -> str:

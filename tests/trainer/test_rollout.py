@@ -432,3 +432,66 @@ def test_the_word_tokenizer_is_built_from_entry_point_envs_too(tmp_path):
     envs = [EnvConfig(id=LAT, kwargs={"target": "Correct"})]
     tok = load_tokenizer(load_config({}).tokenizer, envs, tmp_path / "tok")
     assert len(tok.encode("Correct", add_special_tokens=False)) == 1
+
+
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>' + '\\n' }}"
+          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+@pytest.fixture()
+def chatml_tok(tmp_path):
+    """A word tokenizer with a ChatML chat template (Qwen's framing: a newline after each
+    <|im_end|> that the policy never generates)."""
+    from rockroll.trainer.models import save_word_tokenizer
+
+    tok = save_word_tokenizer(["system", "user", "assistant", "\n", " ", "Up", "Down", "Say", "Now", "Be", "brief",
+                               "."], tmp_path / "chatml")
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.chat_template = CHATML
+    return tok
+
+
+@pytest.mark.parametrize("system", ["", "Be brief."])
+def test_chat_template_turns_are_the_templates_own_rendering_of_the_conversation(chatml_tok, system):
+    """first + reply + next + reply + next ... is token for token what the tokenizer's chat
+    template renders for the whole conversation, with the generated reply ids kept as they
+    are: one reply ended with the stop token, one was cut (the stop is then added as an
+    observation token), and ChatML's newline after <|im_end|> is an observation token."""
+    cfg = load_config({"tokenizer": {"template": "chat", "system": system, "stop": "<|im_end|>"}}).tokenizer
+    tpl = PromptTemplate(chatml_tok, cfg)
+    enc = lambda text: chatml_tok.encode(text, add_special_tokens=False)  # noqa: E731
+    stop = chatml_tok.convert_tokens_to_ids("<|im_end|>")
+    seq = tpl.first("Say Up.") + enc("Up") + [stop]              # stopped by itself
+    seq += tpl.next("Say Down.", reply_stopped=True) + enc("Down")  # cut at max_new_tokens
+    seq += tpl.next("Now Up.", reply_stopped=False)
+    messages = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": "Say Up."}, {"role": "assistant", "content": "Up"},
+        {"role": "user", "content": "Say Down."}, {"role": "assistant", "content": "Down"},
+        {"role": "user", "content": "Now Up."}]
+    expected = chatml_tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+    expected = list(expected if isinstance(expected, list) else expected["input_ids"])
+    assert seq == expected
+    assert chatml_tok.decode(tpl.next("Say Up.", reply_stopped=True)) == "\n<|im_start|>user\nSay Up.<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_the_built_tokenizers_chat_template_frames_turns_as_the_prefixes_do(tok, tmp_path):
+    """template: chat (the default) and template: prefixes give the same ids with a built
+    word tokenizer, whose chat template is made from the prefixes (so the learning tests'
+    sequences did not change when chat became the default)."""
+    chat = load_config({}).tokenizer
+    prefixes = load_config({"tokenizer": {"template": "prefixes"}}).tokenizer
+    a, b = PromptTemplate(tok, chat), PromptTemplate(tok, prefixes)
+    for obs in ["FrozenLake.\nP___", "Moves: Right.\n\n_P__"]:
+        assert a.first(obs) == b.first(obs)
+        assert a.next(obs, True) == b.next(obs, True) and a.next(obs, False) == b.next(obs, False)
+    custom = load_config({"tokenizer": {"user_prefix": "<|bos|>"}})  # the template follows the config
+    t = load_tokenizer(custom.tokenizer, [EnvConfig(id=LAT)], tmp_path / "tok")
+    assert t.decode(PromptTemplate(t, custom.tokenizer).first("Say")) == "<|bos|>Say<|end|><|assistant|>"
+
+
+def test_chat_framing_needs_a_chat_template(chatml_tok):
+    chatml_tok.chat_template = None
+    with pytest.raises(ValueError, match="tokenizer.template: chat, but the tokenizer has no chat template"):
+        PromptTemplate(chatml_tok, load_config({"tokenizer": {"stop": "<|im_end|>"}}).tokenizer)
+    with pytest.raises(ConfigError, match="tokenizer.template: must be chat or prefixes"):
+        load_config({"tokenizer": {"template": "jinja"}})
