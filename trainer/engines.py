@@ -20,7 +20,7 @@ from typing import Any, Protocol, Sequence
 
 @dataclass
 class SamplingParams:
-    temperature: float = 1.0
+    temperature: float = 1.0  # 0: greedy (log-probs then of the untempered softmax, as vLLM reports them)
     top_p: float = 1.0
     max_new_tokens: int = 4
     stop_token_ids: list[int] = field(default_factory=list)
@@ -101,7 +101,7 @@ class TransformersEngine:
             out = self.model(input_ids=step_ids, attention_mask=attn, position_ids=step_pos,
                              past_key_values=past, use_cache=True)
             past = out.past_key_values
-            logits = out.logits[:, -1, :].float() / sampling.temperature
+            logits = out.logits[:, -1, :].float() / (sampling.temperature or 1.0)
             if allowed is not None:
                 logits = logits + allowed
             logp = torch.log_softmax(logits, -1).cpu()
@@ -112,7 +112,10 @@ class TransformersEngine:
             for i in range(B):
                 if done[i]:
                     continue
-                tok = int(torch.multinomial(probs[i], 1, generator=gens[i]).item())
+                if sampling.temperature == 0:
+                    tok = int(probs[i].argmax())
+                else:
+                    tok = int(torch.multinomial(probs[i], 1, generator=gens[i]).item())
                 nxt[i] = tok
                 out_ids[i].append(tok)
                 # log-prob under the distribution actually sampled from (renormalised by top-p)
