@@ -1,7 +1,9 @@
 """Shared fixtures. Every test session gets its own ROCKROLL_HOME, so tests never touch
 (or get confused by) a user's real sandboxes, and its own cgroup parent."""
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -13,6 +15,11 @@ _USER_ENV = dict(os.environ)  # before the test home: where the user's default h
 _home = tempfile.mkdtemp(prefix="rockroll-test-home-")
 os.environ.setdefault("ROCKROLL_HOME", _home)
 os.environ.setdefault("ROCKROLL_CGROUP_PARENT", "rockroll-test")
+# The session's home goes with the session (layer caches and snapshots reach gigabytes). Registered
+# before anything of rockroll is imported, so it runs after rockroll's own exit handlers have closed
+# and reaped the session's sandboxes. ROCKROLL_TEST_KEEP_HOME=1 keeps it, to look into.
+if os.environ.get("ROCKROLL_TEST_KEEP_HOME") != "1":
+    atexit.register(shutil.rmtree, _home, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
