@@ -36,6 +36,7 @@ SKELETON_DIRS = {
 # What the host image's name resolution files hold: localhost, and no name server.
 NO_NETWORK_ETC = {"hosts": "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost\n",
                   "resolv.conf": "# no network in the sandbox\n"}
+SANDBOX_ETC = {**NO_NETWORK_ETC, "hostname": "sandbox\n"}
 TOP_SYSTEM = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 # /etc entries never copied, even when world-readable: credentials, keys, daemons' config.
 ETC_DENY = {"shadow", "shadow-", "gshadow", "gshadow-", "sudoers", "sudoers.d", "ssh", "docker",
@@ -104,6 +105,16 @@ def _copy_etc(dest: Path) -> None:
                 shutil.copy2(src, dest / rel, follow_symlinks=False)
 
 
+def write_sandbox_etc(etc: Path) -> None:
+    """Give the ``etc`` of a root the host image's ``SANDBOX_ETC``: hostname, and name
+    resolution that knows localhost only (a rootfs base uses it too: debootstrap copies the
+    host's resolv.conf and hostname into its tree). Each file is replaced by a new one, so
+    a hardlinked copy of a cached tree is never written through."""
+    for name, text in SANDBOX_ETC.items():
+        (etc / name).unlink(missing_ok=True)
+        (etc / name).write_text(text)
+
+
 _host_layers: dict[Path, Path] = {}  # per process: /etc is fingerprinted once, not per sandbox
 
 
@@ -131,9 +142,7 @@ def host_base_layer(home: Path | None = None) -> Path:
             elif os.path.isdir("/" + name):
                 (tmp / name).mkdir()
         _copy_etc(tmp / "etc")
-        for name, text in NO_NETWORK_ETC.items():
-            (tmp / "etc" / name).write_text(text)
-        (tmp / "etc/hostname").write_text("sandbox\n")
+        write_sandbox_etc(tmp / "etc")
         os.chmod(tmp, 0o755)
         try:
             os.rename(tmp, layer)
