@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from rockroll.sandbox.deployment.rootfs import write_sandbox_etc
 from rockroll.sandbox.storage.layers import pack_layer
 
 from .cache import LocalCache
@@ -45,6 +46,10 @@ def _pack_rootfs(cache: LocalCache, staged: Path) -> LayerRef:
         shutil.rmtree(dev)
         dev.mkdir(mode=0o755)
     (staged / ".dockerenv").unlink(missing_ok=True)
+    # A base layer is published and sits under sandboxes without network: nothing of the
+    # build host's name resolution (debootstrap copies resolv.conf and hostname) goes in.
+    if (staged / "etc").is_dir():
+        write_sandbox_etc(staged / "etc")
     info = pack_layer(staged, cache.layers.tar_root, reproducible=True)
     cache.mark_owned(info.digest)
     return LayerRef(info.digest, info.size)

@@ -3,7 +3,8 @@
 1. The base becomes layers: ``host`` none (the sandbox's host image is under everything),
    ``debian:<suite>`` / ``docker:<image>`` one packed rootfs layer, ``hub:<name>@<ver>``
    that env's layers (pulled; the ref is pinned to the exact version in the manifest).
-2. A local sandbox on that base, with network (setup steps install things), gets the
+2. A local sandbox on that base, with network and the host's name resolution (setup steps
+   install things; see ``rockroll.sandbox.deployment.rootfs.network_plan``), gets the
    package's files, then runs the setup steps; a failing step fails the build with its
    stderr. Where the host names its own CA bundle (``$PIP_CERT``, ``$SSL_CERT_FILE``,
    ``$REQUESTS_CA_BUNDLE``: a network behind a TLS-inspecting proxy), the steps get it too

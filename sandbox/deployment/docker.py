@@ -14,7 +14,9 @@ sandbox over one pipe. So ``run("true")`` costs a protocol round trip, never a
   network ``none`` (``network=True`` is refused), memory = memory+swap, ``nano_cpus``,
   ``pids_limit``; the agent's processes join the container's cgroups, so they count
   against the same limits. Docker's seccomp/AppArmor profiles apply to the keep-alive
-  only: commands run without seccomp, as on the local backend.
+  only: commands run without seccomp, as on the local backend. ``/etc/resolv.conf`` is
+  the host image's no-network placeholder, bound read-only (Docker would otherwise give
+  even a network-``none`` container a copy of the host's name servers).
 - Snapshots: ``upper`` is the container's overlay2 upper dir, packed by ``pack_layer``
   like a local upper. A container restored from a snapshot chain starts from an image
   of the base plus the chain, made once per chain (the layers are copied into a created
@@ -45,6 +47,7 @@ from ..spec import SandboxSpec
 from ..storage.whiteouts import apply_layer
 from .cgroups import Cgroup
 from .process import AgentProcess, proc_start_time
+from .rootfs import NO_NETWORK_ETC
 
 if TYPE_CHECKING:
     from .reaper import RunRegistry
@@ -124,6 +127,9 @@ class DockerDeployment:
         self.spec, self.id, self.run = spec, sandbox_id, run
         self.image = resolve_image(spec.image)
         self.dir = run.add(sandbox_id, self.kill_now)
+        # A mount there stops Docker from mounting its copy of the host's resolv.conf.
+        self.resolv = self.dir / "resolv.conf"
+        self.resolv.write_text(NO_NETWORK_ETC["resolv.conf"])
         self.gen = 0
         self.agent = AgentProcess(self.dir)
         self.container = None
@@ -169,9 +175,10 @@ class DockerDeployment:
 
         spec = self.spec
         memory = f"{spec.memory_mb}m" if spec.memory_mb else None
+        resolv = docker.types.Mount("/etc/resolv.conf", str(self.resolv), type="bind", read_only=True)
         try:
             return self.client.containers.create(
-                image, ["/bin/sh", "-c", KEEPALIVE], name=f"rockroll-{self.id}-{self.gen}",
+                image, ["/bin/sh", "-c", KEEPALIVE], name=f"rockroll-{self.id}-{self.gen}", mounts=[resolv],
                 hostname=self.id, labels=self._labels(), working_dir=spec.workdir, environment=dict(spec.env),
                 network_mode="none", init=False, cap_drop=["ALL"],
                 cap_add=[_CAP_NAMES[c] for c in _agent.KEEP_CAPS], security_opt=["no-new-privileges"],

@@ -18,7 +18,7 @@ from ..errors import IsolationUnavailable, SandboxStartError, SpecError
 from ..spec import SandboxSpec
 from .cgroups import Cgroup, Limits, cgroup_mode, rlimit_fallback
 from .process import AgentProcess
-from .rootfs import plan_for_image
+from .rootfs import RootfsPlan, network_plan, plan_for_image
 
 if TYPE_CHECKING:
     from .reaper import RunRegistry
@@ -60,6 +60,8 @@ class LocalDeployment:
         self.plan = plan_for_image(spec.image, run.home)
         self.dir = run.add(sandbox_id, self.kill_now)
         (self.dir / "rootfs").mkdir(exist_ok=True)
+        # On top of everything (image and snapshot layers): the host's name resolution.
+        self.net = network_plan(self.dir / "net") if spec.network else RootfsPlan((), ())
         self.gen = 0
         self.agent = AgentProcess(self.dir)
         self.userns = os.geteuid() != 0
@@ -88,9 +90,9 @@ class LocalDeployment:
         cfg = {
             "id": self.id,
             "rootfs": str(self.dir / "rootfs"),
-            "lowers": [str(p) for p in layers] + list(self.plan.lowers),
+            "lowers": [*self.net.lowers, *(str(p) for p in layers), *self.plan.lowers],
             "upper": str(upper), "work": str(work),
-            "binds": [list(b) for b in self.plan.binds],
+            "binds": [list(b) for b in (*self.plan.binds, *self.net.binds)],
             "cgroup_procs": self.cgroup.procs_paths() if self.cgroup else [],
             "rlimits": [] if self.cgroup else [[r, s, h] for r, (s, h) in rlimit_fallback(self.limits)],
             "userns": self.userns, "network": self.spec.network,

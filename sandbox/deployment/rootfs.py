@@ -6,6 +6,12 @@ layer holding an empty skeleton (``/workspace``, ``/tmp``, ``/root``, ...) and a
 ``/bin``, ``/lib*`` and ``/sbin`` (symlinks on merged-/usr hosts, copied as symlinks).
 Nothing else of the host is reachable: no ``/root``, ``/home``, project folders,
 ``/var/run/docker.sock`` or ``/proc`` of the host.
+
+Name resolution: the host image's ``/etc/hosts`` and ``/etc/resolv.conf`` know localhost
+only (``NO_NETWORK_ETC``). A sandbox with ``network=True`` (any image) shares the host's
+network namespace, so it gets the host's own two files instead (``network_plan``): copies
+in a top lower layer, each bound read-only over itself, so they are never in the upper
+dir, a snapshot or a built layer, and a sandbox without network never sees them.
 """
 
 from __future__ import annotations
@@ -27,6 +33,10 @@ SKELETON_DIRS = {
     "run": 0o755, "mnt": 0o755, "opt": 0o755, "srv": 0o755, "media": 0o755,
     "usr": 0o755, "dev": 0o755, "proc": 0o755, "sys": 0o555,
 }
+# What the host image's name resolution files hold: localhost, and no name server.
+NO_NETWORK_ETC = {"hosts": "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost\n",
+                  "resolv.conf": "# no network in the sandbox\n"}
+SANDBOX_ETC = {**NO_NETWORK_ETC, "hostname": "sandbox\n"}
 TOP_SYSTEM = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 # /etc entries never copied, even when world-readable: credentials, keys, daemons' config.
 ETC_DENY = {"shadow", "shadow-", "gshadow", "gshadow-", "sudoers", "sudoers.d", "ssh", "docker",
@@ -95,6 +105,16 @@ def _copy_etc(dest: Path) -> None:
                 shutil.copy2(src, dest / rel, follow_symlinks=False)
 
 
+def write_sandbox_etc(etc: Path) -> None:
+    """Give the ``etc`` of a root the host image's ``SANDBOX_ETC``: hostname, and name
+    resolution that knows localhost only (a rootfs base uses it too: debootstrap copies the
+    host's resolv.conf and hostname into its tree). Each file is replaced by a new one, so
+    a hardlinked copy of a cached tree is never written through."""
+    for name, text in SANDBOX_ETC.items():
+        (etc / name).unlink(missing_ok=True)
+        (etc / name).write_text(text)
+
+
 _host_layers: dict[Path, Path] = {}  # per process: /etc is fingerprinted once, not per sandbox
 
 
@@ -122,9 +142,7 @@ def host_base_layer(home: Path | None = None) -> Path:
             elif os.path.isdir("/" + name):
                 (tmp / name).mkdir()
         _copy_etc(tmp / "etc")
-        (tmp / "etc/hosts").write_text("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost\n")
-        (tmp / "etc/hostname").write_text("sandbox\n")
-        (tmp / "etc/resolv.conf").write_text("# no network in the sandbox\n")
+        write_sandbox_etc(tmp / "etc")
         os.chmod(tmp, 0o755)
         try:
             os.rename(tmp, layer)
@@ -135,6 +153,30 @@ def host_base_layer(home: Path | None = None) -> Path:
         raise
     _host_layers[home] = layer
     return layer
+
+
+def network_plan(folder: Path) -> RootfsPlan:
+    """What a sandbox with ``network=True`` mounts over its image: the host's ``hosts`` and
+    ``resolv.conf`` (as Docker gives a host-network container), copied into ``folder``
+    (symlinks followed: systemd-resolved's stub file is what the host resolves with).
+    ``folder`` is the top lower layer, so each file is a regular file whatever the image has
+    there (a symlink, nothing), and a read-only bind of the copy over itself keeps it out of
+    the upper dir: a snapshot or a built layer never holds it. A file the host lacks gets
+    ``NO_NETWORK_ETC``'s text."""
+    etc = folder / "etc"
+    etc.mkdir(parents=True, exist_ok=True)
+    os.chmod(folder, 0o755)
+    os.chmod(etc, 0o755)
+    binds = []
+    for name, default in NO_NETWORK_ETC.items():
+        try:
+            data = Path("/etc", name).read_bytes()
+        except OSError:
+            data = default.encode()
+        (etc / name).write_bytes(data)
+        os.chmod(etc / name, 0o644)
+        binds.append((str(etc / name), f"/etc/{name}", True))
+    return RootfsPlan(lowers=(str(folder),), binds=tuple(binds))
 
 
 # Image schemes other packages plug in (``"hub"`` from rockroll.envhub): the sandbox must

@@ -262,7 +262,9 @@ def build_root(cfg: dict) -> None:
     mount("overlay", root, "overlay", 0, opts)
     for src, dst, readonly in cfg.get("binds", []):
         target = root + dst
-        os.makedirs(target, exist_ok=True)
+        if os.path.isdir(src):
+            os.makedirs(target, exist_ok=True)
+        # a file's mount point is already a regular file: its plan put it in a lower layer
         bind(src, target, readonly, MS_NOSUID | MS_NODEV)
 
     dev = root + "/dev"

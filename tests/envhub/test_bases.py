@@ -16,6 +16,7 @@ import pytest
 from rockroll.envhub import HubStore, build, publish, pull
 from rockroll.sandbox import SandboxSpec, open_sandbox
 from rockroll.sandbox.deployment import images
+from rockroll.sandbox.deployment.rootfs import NO_NETWORK_ETC, SANDBOX_ETC
 
 SHARED_IMAGES = Path("/var/lib/rockroll/images")
 
@@ -52,8 +53,12 @@ def debian_env(tmp_path_factory):
             pytest.fail("CI=true: debootstrap is missing (make test installs it)")
         pytest.skip("neither debootstrap nor a cached Debian rootfs on this host")
     _seed_rootfs()
+    cached = images.rootfs_cache_dir(images.docker_image_tag("bookworm", ())) / "etc"
+    before = {name: (cached / name).read_bytes() for name in SANDBOX_ETC if (cached / name).is_file()}
     folder = _package(tmp_path_factory.mktemp("deb"), "debian:bookworm", "deb")
     manifest = build(folder).manifest
+    # the base layer's etc is rewritten on a hardlinked copy, never through it
+    assert {name: (cached / name).read_bytes() for name in before} == before
     hub = f"file://{tmp_path_factory.mktemp('hub')}"
     publish(manifest, HubStore(hub))
     return manifest, hub
@@ -67,6 +72,22 @@ def test_debian_base_is_a_whole_rootfs(debian_env):
         out = sb.run("cat /opt/data/hello.txt /opt/debver; test -e /usr/bin/python3 || echo no-host-python")
         assert out.stdout.startswith("hello from the env\n12.") and "no-host-python" in out.stdout, out
     assert env.layer_dirs[-1].joinpath("etc/debian_version").is_file()  # the base layer, bottom
+
+
+def test_debian_base_holds_no_host_name_resolution(debian_env):
+    """debootstrap copies the build host's resolv.conf and hostname into its tree: the base
+    layer (published, under no-network sandboxes) holds the sandbox's own instead. With
+    ``network=True`` the sandbox gets the host's resolver on this image too."""
+    manifest, hub = debian_env
+    env = pull("deb@0.1.0", hub=hub)
+    base_etc = env.layer_dirs[-1] / "etc"
+    assert {name: (base_etc / name).is_file() and (base_etc / name).read_text() for name in SANDBOX_ETC} == SANDBOX_ETC
+    with open_sandbox(SandboxSpec(image="hub:deb@0.1.0", memory_mb=256)) as sb:
+        assert {name: sb.read_file(f"/etc/{name}").decode() for name in SANDBOX_ETC} == SANDBOX_ETC
+    host = Path("/etc/resolv.conf")
+    with open_sandbox(SandboxSpec(image="hub:deb@0.1.0", memory_mb=256, network=True)) as sb:
+        assert sb.read_file("/etc/resolv.conf").decode() == (host.read_text() if host.exists()
+                                                            else NO_NETWORK_ETC["resolv.conf"])
 
 
 def test_debian_base_layer_is_reproducible(debian_env, tmp_path):

@@ -5,8 +5,8 @@ each completion through ``step``; the task's checker gives the reward.
 The agent's image: the openai client is copied from this venv (``tests/_openai_client.py``)
 into ``AGENT_PYLIB`` and the agent's script is written by its own first install step,
 in one sandbox that is snapshotted; every episode's sandbox starts from that snapshot
-(``snapshot=``). (A real image runs both install steps, the second being ``pip install``
-with network, at build time.)
+(``snapshot=``). ``test_agent_image_built_as_a_hub_env`` builds the real image instead:
+both install steps run at build time, the second being ``pip install`` from PyPI with network.
 """
 
 from __future__ import annotations
@@ -411,20 +411,30 @@ def test_swe_task_set_is_graded_by_the_swe_grader(service, swe_hub):
 
 def test_agent_image_built_as_a_hub_env(service, tmp_path):
     """The agent put into an image at build time (``agent_package``), published, made like
-    any hub env: episodes start from warm sandboxes of that image. The pip step needs network,
-    so here the client comes in as package files and only the script step runs as setup."""
+    any hub env: episodes start from warm sandboxes of that image. Its setup is the agent's
+    own install steps, the second ``pip install``-ing the pinned client from PyPI in the
+    build's sandbox, which has network and the host's resolver (issue #13); the image's
+    sandboxes have neither, and import the client installed there."""
     from rockroll.envhub.build import build
     from rockroll.envhub.publish import publish
+    from rockroll.envhub.pull import pull
     from rockroll.envhub.store import HubStore
-    from rockroll.gem.agents import agent_package
+    from rockroll.gem.agents import OPENAI_CLIENT, agent_package
     from rockroll.registry.hub import make_hub_env
+    from rockroll.sandbox.deployment.rootfs import NO_NETWORK_ETC
 
-    folder = tmp_path / "pkg"
-    copy_client(folder / "pylib")
-    agent_package(dataclasses.replace(TOOL_AGENT, install=TOOL_AGENT.install[:1]), folder,
-                  files={"pylib": AGENT_PYLIB})
+    folder = agent_package("openai-tool-agent", tmp_path / "pkg")
     hub = f"file://{tmp_path / 'hub'}"
     publish(build(folder).manifest, HubStore(hub))
+    pull("agent-openai-tool-agent@1.0.0", hub=hub)
+    with open_sandbox(dataclasses.replace(SPEC, image="hub:agent-openai-tool-agent@1.0.0")) as sb:
+        assert not sb.spec.network
+        r = sb.run("python3 -c 'import openai, pydantic_core; print(openai.__version__, openai.__file__)'",
+                   env=TOOL_AGENT.env)
+        assert r.exit_code == 0 and r.stdout.split() == [OPENAI_CLIENT.split("==")[1],
+                                                          f"{AGENT_PYLIB}/openai/__init__.py"], r
+        for name, text in NO_NETWORK_ETC.items():  # the build's resolver is not in the image
+            assert sb.read_file(f"/etc/{name}").decode() == text
     env = make_hub_env(hub_url=hub, hub_env="agent-openai-tool-agent", hub_version="1.0.0", task_set="terminal",
                        task_kwargs={"tasks": TASKS}, sandbox_spec=SPEC)
     try:

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from rockroll.sandbox import AgentDied, SandboxSpec, SpecError, open_sandbox
+from rockroll.sandbox.deployment.rootfs import NO_NETWORK_ETC
 
 
 @pytest.fixture(scope="module")
@@ -197,6 +198,14 @@ def test_cannot_reach_host_loopback(box):
         assert "CONNECTED" not in r.stdout and r.exit_code != 0 and not accepted
     finally:
         server.close()
+
+
+def test_name_resolution_holds_nothing_of_the_host(box):
+    """Docker gives even a network-``none`` container a copy of the host's name servers:
+    the sandbox gets the host image's placeholder instead, read-only."""
+    assert box.read_file("/etc/resolv.conf").decode() == NO_NETWORK_ETC["resolv.conf"]
+    assert box.run("echo 'nameserver 192.0.2.1' > /etc/resolv.conf", timeout=10).exit_code != 0
+    assert box.read_file("/etc/resolv.conf").decode() == NO_NETWORK_ETC["resolv.conf"]
 
 
 def test_network_is_refused():
