@@ -4,6 +4,7 @@ import os
 import socket
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -109,6 +110,11 @@ def test_host_name_resolution_only_with_network_read_only_and_in_no_snapshot():
 def test_fork_bomb_stops_at_pids_limit(spec):
     with open_sandbox(SandboxSpec(pids=64, memory_mb=256, timeout_s=30)) as bomb, open_sandbox(spec) as other:
         bomb.run("bomb() { bomb | bomb & }; bomb; sleep 2; echo survived", timeout=15)
+        # the bomb keeps forking in the background: on a loaded machine it may take longer
+        # than those 2 s to reach the limit, so wait (bounded) for the first refused fork
+        deadline = time.monotonic() + 60
+        while int(_cgroup_file(bomb, "pids", "pids.events").split()[1]) == 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
         # the limit held: the kernel never let the sandbox hold more than 64 tasks, and it
         # refused the bomb's forks at that limit (pids.events counts each refusal)
         assert int(_cgroup_file(bomb, "pids", "pids.max")) == 64
