@@ -72,6 +72,8 @@ def save_word_tokenizer(words: Any, folder: str | Path) -> Any:
         tokenizer_object=tok, pad_token="<|pad|>", bos_token="<|bos|>", eos_token="<|end|>",
         unk_token="<|unk|>", additional_special_tokens=["<|user|>", "<|assistant|>"],
     )
+    # the default framing as its chat template (load_tokenizer sets the config's own on a built one)
+    hf.chat_template = word_chat_template(TokenizerConfig())
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     hf.save_pretrained(folder)
