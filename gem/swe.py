@@ -465,8 +465,8 @@ class SWEEnv(SandboxToolEnv):
             tasks, missing = pull_agent_tasks(tasks, agent, hub)
             # Every hub task asked for: those whose env has the variant. Named tasks: all of them.
             if missing and (not tasks or not every_hub_task):
-                raise ValueError(f"agent={agent!r}: no env with it installed for the tasks of "
-                                 f"{', '.join(sorted(missing))}: build it with `{'`, `'.join(missing.values())}`")
+                raise ValueError(f"agent={agent!r}: the tasks' env with it installed is not on the hub "
+                                 f"({', '.join(sorted(missing))}): build it with `{'`, `'.join(missing.values())}`")
         super().__init__(tasks, max_turns=max_turns, step_timeout=step_timeout, **kwargs)
         self.test_timeout = float(test_timeout)
         self._specs: dict[tuple[str, str, str], SandboxSpec] = {}

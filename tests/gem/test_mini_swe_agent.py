@@ -209,6 +209,7 @@ def test_agent_tasks_point_at_the_variant_and_refuse_other_tasks():
     assert v.image == "hub:swe-toolz-mini-swe-agent@0.12.1"
     assert v.snapshot == "hub:swe-toolz-mini-swe-agent@0.12.1#toolz-0.12.1__cmp-3"
     assert (v.id, v.base_commit, v.patch, v.fail_to_pass) == (t.id, t.base_commit, t.patch, t.fail_to_pass)
+    assert agent_tasks([v], "mini-swe-agent") == [v]  # already in its variant: left as it is
     with pytest.raises(BuildSWEError, match="not a task of a hub SWE env"):
         agent_tasks([SWETask(id="x", repo="r", problem_statement="p", fail_to_pass=("a",), pass_to_pass=(),
                              image="swebench/sweb.eval.x86_64.x:latest")], "mini-swe-agent")
