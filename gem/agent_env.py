@@ -3,7 +3,8 @@ env's ``step`` is its model.
 
 An episode: a sandbox (no network; its only way out is the model endpoint, see
 docs/modelservice.md) is prepared for a task of a task set (``terminal``: the
-``rock/Terminal-v0`` tasks; ``swe``: the ``rock/SWE-v0`` tasks; any
+``rock/Terminal-v0`` tasks; ``swe``: the ``rock/SWE-v0`` tasks, in their env's variant
+with the agent installed when it needs installing, e.g. ``mini-swe-agent``; any
 :class:`~rockroll.gem.tools.SandboxToolEnv` by entry point), the task's instruction is
 written to a file, and the agent (``gem/agents.py``) starts on it. Each model call it
 makes waits in the model service (``HandoffMode``) until the env answers it:
@@ -165,7 +166,10 @@ class AgentEnv(SandboxToolEnv):
 
     ``agent``: an ``AGENTS`` name or an ``AgentSpec``. ``task_set``: a ``TASK_SETS`` name or
     a ``module:Class`` entry point of a ``SandboxToolEnv``; ``task_kwargs`` go to it (e.g.
-    ``{"task_ids": [...]}``, ``{"tasks_file": ...}``). ``sandbox_spec``: the sandboxes (the
+    ``{"task_ids": [...]}``, ``{"tasks_file": ...}``); a task set that ``takes_agent`` (SWE:
+    its tasks carry their images) is given ``agent=`` the agent's name when the agent has
+    ``install`` steps, so its tasks run where the agent is installed (``{"agent": None}``
+    in ``task_kwargs``: where they are). ``sandbox_spec``: the sandboxes (the
     image must hold the agent, see ``AgentSpec.install``; never ``network=True``);
     ``snapshot``: a snapshot every episode's sandbox starts from instead (e.g. the agent
     installed); ``image``: the sandboxes' image (what a hub env built by
@@ -215,7 +219,7 @@ class AgentEnv(SandboxToolEnv):
         self.service = service
         spec = dataclasses.replace(spec, model_endpoint=service.url)
         #: The task set: its tasks, setup and checker (it is never reset or stepped itself).
-        self.task_env = _task_env(task_set, task_kwargs or {}, spec, pool_size, max_warm_pools)
+        self.task_env = _task_env(task_set, task_kwargs or {}, spec, pool_size, max_warm_pools, self.agent)
         super().__init__(self.task_env.tasks, sandbox_spec=spec, pool_size=pool_size, max_turns=max_turns,
                          max_obs_chars=max_obs_chars, render_mode=render_mode, max_warm_pools=max_warm_pools,
                          format_penalty=0.0)
@@ -360,7 +364,7 @@ class AgentEnv(SandboxToolEnv):
 
 
 def _task_env(task_set: str, kwargs: dict[str, Any], spec: SandboxSpec, pool_size: int,
-              max_warm_pools: int) -> SandboxToolEnv:
+              max_warm_pools: int, agent: AgentSpec) -> SandboxToolEnv:
     entry = TASK_SETS.get(task_set, task_set)
     if not isinstance(entry, str) or ":" not in entry:
         raise ValueError(f"task_set must be one of {sorted(TASK_SETS)} or a 'module:Class' entry point, "
@@ -369,4 +373,7 @@ def _task_env(task_set: str, kwargs: dict[str, Any], spec: SandboxSpec, pool_siz
     cls = getattr(importlib.import_module(module), name)
     if not (isinstance(cls, type) and issubclass(cls, SandboxToolEnv)):
         raise ValueError(f"task_set {task_set!r} is not a SandboxToolEnv")
+    if agent.install and getattr(cls, "takes_agent", False):
+        # Its tasks carry their own images (SWE): the agent is in their variant (build-swe --agent).
+        kwargs = {"agent": agent.name, **kwargs}
     return cls(sandbox_spec=spec, pool_size=pool_size, max_warm_pools=max_warm_pools, **kwargs)

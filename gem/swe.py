@@ -37,6 +37,12 @@ Where tasks come from:
   the tasks; its named snapshots hold each task's buggy state);
 - neither: every SWE env on the hub (``hub=``, default: the default hub), which is what
   ``gymnasium.make("rock/SWE-v0")`` gives after ``make demo``.
+
+``agent=NAME`` runs hub tasks in their env's variant with that agent installed
+(``rockroll envs build-swe --agent NAME``, pulled from ``hub``): every hub task whose env
+has one, or, for tasks named (``task_ids``, ``tasks``, ...), all of them, a missing variant
+being a ``ValueError`` that names the command building it. ``rock/Agent-v0`` passes its
+agent this way when the agent must be installed.
 """
 
 from __future__ import annotations
@@ -419,6 +425,9 @@ class SWEEnv(SandboxToolEnv):
     warm while unused, so a pass over a large task file keeps a bounded number of sandboxes.
     """
 
+    #: ``agent=`` puts the tasks where that agent is installed (``rock/Agent-v0`` reads this).
+    takes_agent = True
+
     def __init__(
         self,
         *,
@@ -428,11 +437,13 @@ class SWEEnv(SandboxToolEnv):
         image: str | None = None,
         hub: str | None = None,
         task_ids: Sequence[str] | None = None,
+        agent: str | None = None,
         test_timeout: float = 300.0,
         max_turns: int = 40,
         step_timeout: float = 120.0,
         **kwargs: Any,
     ):
+        every_hub_task = tasks is None and tasks_file is None and private_dir is None and task_ids is None
         if tasks is None:
             if tasks_file is not None:
                 tasks = load_swe_tasks(tasks_file)
@@ -448,6 +459,14 @@ class SWEEnv(SandboxToolEnv):
         tasks = select_tasks(tasks, task_ids)
         if task_ids is not None and not tasks:
             raise ValueError(f"none of task_ids {list(task_ids)[:5]} is a known task")
+        if agent is not None:
+            from .swe_build import pull_agent_tasks
+
+            tasks, missing = pull_agent_tasks(tasks, agent, hub)
+            # Every hub task asked for: those whose env has the variant. Named tasks: all of them.
+            if missing and (not tasks or not every_hub_task):
+                raise ValueError(f"agent={agent!r}: the tasks' env with it installed is not on the hub "
+                                 f"({', '.join(sorted(missing))}): build it with `{'`, `'.join(missing.values())}`")
         super().__init__(tasks, max_turns=max_turns, step_timeout=step_timeout, **kwargs)
         self.test_timeout = float(test_timeout)
         self._specs: dict[tuple[str, str, str], SandboxSpec] = {}

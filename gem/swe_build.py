@@ -54,7 +54,8 @@ from .agents import AgentSpec
 from .swe import TASKS_FILE, SWETask, arm_report, load_swe_tasks, fetch_report, is_graded_path, pytest_command
 from .swe_mutate import KINDS, Mutation, find_mutations, unified_diff
 
-__all__ = ["DEFAULT_PACKAGES", "BuiltEnv", "agent_tasks", "build_agent_variant", "build_swe", "detect_layout", "ensure_base", "git_init_script"]
+__all__ = ["DEFAULT_PACKAGES", "BuiltEnv", "agent_tasks", "build_agent_variant", "build_swe", "detect_layout", "ensure_base",
+           "git_init_script", "pull_agent_tasks"]
 
 #: The default task set: small, pure-Python, dependency-free packages whose sdists ship
 #: fast pytest suites that run on Debian bookworm's pytest 7.
@@ -464,15 +465,46 @@ def _variant(ref: str, agent: str) -> tuple[str, str]:
 
 
 def agent_tasks(tasks: Sequence[SWETask], agent: str) -> list[SWETask]:
-    """``tasks`` (of hub SWE envs) in their env's variant with ``agent`` installed."""
+    """``tasks`` (of hub SWE envs) in their env's variant with ``agent`` installed (a task
+    already there stays as it is)."""
     out = []
     for t in tasks:
         if not (t.image.startswith("hub:") and t.snapshot == f"{t.image}#{t.id}"):
             raise BuildSWEError(f"{t.id}: not a task of a hub SWE env (image {t.image!r})")
+        if t.image.partition("@")[0].endswith(f"-{agent}"):  # already in the variant
+            out.append(t)
+            continue
         name, version = _variant(t.image[4:], agent)
         image = f"hub:{name}@{version}"
         out.append(dataclasses.replace(t, image=image, snapshot=f"{image}#{t.id}"))
     return out
+
+
+def pull_agent_tasks(tasks: Sequence[SWETask], agent: str, hub: str | None = None
+                     ) -> tuple[list[SWETask], dict[str, str]]:
+    """``agent_tasks(tasks, agent)`` whose variants are on ``hub`` (default: the default hub),
+    pulled from it (so a sandbox's bare ``hub:`` ref finds them), and, for the others, each
+    missing variant's ref -> the command that builds it."""
+    from rockroll.envhub import pull
+    from rockroll.envhub.errors import EnvNotFound
+
+    found: list[SWETask] = []
+    missing: dict[str, str] = {}
+    pulled: set[str] = set()
+    for t in agent_tasks(tasks, agent):
+        ref = t.image[4:]
+        if ref not in pulled and ref not in missing:
+            try:
+                pull(ref, hub=hub)
+                pulled.add(ref)
+            except EnvNotFound:
+                name, _, version = ref.partition("@")
+                package = name.removeprefix("swe-").removesuffix(f"-{agent}")
+                missing[ref] = (f"rockroll envs build-swe --package {package}=={version} --agent {agent}"
+                                + (f" --hub {hub}" if hub else ""))
+        if ref in pulled:
+            found.append(t)
+    return found, missing
 
 
 def build_agent_variant(ref: str, agent: AgentSpec, *, hub: str | None = None,

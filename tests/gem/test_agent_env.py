@@ -1,6 +1,7 @@
 """rock/Agent-v0 (issue #13 part 3): a real agent program (openai-tool-agent, on the
-official ``openai`` client) runs in a no-network sandbox; the test is its model, supplying
-each completion through ``step``; the task's checker gives the reward.
+official ``openai`` client; mini-swe-agent from PyPI on a SWE task) runs in a no-network
+sandbox; the test is its model, supplying each completion through ``step``; the task's
+checker gives the reward.
 
 The agent's image: the openai client is copied from this venv (``tests/_openai_client.py``)
 into ``AGENT_PYLIB`` and the agent's script is written by its own first install step,
@@ -22,6 +23,7 @@ import warnings
 import gymnasium
 import openai
 import pytest
+from _mini_swe_agent import gold_fix, toolz_task, wrong_fix
 from _openai_client import ATTACK, copy_client
 
 from rockroll.gem import TerminalTask
@@ -444,5 +446,93 @@ def test_agent_image_built_as_a_hub_env(service, tmp_path):
         assert env.sandbox.spec.image == "hub:agent-openai-tool-agent@1.0.0"
         env.step(bash_call("echo 7 > n.txt"))
         assert env.step("Done.")[1] == 1.0
+    finally:
+        env.close()
+
+
+# --------------------------------------------------------------------------- mini-swe-agent on SWE tasks
+# The real mini-swe-agent (pip, unmodified) on a real swe-toolz task, made by name: the swe task
+# set runs it in the task env's variant with the agent installed (build-swe --agent).
+
+
+@pytest.fixture(scope="module")
+def toolz(swe_hub, swe_agent_variant):
+    return toolz_task(swe_hub, swe_agent_variant)
+
+
+def episode_of(env, script: list[str]) -> tuple[list[str], float, dict, list[dict]]:
+    """Reset, answer each call with the script's next reply: (the observations, the reward,
+    the last info, the episode's call records). Every reply but the last leaves it running."""
+    obs, info = env.reset()
+    assert "infra_error" not in info, info
+    observations, episode = [obs], info["episode"]
+    for k, text in enumerate(script):
+        obs, reward, term, trunc, info = env.step(text)
+        observations.append(obs)
+        assert term == (k == len(script) - 1) and not trunc, (k, obs)
+    return observations, reward, info, records_of(env.unwrapped.service, episode)
+
+
+@pytest.mark.timeout(1800)  # the first run on a hub builds the variant (minutes)
+def test_mini_swe_agent_solves_a_swe_task_by_name(service, swe_hub, toolz):
+    before = live()
+    env = gymnasium.make("rock/Agent-v0", agent="mini-swe-agent", task_set="swe",
+                         task_kwargs={"hub": swe_hub, "task_ids": [toolz.id]},
+                         sandbox_spec=SandboxSpec(memory_mb=2048, pids=512, timeout_s=900))
+    sandboxes = set()
+    try:
+        assert [t.image for t in env.unwrapped.tasks] == ["hub:swe-toolz-mini-swe-agent@0.12.1"]
+        script = gold_fix(toolz)
+        observations, reward, info, recs = episode_of(env, script)
+        assert reward == 1.0 and info["agent_status"] == "exited", observations[-1]
+        assert info["resolved"] and info["f2p_pass_fraction"] == 1.0  # the rock/SWE-v0 grader's verdict
+        # what the policy saw: mini-swe-agent's own prompt, then each command's output
+        assert [r["call_index"] for r in recs] == [0, 1, 2, 3] and all(r["error"] is None for r in recs)
+        system, user = recs[0]["messages"]
+        assert system["role"] == "system" and "mswea_bash_command" in system["content"]  # mini_textbased.yaml
+        assert toolz.problem_statement in user["content"]  # the task's instruction, via {task}
+        assert recs[0]["model"] == "rockroll"  # its env reached it: MSWEA_MODEL_NAME=openai/rockroll
+        assert observations[0] == render_chatml(recs[0]["messages"], None)
+        assert "<returncode>0</returncode>" in observations[2]  # git apply of the fix
+        assert "1 passed" in observations[3]  # the failing test, run by the agent
+        assert [r["choices"][0]["text"] for r in recs] == script  # the env's answers, as given
+        sandboxes |= {r["sandbox_id"] for r in recs}
+
+        observations, reward, info, recs = episode_of(env, wrong_fix(toolz))
+        assert reward == 0.0 and info["agent_status"] == "exited" and not info["resolved"], observations[-1]
+        assert info["patch_chars"] > 0 and info["f2p_pass_fraction"] < 1.0  # graded: it just does not fix
+        sandboxes |= {r["sandbox_id"] for r in recs}
+
+        env.reset()  # the agent waits on its first call: try its sandbox's network
+        sandboxes.add(env.unwrapped.sandbox.id)
+        episode = env.unwrapped.episode
+        port = service.url.rsplit(":", 1)[1]
+        got = sandbox_python(env, ATTACK, f"127.0.0.1:{port}", *(f"{a}:{port}" for a in host_addresses())).split()
+        assert got == ["ECONNREFUSED"] + ["ENETUNREACH"] * len(host_addresses()), got
+    finally:
+        env.close()
+    assert env.unwrapped.sandbox is None and not env.unwrapped.service.mode.is_open(episode)
+    run_sync(close_pools())
+    assert not sandboxes & live() and live() <= before  # the graders' sandboxes went too
+
+
+def test_swe_tasks_go_where_the_agent_is_installed(service, swe_hub, toolz):
+    from rockroll.gem.swe import hub_swe_tasks
+
+    env = gymnasium.make("rock/Agent-v0", agent="mini-swe-agent", task_set="swe", task_kwargs={"hub": swe_hub})
+    try:  # every hub task whose env has the agent's variant, in it
+        tasks = env.unwrapped.tasks
+        assert {t.id for t in hub_swe_tasks(swe_hub) if t.repo == "toolz"} <= {t.id for t in tasks}
+        assert all("-mini-swe-agent@" in t.image for t in tasks)
+    finally:
+        env.close()
+    never_built = AgentSpec(name="never-built", command="true", install=("true",))
+    with pytest.raises(ValueError, match="build-swe --package toolz==0.12.1 --agent never-built"):
+        gymnasium.make("rock/Agent-v0", agent=never_built, task_set="swe",
+                       task_kwargs={"hub": swe_hub, "task_ids": [toolz.id]})
+    env = gymnasium.make("rock/Agent-v0", agent="mini-swe-agent", task_set="swe",
+                         task_kwargs={"hub": swe_hub, "task_ids": [toolz.id], "agent": None})
+    try:  # told to leave them where they are
+        assert [t.image for t in env.unwrapped.tasks] == [toolz.image] == ["hub:swe-toolz@0.12.1"]
     finally:
         env.close()

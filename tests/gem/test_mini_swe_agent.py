@@ -13,7 +13,6 @@ the ``swe_agent_variant`` fixture when the hub lacks it.
 
 from __future__ import annotations
 
-import base64
 import json
 import shlex
 import threading
@@ -21,9 +20,10 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from _mini_swe_agent import AGENT, gold_fix, reply, toolz_task, wrong_fix
 
 from rockroll.envhub import pull
-from rockroll.gem.agents import AGENTS, MINI_SWE_AGENT_VERSION
+from rockroll.gem.agents import MINI_SWE_AGENT_VERSION
 from rockroll.gem.swe import TASKS_FILE, SWEEnv, hub_swe_tasks, load_swe_tasks
 from rockroll.gem.swe_build import agent_tasks
 from rockroll.sandbox import SandboxSpec
@@ -33,16 +33,11 @@ from rockroll.sandbox.runtime.model_channel import TOKEN_ENV
 # The first test may build the variant (pip inside the build sandbox, then packing it).
 pytestmark = pytest.mark.timeout(1800)
 
-AGENT = AGENTS["mini-swe-agent"]
 TASK_FILE = "/tmp/rockroll-task.md"
 
 
 def bash(command: str) -> str:
     return json.dumps({"name": "bash", "arguments": {"command": command}})
-
-
-def reply(thought: str, command: str) -> str:
-    return f"THOUGHT: {thought}\n\n```mswea_bash_command\n{command}\n```"
 
 
 class ScriptedUpstream:
@@ -86,8 +81,7 @@ class ScriptedUpstream:
 
 @pytest.fixture(scope="module")
 def task(swe_hub, swe_agent_variant):
-    swe_agent_variant("toolz==0.12.1", AGENT.name)
-    return sorted((t for t in hub_swe_tasks(swe_hub) if t.repo == "toolz"), key=lambda t: t.id)[0]
+    return toolz_task(swe_hub, swe_agent_variant)
 
 
 @pytest.fixture(scope="module")
@@ -142,15 +136,7 @@ def records(service) -> list[dict]:
 
 
 def test_mini_swe_agent_fixes_a_task_through_the_model_service(env, task, upstream, service):
-    first_failing = task.fail_to_pass[0]
-    fix = base64.b64encode(task.patch.encode()).decode()
-    script = [
-        reply("Let me see the repository.", "git status --short && ls"),
-        reply("The bug is in the library code; this patch fixes it.", f"echo {fix} | base64 -d | git apply"),
-        reply("Run a test that was failing.",
-              f"python3 -m pytest -q -p no:cacheprovider {shlex.quote(first_failing)} 2>&1 | tail -1"),
-        reply("Done.", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"),
-    ]
+    script = gold_fix(task)
     obs, info, sandbox_id = run_agent(env, task, script, upstream)
     assert info["reward"] == 1.0 and info["resolved"], (info, obs)
 
@@ -178,11 +164,7 @@ def test_mini_swe_agent_fixes_a_task_through_the_model_service(env, task, upstre
 
 def test_a_wrong_fix_gets_nothing(env, task, upstream, service):
     before = len(records(service))
-    bug_file = task.extra["mutation"]["file"]
-    script = [
-        reply("A comment should do.", f"printf '\\n# checked\\n' >> {shlex.quote(bug_file)} && git diff --stat"),
-        reply("Done.", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"),
-    ]
+    script = wrong_fix(task)
     obs, info, sandbox_id = run_agent(env, task, script, upstream)
     assert info["reward"] == 0.0 and not info["resolved"] and info["f2p_pass_fraction"] < 1.0, (info, obs)
     assert info["patch_chars"] > 0  # the agent's change reached the grader; it just does not fix
@@ -227,6 +209,7 @@ def test_agent_tasks_point_at_the_variant_and_refuse_other_tasks():
     assert v.image == "hub:swe-toolz-mini-swe-agent@0.12.1"
     assert v.snapshot == "hub:swe-toolz-mini-swe-agent@0.12.1#toolz-0.12.1__cmp-3"
     assert (v.id, v.base_commit, v.patch, v.fail_to_pass) == (t.id, t.base_commit, t.patch, t.fail_to_pass)
+    assert agent_tasks([v], "mini-swe-agent") == [v]  # already in its variant: left as it is
     with pytest.raises(BuildSWEError, match="not a task of a hub SWE env"):
         agent_tasks([SWETask(id="x", repo="r", problem_statement="p", fail_to_pass=("a",), pass_to_pass=(),
                              image="swebench/sweb.eval.x86_64.x:latest")], "mini-swe-agent")
