@@ -56,7 +56,7 @@ import re
 import secrets
 import shlex
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -68,7 +68,8 @@ from .tools import ENV_DIR, Evaluation, SandboxToolEnv, _release_quietly, select
 
 __all__ = ["ENTRY_POINT", "PLUGIN", "REPORT_PLUGIN", "SWEEnv", "SWETask", "hub_swe_tasks", "load_swe_tasks",
            "grading_command", "pytest_command", "arm_report", "fetch_report", "read_report", "task_from_record",
-           "is_test_path", "is_graded_path", "filter_patch", "patch_paths", "numstat_paths"]
+           "is_test_path", "is_graded_path", "filter_patch", "patch_paths", "numstat_paths", "agent_tasks",
+           "pull_agent_tasks"]
 
 ENTRY_POINT = "rockroll.gem.swe:SWEEnv"  # what marks a hub env as a set of SWE tasks
 TASKS_FILE = "tasks.jsonl"  # in a SWE hub env's private folder
@@ -460,8 +461,6 @@ class SWEEnv(SandboxToolEnv):
         if task_ids is not None and not tasks:
             raise ValueError(f"none of task_ids {list(task_ids)[:5]} is a known task")
         if agent is not None:
-            from .swe_build import pull_agent_tasks
-
             tasks, missing = pull_agent_tasks(tasks, agent, hub)
             # Every hub task asked for: those whose env has the variant. Named tasks: all of them.
             if missing and (not tasks or not every_hub_task):
@@ -554,3 +553,52 @@ class SWEEnv(SandboxToolEnv):
                     tests_timed_out=result.timed_out,
                     pass_fraction=(len(f2p) + len(p2p)) / max(1, len(task.fail_to_pass) + len(task.pass_to_pass)))
         return Evaluation(1.0 if resolved else 0.0, truncate_observation("\n".join(lines), 6000), info)
+
+
+# ---- tasks in an env's variant with an agent installed (rockroll envs build-swe --agent) ----
+def agent_variant(ref: str, agent: str) -> tuple[str, str]:
+    name, _, version = ref.partition("@")
+    return f"{name}-{agent}", version
+
+
+def agent_tasks(tasks: Sequence[SWETask], agent: str) -> list[SWETask]:
+    """``tasks`` (of hub SWE envs) in their env's variant with ``agent`` installed (a task
+    already there stays as it is)."""
+    out = []
+    for t in tasks:
+        if not (t.image.startswith("hub:") and t.snapshot == f"{t.image}#{t.id}"):
+            raise ValueError(f"{t.id}: not a task of a hub SWE env (image {t.image!r})")
+        if t.image.partition("@")[0].endswith(f"-{agent}"):  # already in the variant
+            out.append(t)
+            continue
+        name, version = agent_variant(t.image[4:], agent)
+        image = f"hub:{name}@{version}"
+        out.append(replace(t, image=image, snapshot=f"{image}#{t.id}"))
+    return out
+
+
+def pull_agent_tasks(tasks: Sequence[SWETask], agent: str, hub: str | None = None
+                     ) -> tuple[list[SWETask], dict[str, str]]:
+    """``agent_tasks(tasks, agent)`` whose variants are on ``hub`` (default: the default hub),
+    pulled from it (so a sandbox's bare ``hub:`` ref finds them), and, for the others, each
+    missing variant's ref -> the command that builds it."""
+    from rockroll.envhub import pull
+    from rockroll.envhub.errors import EnvNotFound
+
+    found: list[SWETask] = []
+    missing: dict[str, str] = {}
+    pulled: set[str] = set()
+    for t in agent_tasks(tasks, agent):
+        ref = t.image[4:]
+        if ref not in pulled and ref not in missing:
+            try:
+                pull(ref, hub=hub)
+                pulled.add(ref)
+            except EnvNotFound:
+                name, _, version = ref.partition("@")
+                package = name.removeprefix("swe-").removesuffix(f"-{agent}")
+                missing[ref] = (f"rockroll envs build-swe --package {package}=={version} --agent {agent}"
+                                + (f" --hub {hub}" if hub else ""))
+        if ref in pulled:
+            found.append(t)
+    return found, missing

@@ -33,7 +33,6 @@ leaves variants out (it does not count a task twice).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import random
 import re
@@ -51,7 +50,8 @@ from typing import Callable, Sequence
 from rockroll.sandbox import AsyncSandbox, SandboxSpec
 
 from .agents import AgentSpec
-from .swe import TASKS_FILE, SWETask, arm_report, load_swe_tasks, fetch_report, is_graded_path, pytest_command
+from .swe import (TASKS_FILE, SWETask, agent_tasks, agent_variant, arm_report, fetch_report, is_graded_path,
+                  load_swe_tasks, pull_agent_tasks, pytest_command)
 from .swe_mutate import KINDS, Mutation, find_mutations, unified_diff
 
 __all__ = ["DEFAULT_PACKAGES", "BuiltEnv", "agent_tasks", "build_agent_variant", "build_swe", "detect_layout", "ensure_base",
@@ -459,54 +459,6 @@ def build_swe(packages: Sequence[str], *, tasks: int = 10, hub: str | None = Non
 
 
 # ---- agent variants ---------------------------------------------------------------------------------
-def _variant(ref: str, agent: str) -> tuple[str, str]:
-    name, _, version = ref.partition("@")
-    return f"{name}-{agent}", version
-
-
-def agent_tasks(tasks: Sequence[SWETask], agent: str) -> list[SWETask]:
-    """``tasks`` (of hub SWE envs) in their env's variant with ``agent`` installed (a task
-    already there stays as it is)."""
-    out = []
-    for t in tasks:
-        if not (t.image.startswith("hub:") and t.snapshot == f"{t.image}#{t.id}"):
-            raise BuildSWEError(f"{t.id}: not a task of a hub SWE env (image {t.image!r})")
-        if t.image.partition("@")[0].endswith(f"-{agent}"):  # already in the variant
-            out.append(t)
-            continue
-        name, version = _variant(t.image[4:], agent)
-        image = f"hub:{name}@{version}"
-        out.append(dataclasses.replace(t, image=image, snapshot=f"{image}#{t.id}"))
-    return out
-
-
-def pull_agent_tasks(tasks: Sequence[SWETask], agent: str, hub: str | None = None
-                     ) -> tuple[list[SWETask], dict[str, str]]:
-    """``agent_tasks(tasks, agent)`` whose variants are on ``hub`` (default: the default hub),
-    pulled from it (so a sandbox's bare ``hub:`` ref finds them), and, for the others, each
-    missing variant's ref -> the command that builds it."""
-    from rockroll.envhub import pull
-    from rockroll.envhub.errors import EnvNotFound
-
-    found: list[SWETask] = []
-    missing: dict[str, str] = {}
-    pulled: set[str] = set()
-    for t in agent_tasks(tasks, agent):
-        ref = t.image[4:]
-        if ref not in pulled and ref not in missing:
-            try:
-                pull(ref, hub=hub)
-                pulled.add(ref)
-            except EnvNotFound:
-                name, _, version = ref.partition("@")
-                package = name.removeprefix("swe-").removesuffix(f"-{agent}")
-                missing[ref] = (f"rockroll envs build-swe --package {package}=={version} --agent {agent}"
-                                + (f" --hub {hub}" if hub else ""))
-        if ref in pulled:
-            found.append(t)
-    return found, missing
-
-
 def build_agent_variant(ref: str, agent: AgentSpec, *, hub: str | None = None,
                         log: Callable[[str], None] | None = None) -> BuiltEnv:
     """Build and publish the variant of the SWE env ``ref`` (``name@version``) with ``agent``
@@ -517,7 +469,7 @@ def build_agent_variant(ref: str, agent: AgentSpec, *, hub: str | None = None,
     say = log or (lambda msg: None)
     hub = normalize_url(hub or default_hub_url())
     store = HubStore(hub)
-    name, version = _variant(ref, agent.name)
+    name, version = agent_variant(ref, agent.name)
     out = f"{name}@{version}"
     if store.read(store.manifest_path(name, version)) is not None:
         say(f"{out} is already on {hub}: skipped")

@@ -25,7 +25,7 @@ from _mini_swe_agent import AGENT, gold_fix, reply, toolz_task, wrong_fix
 from rockroll.envhub import pull
 from rockroll.gem.agents import MINI_SWE_AGENT_VERSION
 from rockroll.gem.swe import TASKS_FILE, SWEEnv, hub_swe_tasks, load_swe_tasks
-from rockroll.gem.swe_build import agent_tasks
+from rockroll.gem.swe import agent_tasks
 from rockroll.sandbox import SandboxSpec
 from rockroll.sandbox.modelservice import ModelService, ProxyMode
 from rockroll.sandbox.runtime.model_channel import TOKEN_ENV
@@ -200,7 +200,6 @@ def test_the_variant_is_makeable_by_its_own_id(swe_hub, task):
 
 def test_agent_tasks_point_at_the_variant_and_refuse_other_tasks():
     from rockroll.gem.swe import SWETask
-    from rockroll.gem.swe_build import BuildSWEError
 
     t = SWETask(id="toolz-0.12.1__cmp-3", repo="toolz", problem_statement="p", fail_to_pass=("a",),
                 pass_to_pass=("b",), image="hub:swe-toolz@0.12.1", snapshot="hub:swe-toolz@0.12.1#toolz-0.12.1__cmp-3",
@@ -210,7 +209,7 @@ def test_agent_tasks_point_at_the_variant_and_refuse_other_tasks():
     assert v.snapshot == "hub:swe-toolz-mini-swe-agent@0.12.1#toolz-0.12.1__cmp-3"
     assert (v.id, v.base_commit, v.patch, v.fail_to_pass) == (t.id, t.base_commit, t.patch, t.fail_to_pass)
     assert agent_tasks([v], "mini-swe-agent") == [v]  # already in its variant: left as it is
-    with pytest.raises(BuildSWEError, match="not a task of a hub SWE env"):
+    with pytest.raises(ValueError, match="not a task of a hub SWE env"):
         agent_tasks([SWETask(id="x", repo="r", problem_statement="p", fail_to_pass=("a",), pass_to_pass=(),
                              image="swebench/sweb.eval.x86_64.x:latest")], "mini-swe-agent")
 

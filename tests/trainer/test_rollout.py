@@ -471,7 +471,8 @@ def test_chat_template_turns_are_the_templates_own_rendering_of_the_conversation
     expected = chatml_tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
     expected = list(expected if isinstance(expected, list) else expected["input_ids"])
     assert seq == expected
-    assert chatml_tok.decode(tpl.next("Say Up.", reply_stopped=True)) == "\n<|im_start|>user\nSay Up.<|im_end|>\n<|im_start|>assistant\n"
+    turn = chatml_tok.decode(tpl.next("Say Up.", reply_stopped=True))
+    assert turn == "\n<|im_start|>user\nSay Up.<|im_end|>\n<|im_start|>assistant\n"
 
 
 def test_the_built_tokenizers_chat_template_frames_turns_as_the_prefixes_do(tok, tmp_path):

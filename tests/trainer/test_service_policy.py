@@ -26,7 +26,8 @@ def setup(tmp_path_factory):
     model = build_model(cfg.model, tok, seed=0)
     engine = TransformersEngine(model, tok.pad_token_id, version=7)
     stop_id = PromptTemplate(tok, cfg.tokenizer).stop_id
-    svc = ModelService(PolicyMode(EnginePolicy(engine, tok, stop_id=stop_id, max_tokens=8)), records=tmp / "calls.jsonl")
+    policy = EnginePolicy(engine, tok, stop_id=stop_id, max_tokens=8)
+    svc = ModelService(PolicyMode(policy), records=tmp / "calls.jsonl")
     svc.start()
     client = openai.OpenAI(base_url=svc.url + "/v1", api_key=svc.admit("sb-policy", "episode-1"), max_retries=0)
     yield {"svc": svc, "client": client, "tok": tok, "model": model, "stop_id": stop_id}
