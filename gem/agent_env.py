@@ -64,6 +64,7 @@ __all__ = ["TASK_SETS", "AgentEnv", "render_chatml", "shared_model_service"]
 TASK_SETS: dict[str, str] = {
     "terminal": "rockroll.gem.terminal:TerminalEnv",
     "swe": "rockroll.gem.swe:SWEEnv",
+    "corridor": "rockroll.gem.corridor:CorridorTasks",
 }
 #: The agent's session, and where its task file goes (readable by the agent: it is its task).
 AGENT_SESSION = "rockroll-agent"
@@ -197,7 +198,9 @@ class AgentEnv(SandboxToolEnv):
         pool_size: int = 2,
         max_warm_pools: int = MAX_WARM_POOLS,
         render_mode: str | None = None,
+        format_penalty: float = 0.0,
     ):
+        del format_penalty  # the trainer passes every env one: an agent parses its own replies
         self.agent = agent_spec(agent)
         spec = sandbox_spec or SandboxSpec()
         if image is not None:  # a hub env holding the agent (agents.agent_package) passes its image

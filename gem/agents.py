@@ -52,14 +52,18 @@ MINI_SWE_AGENT_VERSION = "2.4.6"
 _MINI_PINS = f"mini-swe-agent=={MINI_SWE_AGENT_VERSION} litellm==1.110.2"
 _MINI_VENV = "/opt/mini-swe-agent"
 
+def _openai_agent(name: str, script: str, args: str) -> AgentSpec:
+    """One of our scripts on the official client: the script written, the client pip-installed."""
+    return AgentSpec(name=name, command=f"python3 {AGENT_DIR}/{script} {args}",
+                     install=(script_step(script),
+                              f"python3 -m pip install --no-cache-dir --target {AGENT_PYLIB} '{OPENAI_CLIENT}'"),
+                     env={"PYTHONPATH": AGENT_PYLIB})
+
+
 AGENTS: dict[str, AgentSpec] = {
-    "openai-tool-agent": AgentSpec(
-        name="openai-tool-agent",
-        command=f"python3 {AGENT_DIR}/openai_tool_agent.py {{task}}",
-        install=(script_step("openai_tool_agent.py"),
-                 f"python3 -m pip install --no-cache-dir --target {AGENT_PYLIB} '{OPENAI_CLIENT}'"),
-        env={"PYTHONPATH": AGENT_PYLIB},
-    ),
+    "openai-tool-agent": _openai_agent("openai-tool-agent", "openai_tool_agent.py", "{task}"),
+    # Plays the program ``./play`` that its task set puts in the workdir (``corridor``).
+    "openai-chat-agent": _openai_agent("openai-chat-agent", "openai_chat_agent.py", "{task} ./play"),
     "mini-swe-agent": AgentSpec(
         name="mini-swe-agent",
         # Its own CLI, unattended: the text-based config (a THOUGHT, then one
@@ -93,10 +97,17 @@ AGENTS: dict[str, AgentSpec] = {
 }
 
 
-def agent_spec(agent: str | AgentSpec) -> AgentSpec:
-    """``agent`` itself, or the ``AGENTS`` entry it names (``ValueError`` naming the choices)."""
+def agent_spec(agent: str | AgentSpec | dict) -> AgentSpec:
+    """``agent`` itself, the ``AGENTS`` entry it names, or an ``AgentSpec`` from a mapping of
+    its fields (a training config's YAML); ``ValueError`` naming what is wrong."""
     if isinstance(agent, AgentSpec):
         return agent
+    if isinstance(agent, dict):
+        try:
+            return AgentSpec(**{**agent, "install": tuple(agent.get("install", ())),
+                                "env": dict(agent.get("env", {}))})
+        except TypeError as e:
+            raise ValueError(f"agent: an AgentSpec needs name and command (and may have install, env): {e}") from None
     try:
         return AGENTS[agent]
     except (KeyError, TypeError):

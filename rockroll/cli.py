@@ -356,6 +356,7 @@ def envs(ctx, as_json):
     \b
     Subcommands:
       build-swe   make SWE repair tasks from real packages and publish them to a hub
+      build-agent put an agent (openai-chat-agent, mini-swe-agent, ...) into an env image on a hub
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -424,6 +425,38 @@ def envs_build_swe(packages, default_set, tasks, max_candidates, workers, agents
         screened = f" (screened {b.tried} candidate bugs)" if b.tried else ""  # none for an agent variant
         what = f"published {b.tasks} tasks{screened}" if b.created else "already published"
         click.echo(f"{b.ref}: {what}")
+
+
+@envs.command("build-agent")
+@click.argument("agent")
+@click.option("--version", default="1.0.0", show_default=True, help="The env's version on the hub.")
+@_hub_options
+@_hub_errors
+def envs_build_agent(agent, version, hub_url, s3_endpoint):
+    """Build AGENT into an env image and publish it as agent-AGENT@VERSION.
+
+    The agent's install steps (rockroll.gem.agents.AGENTS) run at build time in a sandbox
+    with network, e.g. pip-installing its pinned client; the image's sandboxes have none.
+    rock/Agent-v0 then runs it with image="hub:agent-AGENT@VERSION", from warm sandboxes.
+
+    \b
+    Example:  rockroll envs build-agent openai-chat-agent
+    """
+    import tempfile
+
+    from rockroll.envhub.build import build
+    from rockroll.envhub.publish import publish
+    from rockroll.gem.agents import AGENTS, agent_package
+
+    if agent not in AGENTS:
+        raise click.BadParameter(f"{agent!r} is not one of {', '.join(sorted(AGENTS))}", param_hint="AGENT")
+    store = _store(hub_url, s3_endpoint)
+    with tempfile.TemporaryDirectory(prefix="rockroll-agent-") as folder:
+        result = build(agent_package(agent, folder, version=version), hub=store.url,
+                       log=lambda m: click.echo(m, err=True))
+        pub = publish(result.manifest, store)
+    click.echo(f"{pub.ref} {'published on ' + pub.hub if pub.created else 'already published'}: "
+               f"image hub:{pub.ref}")
 
 
 @main.command("train")

@@ -42,6 +42,21 @@ def copy_client(dest: Path) -> Path:
     return dest
 
 
+def snapshot_with_agent(spec, agent, pylib: Path) -> str:
+    """The digest of a snapshot of a ``spec`` sandbox with ``agent`` installed without
+    network: the client copied to its ``AGENT_PYLIB`` and byte-compiled there by the
+    sandbox's python (as ``pip install`` does: else every agent process would compile the
+    client's modules again, seconds of CPU each), its script step (first install step) run."""
+    from rockroll.gem.agents import AGENT_PYLIB
+    from rockroll.sandbox import open_sandbox
+
+    with open_sandbox(spec) as sb:
+        sb.upload(str(copy_client(pylib)), AGENT_PYLIB)
+        step = sb.run(f"python3 -m compileall -q {AGENT_PYLIB} >/dev/null && {agent.install[0]}")
+        assert step.exit_code == 0, step.stderr
+        return sb.snapshot().digest
+
+
 # ``python3 -c ATTACK host:port ...``: one word per target, CONNECTED or the errno's name.
 ATTACK = """
 import errno, socket, sys

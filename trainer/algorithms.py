@@ -96,23 +96,26 @@ def aggregate(loss_tok: Tensor, mask: Tensor, mode: str = "token-mean", denom: T
 
 
 def grpo_advantages(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-6,
-                    std_normalize: bool = True) -> Tensor:
+                    std_normalize: bool = True, weights: Tensor | None = None) -> Tensor:
     """GRPO outcome advantages, (B,) -> (B,).
 
     A_i = (R_i - mean_g R) / (std_g R + eps)   for i in group g, std with ``unbiased=False``
     (the group's own spread: a group of one, or a group of equal rewards, gets A = 0 instead
     of NaN). ``std_normalize=False`` is Dr.GRPO: A_i = R_i - mean_g R, which avoids
-    over-weighting groups whose rewards barely differ.
+    over-weighting groups whose rewards barely differ. ``weights`` (B,): each row's weight in
+    its group's mean and std (default 1); rows of an episode split into n segments weigh 1/n
+    each, so the statistics count episodes, not segments.
     """
     r = rewards.float()
+    w = torch.ones_like(r) if weights is None else weights.to(r)
     _, g = torch.unique(group_ids, return_inverse=True)
     n_groups = int(g.max()) + 1 if g.numel() else 0
-    count = torch.zeros(n_groups, dtype=r.dtype, device=r.device).index_add_(0, g, torch.ones_like(r))
-    mean = torch.zeros_like(count).index_add_(0, g, r) / count
+    count = torch.zeros(n_groups, dtype=r.dtype, device=r.device).index_add_(0, g, w)
+    mean = torch.zeros_like(count).index_add_(0, g, w * r) / count
     adv = r - mean[g]
     if not std_normalize:
         return adv
-    var = torch.zeros_like(count).index_add_(0, g, adv * adv) / count
+    var = torch.zeros_like(count).index_add_(0, g, w * adv * adv) / count
     return adv / (var.sqrt()[g] + eps)
 
 

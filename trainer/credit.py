@@ -46,10 +46,13 @@ def num_chunks(mask: Tensor) -> Tensor:
     return _chunk_starts(mask).long().sum(1)
 
 
-def _discount_to_end(mask: Tensor, gamma: float) -> Tensor:
-    """gamma^(K_b - 1 - k) on the tokens of chunk k (0-based), 0 elsewhere, (B, T) float."""
+def _discount_to_end(mask: Tensor, gamma: float, chunks_after: Tensor | None = None) -> Tensor:
+    """gamma^(K_b - 1 - k + a_b) on the tokens of chunk k (0-based), 0 elsewhere, (B, T) float;
+    ``chunks_after`` a_b (B,): the episode's chunks in later rows (default 0)."""
     m = mask.bool()
     turns_left = num_chunks(m).unsqueeze(1) - 1 - chunk_ids(m)  # >= 0: K_b - 1 - k, or K_b off the chunks
+    if chunks_after is not None:
+        turns_left = turns_left + chunks_after.unsqueeze(1)
     return torch.where(m, gamma ** turns_left, 0.0)
 
 
@@ -151,7 +154,8 @@ def chunk_ratio_mask(ratios: Tensor, mask: Tensor, *, low: float, high: float) -
 
 
 def ipa_advantages(rewards: Tensor, group_ids: Tensor, mask: Tensor, gamma: float, *,
-                   eps: float = 1e-6, std_normalize: bool = True) -> Tensor:
+                   eps: float = 1e-6, std_normalize: bool = True, weights: Tensor | None = None,
+                   chunks_after: Tensor | None = None) -> Tensor:
     """IPA chunk advantages broadcast to each chunk's tokens, (B, T); 0 on non-response tokens.
 
     Chunk k of sequence b (K_b chunks) has return G_bk = gamma^(K_b - k) R_b. Its baseline
@@ -165,9 +169,14 @@ def ipa_advantages(rewards: Tensor, group_ids: Tensor, mask: Tensor, gamma: floa
     Ours keeps every turn's sign equal to its episode's outcome relative to the group,
     reduces exactly to GRPO when gamma = 1, and with gamma < 1 gives turns far from the
     outcome less credit. ``std_normalize=False`` is the Dr.GRPO variant.
+
+    An agent episode split into segments (rows of one episode, see ``update.Batch``): its
+    rows carry ``weights`` 1/n in the group statistics (:func:`grpo_advantages`), and
+    ``chunks_after`` (B,), the episode's chunks in its later rows, so K_b - k counts the
+    turns to the episode's end, not to the row's.
     """
-    adv_seq = grpo_advantages(rewards, group_ids, eps=eps, std_normalize=std_normalize)
-    return _discount_to_end(mask, gamma) * adv_seq.unsqueeze(1)
+    adv_seq = grpo_advantages(rewards, group_ids, eps=eps, std_normalize=std_normalize, weights=weights)
+    return _discount_to_end(mask, gamma, chunks_after) * adv_seq.unsqueeze(1)
 
 
 def ipa_loss(logp: Tensor, behav_logp: Tensor, advantages: Tensor, mask: Tensor, *,

@@ -19,6 +19,7 @@ from typing import Any
 from rockroll.sandbox.modelservice import ModeError, Sample
 
 from .engines import SamplingParams
+from .rollout import request_ids
 
 DEFAULT_MAX_TOKENS = 256
 
@@ -36,15 +37,10 @@ class EnginePolicy:
         self.allowed_token_ids = allowed_token_ids
 
     def prompt_ids(self, call) -> list[int]:
-        if call.kind != "chat":
-            return self.tok.encode(call.prompt or "", add_special_tokens=False)
         try:
-            ids = self.tok.apply_chat_template(call.messages, tools=call.tools or None, tokenize=True,
-                                               add_generation_prompt=True)
-        except Exception as e:  # noqa: BLE001  (a message the template cannot render is the caller's error)
-            raise ModeError(400, f"the model's chat template cannot render these messages: {e}",
-                            code="invalid_messages", param="messages") from e
-        return list(ids if isinstance(ids, list) else ids["input_ids"])
+            return request_ids(self.tok, call.kind, call.messages, call.tools, call.prompt)
+        except ValueError as e:  # a message the template cannot render is the caller's error
+            raise ModeError(400, str(e), code="invalid_messages", param="messages") from e
 
     async def sample(self, prompt_ids: list[int], sampling) -> list[Sample]:
         want = sampling.max_tokens if sampling.max_tokens is not None else self.max_tokens

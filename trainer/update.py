@@ -24,37 +24,53 @@ __all__ = ["ADVANTAGES", "LOSSES", "Batch", "collate", "compute_advantages", "co
 
 
 _BATCH_TENSORS = ("input_ids", "attention_mask", "targets", "mask", "behav_logp", "rewards", "group_ids",
-                  "turn_rewards", "num_turn_rewards")
+                  "turn_rewards", "num_turn_rewards", "row_weights", "chunks_after")
 
 
 class Batch:
-    """Groups as padded tensors, aligned on *predicted* tokens: position t of ``mask``,
-    ``targets``, ``behav_logp`` is token t+1 of the sequence, predicted by logits at t.
-    ``turn_rewards`` (B, K): each sample's per-turn rewards, zero-padded to the longest
-    (``num_turn_rewards`` of them are real)."""
+    """Groups as padded tensors, one row per trained sequence, aligned on *predicted* tokens:
+    position t of ``mask``, ``targets``, ``behav_logp`` is token t+1 of the sequence, predicted
+    by logits at t. ``turn_rewards`` (B, K): each row's per-turn rewards, zero-padded to the
+    longest (``num_turn_rewards`` of them are real).
+
+    An episode is one row, or several when an agent rewrote its history (``Sample.rows``):
+    its rows share its reward and group; ``row_weights`` (1 / its number of rows) makes the
+    group statistics count each episode once, and ``chunks_after`` (the episode's chunks in
+    its later rows) numbers its turns across rows, for per-turn discounts."""
 
     def __init__(self, groups: list[Group], pad_id: int):
         samples = [s for g in groups for s in g.samples]
-        L = max(len(s.token_ids) for s in samples)
+        rows, weights, episode = [], [], []  # (sample, segment); 1 / rows of its episode; its episode
+        for e, s in enumerate(samples):
+            segs = s.rows()
+            rows += [(s, seg) for seg in segs]
+            weights += [1.0 / len(segs)] * len(segs)
+            episode += [e] * len(segs)
+        L = max(len(seg.token_ids) for _, seg in rows)
         K = max(len(s.turn_rewards) for s in samples)
-        B = len(samples)
+        B = len(rows)
         ids = torch.full((B, L), pad_id, dtype=torch.long)
         attn = torch.zeros(B, L, dtype=torch.long)
         mask = torch.zeros(B, L, dtype=torch.bool)
         blp = torch.zeros(B, L)
         self.turn_rewards = torch.zeros(B, K)
-        for i, s in enumerate(samples):
-            n = len(s.token_ids)
-            ids[i, :n] = torch.tensor(s.token_ids)
+        for i, (s, seg) in enumerate(rows):
+            n = len(seg.token_ids)
+            ids[i, :n] = torch.tensor(seg.token_ids)
             attn[i, :n] = 1
-            mask[i, :n] = torch.tensor(s.mask, dtype=torch.bool)
-            blp[i, :n] = torch.tensor(s.behav_logp)
+            mask[i, :n] = torch.tensor(seg.mask, dtype=torch.bool)
+            blp[i, :n] = torch.tensor(seg.behav_logp)
             self.turn_rewards[i, : len(s.turn_rewards)] = torch.tensor(s.turn_rewards, dtype=torch.float32)
         self.input_ids, self.attention_mask = ids, attn
         self.targets, self.mask, self.behav_logp = ids[:, 1:], mask[:, 1:], blp[:, 1:]
-        self.rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
-        self.group_ids = torch.tensor([s.group_id for s in samples])
-        self.num_turn_rewards = torch.tensor([len(s.turn_rewards) for s in samples])
+        self.rewards = torch.tensor([s.reward for s, _ in rows], dtype=torch.float32)
+        self.group_ids = torch.tensor([s.group_id for s, _ in rows])
+        self.num_turn_rewards = torch.tensor([len(s.turn_rewards) for s, _ in rows])
+        self.row_weights = torch.tensor(weights)
+        chunks, after = C.num_chunks(self.mask).tolist(), [0] * B
+        for i in reversed(range(B - 1)):  # an episode's rows are consecutive
+            after[i] = after[i + 1] + chunks[i + 1] if episode[i + 1] == episode[i] else 0
+        self.chunks_after = torch.tensor(after, dtype=torch.long)
         self.size = B
 
     def select(self, idx: torch.Tensor) -> "Batch":
@@ -146,6 +162,9 @@ def _gae(a: AlgorithmConfig, batch: Batch, old_logp, ref_logp, values):
 
 
 def _turn(a: AlgorithmConfig, batch: Batch, old_logp, ref_logp, values):
+    if bool((batch.row_weights < 1).any()):
+        raise ValueError("turn_credit=discounted: an agent episode was split into segments (it rewrote its "
+                         "history), whose turns have no common position; use turn_credit: outcome, or ipa.enabled")
     # every turn's reward must sit on its own chunk: a turn without tokens would shift the credit
     if not torch.equal(C.num_chunks(batch.mask), batch.num_turn_rewards):
         raise ValueError("turn_credit=discounted: a sample's response chunks do not match its turn rewards")
@@ -154,14 +173,17 @@ def _turn(a: AlgorithmConfig, batch: Batch, old_logp, ref_logp, values):
 
 
 ADVANTAGES: dict[str, Callable] = {
-    "grpo": lambda a, b, old, ref, v: (A.grpo_advantages(b.rewards, b.group_ids, std_normalize=a.std_normalize), None),
-    "dr_grpo": lambda a, b, old, ref, v: (A.grpo_advantages(b.rewards, b.group_ids, std_normalize=False), None),
+    "grpo": lambda a, b, old, ref, v: (
+        A.grpo_advantages(b.rewards, b.group_ids, std_normalize=a.std_normalize, weights=b.row_weights), None),
+    "dr_grpo": lambda a, b, old, ref, v: (
+        A.grpo_advantages(b.rewards, b.group_ids, std_normalize=False, weights=b.row_weights), None),
     "gae": _gae,
     "reinforce_pp": lambda a, b, old, ref, v: (
         A.reinforce_pp_advantages(b.rewards, b.mask, old, ref, kl_coef=a.kl_coef), None),
     "turn": _turn,
     "ipa": lambda a, b, old, ref, v: (
-        C.ipa_advantages(b.rewards, b.group_ids, b.mask, a.ipa.gamma, std_normalize=a.std_normalize), None),
+        C.ipa_advantages(b.rewards, b.group_ids, b.mask, a.ipa.gamma, std_normalize=a.std_normalize,
+                         weights=b.row_weights, chunks_after=b.chunks_after), None),
 }
 
 

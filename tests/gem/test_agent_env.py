@@ -24,10 +24,10 @@ import gymnasium
 import openai
 import pytest
 from _mini_swe_agent import gold_fix, toolz_task, wrong_fix
-from _openai_client import ATTACK, copy_client
+from _openai_client import ATTACK, snapshot_with_agent
 
 from rockroll.gem import TerminalTask
-from rockroll.gem.agent_env import AGENT_SESSION, render_chatml, shared_model_service
+from rockroll.gem.agent_env import AGENT_SESSION, AgentEnv, render_chatml, shared_model_service
 from rockroll.gem.agents import AGENT_PYLIB, AGENTS, AgentSpec
 from rockroll.gem.tools import close_pools
 from rockroll.registry.builtin import register_builtin
@@ -66,14 +66,11 @@ def service():
 @pytest.fixture(scope="module")
 def agent_snapshot(service, tmp_path_factory):
     """A snapshot with the agent installed: its client copied, its script step run."""
-    lib = copy_client(tmp_path_factory.mktemp("pylib"))
-    with open_sandbox(SPEC) as sb:
-        sb.upload(str(lib), AGENT_PYLIB)
-        step = sb.run(TOOL_AGENT.install[0])
-        assert step.exit_code == 0, step.stderr
+    digest = snapshot_with_agent(SPEC, TOOL_AGENT, tmp_path_factory.mktemp("pylib"))
+    with open_sandbox(SPEC, snapshot=digest) as sb:
         r = sb.run("python3 -c 'import openai; print(openai.__version__)'", env=TOOL_AGENT.env)
         assert r.stdout.strip() == openai.__version__, r
-        yield sb.snapshot().digest
+    return digest
 
 
 def make_env(agent_snapshot, agent=TOOL_AGENT, tasks=TASKS, **kwargs):
@@ -446,6 +443,37 @@ def test_agent_image_built_as_a_hub_env(service, tmp_path):
         assert env.sandbox.spec.image == "hub:agent-openai-tool-agent@1.0.0"
         env.step(bash_call("echo 7 > n.txt"))
         assert env.step("Done.")[1] == 1.0
+    finally:
+        env.close()
+
+
+def test_build_agent_cli_builds_the_chat_agent_image_that_plays_the_corridor(service, tmp_path):
+    """``rockroll envs build-agent``: the agent's install steps run at build time (the client
+    pip-installed from PyPI, byte-compiled by pip), published as hub:agent-<name>@1.0.0; an
+    episode of the corridor task set runs from that image. An unknown agent is a usage error
+    naming the choices, and publishes nothing."""
+    import subprocess
+    import sys
+
+    from rockroll.envhub.pull import pull
+
+    hub = f"file://{tmp_path / 'hub'}"
+    cli = [sys.executable, "-m", "rockroll.cli", "envs", "build-agent", "--hub", hub]
+    bad = subprocess.run([*cli, "no-such-agent"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "openai-chat-agent" in bad.stderr, bad.stderr
+    assert not (tmp_path / "hub").exists()
+    r = subprocess.run([*cli, "openai-chat-agent"], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0 and "image hub:agent-openai-chat-agent@1.0.0" in r.stdout, r.stderr[-3000:]
+    pull("agent-openai-chat-agent@1.0.0", hub=hub)
+    env = AgentEnv(agent="openai-chat-agent", task_set="corridor", image="hub:agent-openai-chat-agent@1.0.0",
+                   sandbox_spec=SPEC, call_timeout=60)
+    try:
+        obs, info = env.reset(options={"task_id": "left-1"})
+        assert "infra_error" not in info, info
+        assert info["messages"] == [{"role": "user", "content": "Walk to the goal.\n_P___ Left or Right? The goal "
+                                                                "is the left end."}]
+        _, reward, terminated, _, info = env.step("Left")
+        assert (reward, terminated, info["agent_status"]) == (1.0, True, "exited")
     finally:
         env.close()
 

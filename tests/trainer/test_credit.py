@@ -6,6 +6,7 @@ import pytest
 
 import torch  # a declared test dependency: a plain import, never a skip
 
+from rockroll.trainer.algorithms import grpo_advantages  # noqa: E402
 from rockroll.trainer.credit import (  # noqa: E402
     chunk_ids,
     chunk_ratio_mask,
@@ -269,3 +270,22 @@ def test_eps_is_added_to_the_std():
     mask = t([[1], [1]])
     close(turn_advantages(t([[1.0], [0.0]]), mask, torch.tensor([0, 0]), 1.0, eps=0.5), [[0.5], [-0.5]])
     close(ipa_advantages(t([1.0, 0.0]), torch.tensor([0, 0]), mask, 1.0, eps=0.5), [[0.5], [-0.5]])
+
+
+def test_an_episode_split_into_rows_gets_the_advantages_it_would_get_whole():
+    """An agent episode split into segments (rows, issue #13): each row weighs 1/n in its
+    group's statistics and numbers its chunks to the episode's end (``chunks_after``), so
+    every chunk gets exactly what it would get were the episode one row. Without the
+    weights the split episode counts twice in the mean; without the offset its first row's
+    chunks look like the episode's last."""
+    rewards, groups = torch.tensor([1.0, 0.0, 0.0]), torch.tensor([0, 0, 0])
+    whole_mask = torch.tensor([[0, 1, 0, 1, 0, 1], [0, 1, 0, 1, 0, 0], [0, 1, 0, 0, 0, 0]])
+    whole = ipa_advantages(rewards, groups, whole_mask, 0.5)
+    # episode 0 as two rows: its chunks 1-2, then chunk 3
+    split_mask = torch.tensor([[0, 1, 0, 1, 0, 0], [0, 0, 0, 0, 0, 1], [0, 1, 0, 1, 0, 0], [0, 1, 0, 0, 0, 0]])
+    split = ipa_advantages(torch.tensor([1.0, 1.0, 0.0, 0.0]), torch.tensor([0, 0, 0, 0]), split_mask, 0.5,
+                           weights=torch.tensor([0.5, 0.5, 1.0, 1.0]), chunks_after=torch.tensor([1, 0, 0, 0]))
+    assert torch.allclose(split[0] + split[1], whole[0]) and torch.allclose(split[2:], whole[1:])
+    adv = grpo_advantages(torch.tensor([1.0, 1.0, 0.0, 0.0]), torch.tensor([0, 0, 0, 0]),
+                          weights=torch.tensor([0.5, 0.5, 1.0, 1.0]))
+    assert torch.allclose(adv, grpo_advantages(rewards, groups)[[0, 0, 1, 2]])

@@ -98,6 +98,19 @@ def test_kl_penalty_holds_the_policy_near_its_reference(tmp_path):
 FROZENLAKE_STEPS = 40
 
 
+def train_example(name: str, steps: int, tmp_path: Path, sets: dict[str, str]) -> dict[int, dict]:
+    """``rockroll train examples/<name> --steps N --set ...`` as a user runs it, evaluating at
+    step 0 and ``steps``; its eval rows by step."""
+    sets = {**sets, "eval.every": str(steps), "logging.dir": str(tmp_path / "run"),
+            "checkpoint.dir": str(tmp_path / "ckpt"), "logging.progress": "false", "logging.tensorboard": "false"}
+    args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+    example = Path(__file__).resolve().parents[2] / "examples" / name
+    r = subprocess.run([sys.executable, "-m", "rockroll.cli", "train", str(example), "--steps", str(steps), *args],
+                       capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return {x["step"]: x for x in map(json.loads, (tmp_path / "run" / "eval.jsonl").read_text().splitlines())}
+
+
 def test_rockroll_train_learns_frozenlake_end_to_end(tmp_path):
     """The shipped example through the ``rockroll train`` CLI on the real GEM FrozenLake, on
     one of its maps (4x4, no holes: three Right and three Down in 8 turns), its replies
@@ -105,17 +118,32 @@ def test_rockroll_train_learns_frozenlake_end_to_end(tmp_path):
     policy trained from scratch has no prior for the format). The untrained policy almost
     never reaches the goal; the trained one does in most fresh evaluation episodes. (Why this
     stops near 0.7 rather than 0.9: docs/trainer.md, "A CPU run that learns".)"""
-    sets = {
-        "envs.0.task_ids": "[0]", "rollout.batch_groups": "2", "eval.every": str(FROZENLAKE_STEPS),
-        "eval.episodes": "32", "logging.dir": str(tmp_path / "run"), "checkpoint.dir": str(tmp_path / "ckpt"),
-        "logging.progress": "false", "logging.tensorboard": "false",
-    }
-    args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
-    example = Path(__file__).resolve().parents[2] / "examples" / "frozenlake_cpu.yaml"
-    r = subprocess.run([sys.executable, "-m", "rockroll.cli", "train", str(example), "--steps",
-                        str(FROZENLAKE_STEPS), *args], capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    rows = {x["step"]: x for x in map(json.loads, (tmp_path / "run" / "eval.jsonl").read_text().splitlines())}
+    rows = train_example("frozenlake_cpu.yaml", FROZENLAKE_STEPS, tmp_path, {
+        "envs.0.task_ids": "[0]", "rollout.batch_groups": "2", "eval.episodes": "32"})
     assert rows[0]["eval/success"] <= 0.1, rows[0]
     assert rows[FROZENLAKE_STEPS]["eval/success"] >= 0.5, rows[FROZENLAKE_STEPS]
     assert rows[FROZENLAKE_STEPS]["eval/format_errors"] == 0.0  # every reply was a direction
+
+
+AGENT_STEPS = 20
+
+
+def test_rockroll_train_learns_through_the_model_service(tmp_path):
+    """Agent-native RL (issue #13): the shipped example through ``rockroll train``. An
+    unmodified agent program on the official ``openai`` client (``openai-chat-agent``) plays the
+    corridor game in sandboxes without network; every call it makes is answered by the policy
+    being trained, and the trainer learns from the merged token-in/token-out samples. The
+    client is copied into a snapshot rather than pip-installed into an image (the example's
+    ``image``), which is faster. Success above 0.5 needs the goal read: a policy blind to it
+    reaches, from each start, the same end whatever the goal, so it wins at most half."""
+    from _openai_client import snapshot_with_agent
+
+    from rockroll.gem.agents import AGENTS
+    from rockroll.sandbox import SandboxSpec
+
+    snapshot = snapshot_with_agent(SandboxSpec(), AGENTS["openai-chat-agent"], tmp_path / "pylib")
+    rows = train_example("agent_corridor_cpu.yaml", AGENT_STEPS, tmp_path, {
+        "envs.0.kwargs.snapshot": snapshot, "envs.0.kwargs.image": "null"})
+    assert rows[0]["eval/success"] <= 0.5, rows[0]
+    assert rows[AGENT_STEPS]["eval/success"] >= 0.75, rows[AGENT_STEPS]
+    assert rows[AGENT_STEPS]["eval/infra_errors"] == 0.0
