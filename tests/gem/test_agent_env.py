@@ -564,3 +564,20 @@ def test_swe_tasks_go_where_the_agent_is_installed(service, swe_hub, toolz):
         assert [t.image for t in env.unwrapped.tasks] == [toolz.image] == ["hub:swe-toolz@0.12.1"]
     finally:
         env.close()
+
+
+def test_an_agent_is_named_given_or_written_as_a_mapping():
+    """``agent=``: an ``AGENTS`` name, an ``AgentSpec``, or a mapping of its fields (a YAML
+    training config); anything else is a ``ValueError`` that says what is accepted."""
+    from rockroll.gem.agents import agent_spec
+
+    assert agent_spec("openai-chat-agent") is AGENTS["openai-chat-agent"]
+    mine = {"name": "mine", "command": "python3 /opt/mine.py {task}", "install": ["pip install mine"],
+            "env": {"A": "1"}}
+    assert agent_spec(mine) == AgentSpec("mine", "python3 /opt/mine.py {task}", ("pip install mine",), {"A": "1"})
+    with pytest.raises(ValueError, match="openai-chat-agent"):
+        agent_spec("no-such-agent")
+    with pytest.raises(ValueError, match="needs name and command"):
+        agent_spec({"name": "mine"})
+    with pytest.raises(ValueError, match="needs name and command"):
+        agent_spec({"name": "mine", "command": "x", "typo": 1})
