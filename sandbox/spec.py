@@ -11,13 +11,16 @@ from urllib.parse import urlsplit
 from .errors import SpecError
 
 BACKENDS = ("local", "docker", "remote", "ray")
+DEFAULT_DISK_MB = 2048  # each sandbox's writable layer; None: no limit
 
 
 @dataclass(frozen=True)
 class SandboxSpec:
     """What a sandbox is made of. Validated on construction; errors name the field.
 
-    ``cpus``, ``memory_mb`` and ``pids`` are hard limits (``None``: unlimited).
+    ``cpus``, ``memory_mb``, ``pids`` and ``disk_mb`` are hard limits (``None``: unlimited);
+    ``disk_mb`` bounds the sandbox's writable layer, bytes and inodes alike (writes past it
+    fail with ENOSPC; ``deployment/disk.py``).
     ``timeout_s`` is the default timeout of ``run()``; ``ttl_s`` the idle lifetime a
     service or pool enforces. ``network=False`` leaves only loopback.
     ``max_output_bytes`` caps each of stdout and stderr of one command.
@@ -32,7 +35,7 @@ class SandboxSpec:
     cpus: float | None = 1.0
     memory_mb: int | None = 1024
     pids: int | None = 256
-    disk_mb: int | None = None
+    disk_mb: int | None = DEFAULT_DISK_MB
     network: bool = False
     env: Mapping[str, str] = field(default_factory=dict)
     workdir: str = "/workspace"

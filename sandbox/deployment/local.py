@@ -14,9 +14,10 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import IsolationUnavailable, SandboxStartError, SpecError
+from ..errors import IsolationUnavailable, SandboxStartError
 from ..spec import SandboxSpec
 from .cgroups import Cgroup, Limits, cgroup_mode, rlimit_fallback
+from .disk import WritableLayer, layer_config
 from .process import AgentProcess
 from .rootfs import RootfsPlan, network_plan, plan_for_image
 
@@ -51,11 +52,6 @@ class LocalDeployment:
 
     def __init__(self, spec: SandboxSpec, sandbox_id: str, run: RunRegistry):
         check_isolation()
-        if spec.disk_mb is not None:
-            # The overlay upper lives on the host's filesystem, which has no per-directory
-            # quota here; refusing beats pretending to enforce a limit.
-            raise SpecError("disk_mb", "the local backend cannot enforce a disk limit; use "
-                                       "backend='docker' or leave disk_mb unset")
         self.spec, self.id, self.run = spec, sandbox_id, run
         self.plan = plan_for_image(spec.image, run.home)
         self.dir = run.add(sandbox_id, self.kill_now)
@@ -64,6 +60,7 @@ class LocalDeployment:
         self.net = network_plan(self.dir / "net") if spec.network else RootfsPlan((), ())
         self.gen = 0
         self.agent = AgentProcess(self.dir)
+        self.layer: WritableLayer | None = None  # the sized disk of this generation (disk_mb)
         self.userns = os.geteuid() != 0
         self.limits = Limits(cpus=spec.cpus, memory_mb=spec.memory_mb, pids=spec.pids)
         self.cgroup = None
@@ -77,16 +74,20 @@ class LocalDeployment:
 
     @property
     def upper(self) -> Path:
-        return self.dir / f"upper{self.gen}"
+        return self.layer.upper if self.layer else self.dir / f"upper{self.gen}"
 
     def spawn(self, layers: list[Path], sessions: dict[str, str],
               model: dict | None = None) -> subprocess.Popen:
-        """Start a fresh agent over ``layers`` (top first) + the image, with an empty upper."""
+        """Start a fresh agent over ``layers`` (top first) + the image, with an empty upper:
+        on a disk of its own, ``disk_mb`` big (``disk.py``), or a host directory (no limit)."""
         self.gen += 1
         upper, work = self.dir / f"upper{self.gen}", self.dir / f"work{self.gen}"
-        upper.mkdir()
-        work.mkdir()
-        os.chmod(upper, 0o755)
+        disk = layer_config(self.spec.disk_mb, self.dir, f"disk{self.gen}", userns=self.userns,
+                            home=self.run.home)
+        if disk is None:
+            upper.mkdir()
+            work.mkdir()
+            os.chmod(upper, 0o755)
         cfg = {
             "id": self.id,
             "rootfs": str(self.dir / "rootfs"),
@@ -97,22 +98,31 @@ class LocalDeployment:
             "rlimits": [] if self.cgroup else [[r, s, h] for r, (s, h) in rlimit_fallback(self.limits)],
             "userns": self.userns, "network": self.spec.network,
             "hostname": self.id, "workdir": self.spec.workdir, "env": dict(self.spec.env),
-            "sessions": sessions,
+            "sessions": sessions, "disk": disk,
         }
         return self.agent.start(cfg, model)
 
     def record(self, init_pid: int) -> None:
         self.agent.record(init_pid)
+        if self.spec.disk_mb is not None:
+            self.layer = WritableLayer(self.agent.proc.pid)
+
+    def _close_layer(self) -> None:
+        layer, self.layer = self.layer, None
+        if layer is not None:
+            layer.close()
 
     def stop_agent(self) -> None:
         """Kill the current agent (and with it the whole pid namespace); delete the old
         generation's directories once it is reaped, in the background."""
         gen = self.gen
+        self._close_layer()
         self.agent.stop(then=lambda: self._drop_generation(gen))
 
     def _drop_generation(self, gen: int) -> None:
-        for name in (f"upper{gen}", f"work{gen}"):
+        for name in (f"upper{gen}", f"work{gen}", f"disk{gen}"):
             shutil.rmtree(self.dir / name, ignore_errors=True)
+        (self.dir / f"disk{gen}.img").unlink(missing_ok=True)
 
     def oom_kills(self) -> int:
         return self.cgroup.oom_kills() if self.cgroup else 0
@@ -131,6 +141,7 @@ class LocalDeployment:
     def kill_now(self) -> None:
         """Synchronous, idempotent teardown (also called from atexit)."""
         with self._lock:
+            self._close_layer()
             self.agent.kill()
             if self.cgroup:
                 self.cgroup.remove()

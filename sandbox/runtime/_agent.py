@@ -244,6 +244,126 @@ def loopback_up() -> None:
         s.close()
 
 
+# --------------------------------------------------------------------------- writable layer
+
+LOOP_CTL_GET_FREE, LOOP_CONFIGURE, LO_FLAGS_AUTOCLEAR = 0x4C82, 0x4C0A, 4
+LOOP_INFO64_SIZE, LO_FLAGS_OFFSET = 232, 52  # struct loop_info64, and lo_flags in it
+
+
+def attach_loop(image: str) -> tuple[str, int]:
+    """A free loop device backed by ``image`` and an open fd on it. Auto-clearing: the
+    kernel detaches it when its last user (the mount made from it) is gone."""
+    ctl = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
+    backing = os.open(image, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        for _ in range(64):  # another process may take the free device first: try the next
+            n = fcntl.ioctl(ctl, LOOP_CTL_GET_FREE)
+            dev = f"/dev/loop{n}"
+            try:
+                fd = os.open(dev, os.O_RDWR | os.O_CLOEXEC)
+            except FileNotFoundError:  # no devtmpfs/udev to make the node
+                os.mknod(dev, stat.S_IFBLK | 0o600, os.makedev(7, n))
+                fd = os.open(dev, os.O_RDWR | os.O_CLOEXEC)
+            info = bytearray(LOOP_INFO64_SIZE)
+            struct.pack_into("I", info, LO_FLAGS_OFFSET, LO_FLAGS_AUTOCLEAR)
+            try:  # struct loop_config: backing fd, block size (0: default), info, reserved
+                fcntl.ioctl(fd, LOOP_CONFIGURE, struct.pack("II", backing, 0) + bytes(info) + bytes(64))
+                return dev, fd
+            except OSError as e:
+                os.close(fd)
+                if e.errno != errno.EBUSY:
+                    raise
+        raise OSError(errno.EBUSY, "no free loop device")
+    finally:
+        os.close(ctl)
+        os.close(backing)
+
+
+SYS_MOVE_MOUNT, SYS_FSOPEN, SYS_FSCONFIG, SYS_FSMOUNT = 429, 430, 431, 432  # x86_64
+FSCONFIG_SET_FLAG, FSCONFIG_SET_STRING, FSCONFIG_CMD_CREATE = 0, 1, 6
+MOVE_MOUNT_F_EMPTY_PATH, AT_FDCWD = 4, -100
+
+
+def detached_layer(image: str) -> int:
+    """The ext4 layer in ``image`` as a detached mount (the new mount API): an fd that
+    ``mount_layer`` attaches in another mount namespace (a container's, where neither the
+    image nor ``/dev/loop*`` can be reached)."""
+    dev, devfd = attach_loop(image)
+    try:
+        fs = _check(_libc.syscall(SYS_FSOPEN, b"ext4", 1), "fsopen")  # FSOPEN_CLOEXEC
+        try:
+            for cmd, key, value in ((FSCONFIG_SET_STRING, b"source", _b(dev)), (FSCONFIG_SET_FLAG, b"discard", None),
+                                    (FSCONFIG_SET_FLAG, b"noinit_itable", None), (FSCONFIG_CMD_CREATE, None, None)):
+                _check(_libc.syscall(SYS_FSCONFIG, fs, cmd, key, value, 0), f"fsconfig {key}")
+            return _check(_libc.syscall(SYS_FSMOUNT, fs, 1, 0), "fsmount")  # FSMOUNT_CLOEXEC
+        finally:
+            os.close(fs)
+    finally:
+        os.close(devfd)
+
+
+def mount_layer(cfg: dict, detached: int | None = None) -> None:
+    """Mount the sandbox's sized writable layer (``cfg["disk"]``, see
+    ``deployment/disk.py``; ``detached``: already made by ``detached_layer``) in this
+    process's new mount namespace, with the overlay's upper and work dirs on it, and stay
+    in it: the host reads the upper layer through ``/proc/<this pid>/cwd``. Runs in the
+    outer process, before init is forked."""
+    disk = cfg["disk"]
+    mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing below may propagate to the host
+    where = disk["dir"]
+    os.makedirs(where, exist_ok=True)
+    if detached is not None:
+        _check(_libc.syscall(SYS_MOVE_MOUNT, detached, b"", AT_FDCWD, _b(where), MOVE_MOUNT_F_EMPTY_PATH),
+               "move_mount")
+        os.close(detached)
+    elif "image" in disk:
+        dev, fd = attach_loop(disk["image"])
+        try:  # discard: deleted files punch holes back into the sparse image
+            mount(dev, where, "ext4", 0, "discard,noinit_itable")
+        finally:
+            os.close(fd)
+    else:
+        mount("tmpfs", where, "tmpfs", 0, disk["tmpfs"])
+    for name in ("upper", "work"):
+        os.mkdir(f"{where}/{name}")
+        os.chmod(f"{where}/{name}", 0o755)
+    os.chdir(where)
+    cfg["upper"], cfg["work"] = f"{where}/upper", f"{where}/work"
+
+
+def _root_children() -> list[str]:
+    """Mount points directly under ``/`` (docker's /proc, /dev, /sys, /etc/hosts, ...),
+    in mount order."""
+    rows = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            rows.append((fields[0], fields[1], fields[4].replace("\\040", " ")))
+    root_ids = {mid for mid, _, point in rows if point == "/"}
+    return [point for mid, parent, point in rows if parent in root_ids and mid not in root_ids]
+
+
+def layer_root(cfg: dict) -> None:
+    """Enter mode with a disk limit: make the sandbox's root an overlay of the container's
+    root (lower) and the sized layer (upper), with the container's other mounts bound in
+    again, and pivot into it. The container's own writable layer stays empty."""
+    layer = cfg["disk"]["dir"]
+    children = [p for p in _root_children() if p != layer]
+    lower, root = layer + "/lower", layer + "/root"
+    for path in (lower, root):
+        os.mkdir(path)
+    mount("/", lower, None, MS_BIND)  # the root mount alone, not what is mounted on it
+    mount("overlay", root, "overlay", 0, "lowerdir=%s,upperdir=%s,workdir=%s" % (lower, cfg["upper"], cfg["work"]))
+    for point in children:
+        mount(point, root + point, None, MS_BIND | MS_REC)
+    if os.path.ismount(root + layer):  # came along with /dev: the sandbox must not see it
+        _check(_libc.umount2(_b(root + layer), MNT_DETACH), "umount layer copy")
+    os.chdir(root)
+    _check(_libc.syscall(SYS_PIVOT_ROOT, b".", b"."), "pivot_root")
+    _check(_libc.umount2(b".", MNT_DETACH), "umount old root")
+    os.chdir("/")
+
+
 # --------------------------------------------------------------------------- root filesystem
 
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
@@ -932,6 +1052,8 @@ def _setup_outer(cfg: dict) -> None:
             f.write(f"0 {gid} 1")
     else:
         unshare(flags)
+    if cfg.get("disk"):
+        mount_layer(cfg)
 
 
 def _enter_outer(cfg: dict) -> None:
@@ -940,7 +1062,12 @@ def _enter_outer(cfg: dict) -> None:
     for path in cfg.get("cgroup_procs", []):
         with open(path, "w") as f:
             f.write(str(os.getpid()))
+    # The image and /dev/loop* are host paths: make the layer before entering.
+    layer = detached_layer(cfg["disk"]["image"]) if cfg.get("disk") else None
     enter_namespaces(cfg["enter_pid"])
+    if layer is not None:
+        unshare(CLONE_NEWNS)  # the sandbox's root is ours to build (layer_root)
+        mount_layer(cfg, layer)
 
 
 def _enter_init() -> None:
@@ -1002,6 +1129,8 @@ def main() -> None:
             os.close(gate[1])
             os.read(gate[0], 1)  # EOF once the outer process closed its end
             os.close(gate[0])
+            if cfg.get("disk"):
+                layer_root(cfg)
             _enter_init()
         else:
             build_root(cfg)
