@@ -46,6 +46,7 @@ from ..runtime import _agent
 from ..spec import SandboxSpec
 from ..storage.whiteouts import apply_layer
 from .cgroups import Cgroup
+from .disk import WritableLayer, layer_config
 from .process import AgentProcess, proc_start_time
 from .rootfs import NO_NETWORK_ETC
 
@@ -55,6 +56,9 @@ if TYPE_CHECKING:
 LABEL_RUN, LABEL_SANDBOX, LABEL_OWNER = "rockroll.run", "rockroll.sandbox", "rockroll.owner"
 LABEL_OWNER_PID, LABEL_OWNER_START = "rockroll.owner.pid", "rockroll.owner.start"
 LABEL_CHAIN, CHAIN_REPO = "rockroll.chain", "rockroll/chain"
+# Where the agent mounts the sandbox's sized layer (disk_mb), in its own mount namespace
+# inside the container: on docker's /dev tmpfs, so the image's files are never touched.
+LAYER_DIR = "/dev/.rr-disk"
 # pid 1 of the container: needs only sh and sleep; exits on SIGTERM (pid 1 has no default handlers).
 KEEPALIVE = 'trap "exit 0" TERM; while :; do sleep 3600 & wait $!; done'
 _CAP_NAMES = {0: "CHOWN", 1: "DAC_OVERRIDE", 3: "FOWNER", 4: "FSETID", 5: "KILL", 6: "SETGID",
@@ -135,12 +139,13 @@ class DockerDeployment:
         self.container = None
         self.cgroup: Cgroup | None = None
         self._upper: Path | None = None
+        self.layer: WritableLayer | None = None  # the sized disk of this generation (disk_mb)
         self._removals: list[threading.Thread] = []
         self._lock = threading.Lock()
 
     @property
     def upper(self) -> Path:
-        return self._upper
+        return self.layer.upper if self.layer else self._upper
 
     def _labels(self) -> dict[str, str]:
         pid = os.getpid()
@@ -184,7 +189,6 @@ class DockerDeployment:
                 cap_add=[_CAP_NAMES[c] for c in _agent.KEEP_CAPS], security_opt=["no-new-privileges"],
                 mem_limit=memory, memswap_limit=memory, pids_limit=spec.pids,
                 nano_cpus=int(spec.cpus * 1e9) if spec.cpus else None,
-                storage_opt={"size": f"{spec.disk_mb}M"} if spec.disk_mb else None,
                 log_config={"type": "none"})
         except docker.errors.ImageNotFound as e:
             raise SandboxStartError(f"docker image {self.image!r} not found (build one with "
@@ -211,22 +215,35 @@ class DockerDeployment:
             self.cgroup = container_cgroup(pid)
         except (docker.errors.DockerException, OSError, KeyError) as e:
             raise SandboxStartError(f"cannot start the container: {e}", sandbox_id=self.id) from e
+        disk = layer_config(self.spec.disk_mb, self.dir, f"disk{self.gen}", userns=False, home=self.run.home)
+        if disk is not None:  # mounted in the container's namespace, at a path of the container
+            disk["dir"] = LAYER_DIR
         cfg = {"id": self.id, "enter_pid": pid, "cgroup_procs": self.cgroup.procs_paths(),
                "workdir": self.spec.workdir, "env": dict(self.spec.env), "hostname": self.id,
-               "sessions": sessions}
+               "sessions": sessions, "disk": disk}
         return self.agent.start(cfg, model)
 
     def record(self, init_pid: int) -> None:
         self.agent.record(init_pid)
+        if self.spec.disk_mb is not None:
+            self.layer = WritableLayer(self.agent.proc.pid)
 
     def stop_agent(self) -> None:
-        """Kill the agent and remove its container in the background."""
-        self.agent.stop()
+        """Kill the agent and remove its container (and its disk image) in the background."""
+        layer, self.layer = self.layer, None
+        if layer is not None:
+            layer.close()
+        gen = self.gen
+        self.agent.stop(then=lambda: self._drop_disk(gen))
         container, self.container = self.container, None
         if container is not None:
             thread = threading.Thread(target=_remove, args=(container,), daemon=True)
             thread.start()
             self._removals.append(thread)
+
+    def _drop_disk(self, gen: int) -> None:
+        shutil.rmtree(self.dir / f"disk{gen}", ignore_errors=True)
+        (self.dir / f"disk{gen}.img").unlink(missing_ok=True)
 
     def oom_kills(self) -> int:
         return self.cgroup.oom_kills() if self.cgroup else 0

@@ -1058,12 +1058,13 @@ def _setup_outer(cfg: dict) -> None:
 
 def _enter_outer(cfg: dict) -> None:
     """Enter mode, in the host namespaces: join the container's cgroups (so the agent
-    is charged to its limits), then its namespaces."""
+    is charged to its limits), then its namespaces. The sized layer (disk_mb) is made
+    first: its image and /dev/loop* are host paths, and the container's device cgroup
+    forbids loop devices."""
+    layer = detached_layer(cfg["disk"]["image"]) if cfg.get("disk") else None
     for path in cfg.get("cgroup_procs", []):
         with open(path, "w") as f:
             f.write(str(os.getpid()))
-    # The image and /dev/loop* are host paths: make the layer before entering.
-    layer = detached_layer(cfg["disk"]["image"]) if cfg.get("disk") else None
     enter_namespaces(cfg["enter_pid"])
     if layer is not None:
         unshare(CLONE_NEWNS)  # the sandbox's root is ours to build (layer_root)
