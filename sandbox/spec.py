@@ -54,7 +54,7 @@ class SandboxSpec:
         _positive("pids", self.pids, minimum=8, integer=True)
         if self.pids is not None and self.pids > PID_MAX_LIMIT:  # the kernel refuses more in pids.max
             raise SpecError("pids", f"must be <= {PID_MAX_LIMIT} (None: unlimited), not {self.pids!r}")
-        _positive("disk_mb", self.disk_mb, minimum=1, integer=True)
+        _positive("disk_mb", self.disk_mb, minimum=16, integer=True)
         _positive("timeout_s", self.timeout_s, minimum=0.001)
         _positive("ttl_s", self.ttl_s, minimum=0.001)
         _positive("max_output_bytes", self.max_output_bytes, minimum=1, integer=True)

@@ -39,6 +39,7 @@ layer (unlimited on overlay2 over ext4) stays empty.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -49,6 +50,7 @@ from ..errors import SandboxStartError
 from ..home import state_home
 
 BYTES_PER_INODE = 16384  # mke2fs's default ratio
+LOOP_CLR_FD = 0x4C01
 
 
 def inodes_for(disk_mb: int) -> int:
@@ -86,7 +88,8 @@ def ext4_template(disk_mb: int, home: Path | None = None) -> Path:
         os.ftruncate(fd, disk_mb << 20)
         os.close(fd)
         mke2fs = shutil.which("mke2fs") or "/sbin/mke2fs"
-        out = subprocess.run([mke2fs, "-q", "-F", "-t", "ext4", "-m", "0", "-i", str(BYTES_PER_INODE),
+        # 4 KiB blocks at every size (mke2fs picks 1 KiB for small ones, which caps a file at 16 GiB)
+        out = subprocess.run([mke2fs, "-q", "-F", "-t", "ext4", "-b", "4096", "-m", "0", "-i", str(BYTES_PER_INODE),
                               "-O", "^has_journal,^resize_inode", "-E", "lazy_itable_init=1,nodiscard", tmp],
                              capture_output=True, text=True)
         if out.returncode != 0:
@@ -150,3 +153,31 @@ class WritableLayer:
         fd, self.fd = self.fd, -1
         if fd >= 0:
             os.close(fd)
+
+
+def loop_devices(folder: Path) -> list[str]:
+    """Loop devices backed by an image under ``folder`` (a run's directory), as the
+    kernel lists them (an unlinked image still counts)."""
+    prefix, found = f"{folder}/", []
+    for backing in sorted(Path("/sys/block").glob("loop*/loop/backing_file")):
+        try:
+            if backing.read_text().startswith(prefix):
+                found.append(f"/dev/{backing.parts[3]}")
+        except OSError:
+            continue  # detached meanwhile
+    return found
+
+
+def detach_loops(folder: Path) -> None:
+    """Detach the loop devices of a dead run (``reaper``). Each is auto-clearing and goes
+    with the sandbox's mount namespace anyway; this catches one whose namespace a stray
+    process still holds: the kernel then detaches it as soon as that mount goes."""
+    for dev in loop_devices(folder):
+        try:
+            fd = os.open(dev, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                fcntl.ioctl(fd, LOOP_CLR_FD)
+            finally:
+                os.close(fd)
+        except OSError:
+            pass  # gone already, or not ours to touch
