@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -468,6 +468,9 @@ def main() -> int:
                     res["local_run_true"] = stats(bench_run_true(spec, counts.run_true))
                 if "cold" in only:
                     res["local_cold_create"] = stats(bench_cold_create(spec, counts.cold))
+                    # what the default disk limit (a sized layer per sandbox) adds to a create
+                    res["local_cold_create_no_disk"] = stats(bench_cold_create(replace(spec, disk_mb=None),
+                                                                               counts.cold))
                 if "pool" in only:
                     res["pool_acquire"] = stats(bench_pool_acquire(spec, counts.acquire))
                 if "snapshot" in only:
@@ -487,6 +490,8 @@ def main() -> int:
                         res["docker_run_true"] = stats(bench_run_true(spec, counts.run_true))
                     if "cold" in only:
                         res["docker_cold_create"] = stats(bench_cold_create(spec, counts.cold_docker))
+                        res["docker_cold_create_no_disk"] = stats(bench_cold_create(replace(spec, disk_mb=None),
+                                                                                    counts.cold_docker))
         if want_cli:
             res["docker_exec"] = res["docker_run"] = docker.unavailable
             if not docker.unavailable:
@@ -552,6 +557,11 @@ def main() -> int:
         if f"{b}_cold_create" in res:
             rows.append(row(b, "cold create (ms)", res[f"{b}_cold_create"], d_run,
                             ("<=", COLD_TARGET_MS[b]) if b in COLD_TARGET_MS else None))
+    for b in backends:
+        if f"{b}_cold_create_no_disk" in res:
+            ratio = res[f"{b}_cold_create"]["median"] / res[f"{b}_cold_create_no_disk"]["median"]
+            rows.append(row(b, f"cold create, disk_mb=None (ms): the default disk costs {ratio:.2f}x",
+                            res[f"{b}_cold_create_no_disk"], None, None))
     if isinstance(res.get("docker_backend"), str):
         rows.append(row("docker", f"(not measured: {res['docker_backend']})", {}, None, None))
     if "pool_acquire" in res:
