@@ -28,7 +28,7 @@ never in the host's: a crashed owner leaves no mount behind (the namespace dies 
 sandbox's processes), and a thousand sandboxes do not grow the host's mount table (each
 ``unshare(CLONE_NEWNS)`` copies it). The outer process keeps its working directory on the
 mount; the host reads the upper layer (snapshots) through ``/proc/<outer>/cwd``, opened
-once per agent as a directory fd (``WritableLayer``), so a recycled pid can never turn it
+once per agent as a directory fd (``SandboxDisk``), so a recycled pid can never turn it
 into someone else's files. Inodes: one per 16 KiB, as ``mke2fs``'s default ratio, on both
 backings, so the inode limit does not depend on which one a host uses.
 
@@ -39,38 +39,145 @@ layer (unlimited on overlay2 over ext4) stays empty.
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
+import errno
 import fcntl
 import os
 import shutil
+import stat
+import struct
 import subprocess
 import tempfile
+import threading
+import uuid
 from pathlib import Path
 
 from ..errors import SandboxStartError
 from ..home import state_home
 
 BYTES_PER_INODE = 16384  # mke2fs's default ratio
-LOOP_CLR_FD = 0x4C01
+LOOP_CLR_FD, LOOP_CONFIGURE, LOOP_CTL_GET_FREE, LO_FLAGS_AUTOCLEAR = 0x4C01, 0x4C0A, 0x4C82, 4
+LOOP_INFO64_SIZE, LO_FLAGS_OFFSET = 232, 52  # struct loop_info64, and lo_flags in it
 
 
 def inodes_for(disk_mb: int) -> int:
     return max(1024, disk_mb * (1 << 20) // BYTES_PER_INODE)
 
 
-def layer_config(disk_mb: int | None, folder: Path, name: str, *, userns: bool,
-                 home: Path | None = None) -> dict | None:
+class Disk:
+    """A sandbox's ext4 layer, formatted and on an auto-clearing loop device. We hold the
+    device open until the agent has mounted it (``release``): closing the last opener of
+    an unmounted device detaches it, so an agent that dies first leaks nothing."""
+
+    def __init__(self, image: Path, device: str, fd: int):
+        self.image, self.device, self.fd = image, device, fd
+
+    def release(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+
+def attach_loop(image: Path) -> tuple[str, int]:
+    """A free loop device backed by ``image``, and an open fd on it. Auto-clearing: the
+    kernel detaches it when its last user (our fd, then the mount) is gone."""
+    ctl = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
+    backing = os.open(image, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        for _ in range(64):  # another process may take the free device first: try the next
+            n = fcntl.ioctl(ctl, LOOP_CTL_GET_FREE)
+            dev = f"/dev/loop{n}"
+            try:
+                fd = os.open(dev, os.O_RDWR | os.O_CLOEXEC)
+            except FileNotFoundError:  # no devtmpfs or udev made the node
+                os.mknod(dev, stat.S_IFBLK | 0o600, os.makedev(7, n))
+                fd = os.open(dev, os.O_RDWR | os.O_CLOEXEC)
+            info = bytearray(LOOP_INFO64_SIZE)
+            struct.pack_into("I", info, LO_FLAGS_OFFSET, LO_FLAGS_AUTOCLEAR)
+            try:  # struct loop_config: backing fd, block size (0: default), loop_info64, reserved
+                fcntl.ioctl(fd, LOOP_CONFIGURE, struct.pack("II", backing, 0) + bytes(info) + bytes(64))
+                return dev, fd
+            except OSError as e:
+                os.close(fd)
+                if e.errno != errno.EBUSY:
+                    raise
+        raise OSError(errno.EBUSY, "no free loop device")
+    finally:
+        os.close(ctl)
+        os.close(backing)
+
+
+def new_disk(disk_mb: int, folder: Path, home: Path | None = None) -> Disk:
+    """A fresh ext4 layer of ``disk_mb`` MiB: a sparse copy of the template, in ``folder``."""
+    image = folder / f".disk-{uuid.uuid4().hex[:12]}.img"
+    sparse_copy(ext4_template(disk_mb, home), image)
+    try:
+        return Disk(image, *attach_loop(image))
+    except OSError as e:
+        image.unlink(missing_ok=True)
+        raise SandboxStartError(f"cannot attach a loop device for the sandbox's disk ({e})") from e
+
+
+class _SpareDisks:
+    """Disks made ahead of time, per (size, run directory), like the spare agents
+    (``process.py``): attaching a loop device waits on the kernel (a queue freeze, an RCU
+    grace period), 1 ms on an idle host and 100 ms and more on a loaded one, so a create
+    should not. Spares sit in the run's directory (``.disk-*.img``) and are renamed into
+    the sandbox's; a crash of the owner closes their fds, which detaches them."""
+
+    def __init__(self, keep: int = 2):
+        self.keep = keep
+        self._ready: dict[tuple, collections.deque[Disk]] = collections.defaultdict(collections.deque)
+        self._lock = threading.Lock()
+        self._maker: concurrent.futures.ThreadPoolExecutor | None = None
+
+    def take(self, disk_mb: int, run_dir: Path, home: Path | None, dest: Path) -> Disk:
+        key = (disk_mb, run_dir, home)
+        with self._lock:
+            if self._maker is None:
+                self._maker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rockroll-disks")
+            ready = self._ready[key]
+            disk = ready.popleft() if ready else None
+            self._maker.submit(self._refill, key)
+        if disk is None:
+            disk = new_disk(disk_mb, run_dir, home)
+        os.rename(disk.image, dest)  # the loop device follows the file
+        disk.image = dest
+        return disk
+
+    def _refill(self, key: tuple) -> None:
+        with self._lock:
+            if len(self._ready[key]) >= self.keep:
+                return
+        disk_mb, run_dir, home = key
+        if not run_dir.is_dir():
+            return  # the run is over
+        try:
+            disk = new_disk(disk_mb, run_dir, home)
+        except (SandboxStartError, OSError):
+            return  # the next create makes its own and reports why
+        with self._lock:
+            self._ready[key].append(disk)
+
+
+_spares = _SpareDisks()
+
+
+def layer_config(disk_mb: int | None, run_dir: Path, folder: Path, name: str, *, userns: bool,
+                 home: Path | None = None) -> tuple[dict | None, Disk | None]:
     """The agent's ``disk`` config for a fresh writable layer of ``disk_mb`` MiB, mounted at
-    ``folder/name`` (a new empty directory); for ext4 the image is ``folder/name.img``.
-    None when ``disk_mb`` is None (no limit: the upper is a plain host directory)."""
+    ``folder/name`` (a new empty directory), and the ``Disk`` behind it (ext4 only; its
+    image is ``folder/name.img``). ``(None, None)`` when ``disk_mb`` is None: no limit,
+    the upper is a plain host directory."""
     if disk_mb is None:
-        return None
+        return None, None
     mount_point = folder / name
     mount_point.mkdir()
     if userns:
-        return {"dir": str(mount_point), "tmpfs": f"size={disk_mb}m,nr_inodes={inodes_for(disk_mb)},mode=755"}
-    image = folder / f"{name}.img"
-    sparse_copy(ext4_template(disk_mb, home), image)
-    return {"dir": str(mount_point), "image": str(image)}
+        return {"dir": str(mount_point), "tmpfs": f"size={disk_mb}m,nr_inodes={inodes_for(disk_mb)},mode=755"}, None
+    disk = _spares.take(disk_mb, run_dir, home, folder / f"{name}.img")
+    return {"dir": str(mount_point), "device": disk.device}, disk
 
 
 def ext4_template(disk_mb: int, home: Path | None = None) -> Path:
@@ -130,29 +237,58 @@ def sparse_copy(src: Path, dst: Path) -> None:
         os.close(fin)
 
 
-class WritableLayer:
-    """The host's handle on a sandbox's mounted layer: a directory fd on the agent's
-    working directory (``/proc/<outer>/cwd``), which is the layer's root. Holding it keeps
-    the layer mounted, so ``close()`` it when the agent stops."""
+class SandboxDisk:
+    """A deployment's sized writable layer, one per agent generation (start, reset,
+    restore): ``prepare`` before the agent starts (the agent's ``disk`` config), ``mounted``
+    once it runs, ``close`` when it stops, ``drop`` its files once it is gone. With
+    ``disk_mb=None`` every step is a no-op and ``upper`` is None."""
 
-    def __init__(self, outer_pid: int):
+    def __init__(self, disk_mb: int | None, run_dir: Path, folder: Path, *, userns: bool,
+                 home: Path | None = None):
+        self.disk_mb, self.run_dir, self.folder, self.home = disk_mb, run_dir, folder, home
+        self.userns = userns
+        self._disk: Disk | None = None
+        self._fd = -1
+
+    def prepare(self, gen: int) -> dict | None:
+        cfg, self._disk = layer_config(self.disk_mb, self.run_dir, self.folder, f"disk{gen}",
+                                       userns=self.userns, home=self.home)
+        return cfg
+
+    def mounted(self, outer_pid: int) -> None:
+        """The agent (its outer process ``outer_pid``) has mounted the layer and sits in
+        it: hold its working directory, the layer's root, as a directory fd, so a recycled
+        pid can never turn ``upper`` into someone else's files. Holding it keeps the layer
+        mounted until ``close``."""
+        if self.disk_mb is None:
+            return
         try:
-            self.fd = os.open(f"/proc/{outer_pid}/cwd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            self._fd = os.open(f"/proc/{outer_pid}/cwd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as e:
             raise SandboxStartError(f"cannot reach the sandbox's disk ({e})") from e
+        finally:
+            if self._disk is not None:
+                self._disk.release()  # the mount holds the loop device now
         if not os.path.isdir(self.upper):
-            os.close(self.fd)
+            self.close()
             raise SandboxStartError("the sandbox's disk has no upper layer")
 
     @property
-    def upper(self) -> Path:
+    def upper(self) -> Path | None:
         # Our pid, not /proc/self: ``cp`` (snapshots) reads it from a child process.
-        return Path(f"/proc/{os.getpid()}/fd/{self.fd}/upper")
+        return Path(f"/proc/{os.getpid()}/fd/{self._fd}/upper") if self._fd >= 0 else None
 
     def close(self) -> None:
-        fd, self.fd = self.fd, -1
+        fd, self._fd = self._fd, -1
         if fd >= 0:
             os.close(fd)
+        if self._disk is not None:
+            self._disk.release()
+            self._disk = None
+
+    def drop(self, gen: int) -> None:
+        shutil.rmtree(self.folder / f"disk{gen}", ignore_errors=True)
+        (self.folder / f"disk{gen}.img").unlink(missing_ok=True)
 
 
 def loop_devices(folder: Path) -> list[str]:

@@ -46,7 +46,7 @@ from ..runtime import _agent
 from ..spec import SandboxSpec
 from ..storage.whiteouts import apply_layer
 from .cgroups import Cgroup
-from .disk import WritableLayer, layer_config
+from .disk import SandboxDisk
 from .process import AgentProcess, proc_start_time
 from .rootfs import NO_NETWORK_ETC
 
@@ -139,13 +139,13 @@ class DockerDeployment:
         self.container = None
         self.cgroup: Cgroup | None = None
         self._upper: Path | None = None
-        self.layer: WritableLayer | None = None  # the sized disk of this generation (disk_mb)
+        self.disk = SandboxDisk(spec.disk_mb, run.dir, self.dir, userns=False, home=run.home)
         self._removals: list[threading.Thread] = []
         self._lock = threading.Lock()
 
     @property
     def upper(self) -> Path:
-        return self.layer.upper if self.layer else self._upper
+        return self.disk.upper or self._upper
 
     def _labels(self) -> dict[str, str]:
         pid = os.getpid()
@@ -215,7 +215,7 @@ class DockerDeployment:
             self.cgroup = container_cgroup(pid)
         except (docker.errors.DockerException, OSError, KeyError) as e:
             raise SandboxStartError(f"cannot start the container: {e}", sandbox_id=self.id) from e
-        disk = layer_config(self.spec.disk_mb, self.dir, f"disk{self.gen}", userns=False, home=self.run.home)
+        disk = self.disk.prepare(self.gen)
         if disk is not None:  # mounted in the container's namespace, at a path of the container
             disk["dir"] = LAYER_DIR
         cfg = {"id": self.id, "enter_pid": pid, "cgroup_procs": self.cgroup.procs_paths(),
@@ -225,25 +225,18 @@ class DockerDeployment:
 
     def record(self, init_pid: int) -> None:
         self.agent.record(init_pid)
-        if self.spec.disk_mb is not None:
-            self.layer = WritableLayer(self.agent.proc.pid)
+        self.disk.mounted(self.agent.proc.pid)
 
     def stop_agent(self) -> None:
         """Kill the agent and remove its container (and its disk image) in the background."""
-        layer, self.layer = self.layer, None
-        if layer is not None:
-            layer.close()
+        self.disk.close()
         gen = self.gen
-        self.agent.stop(then=lambda: self._drop_disk(gen))
+        self.agent.stop(then=lambda: self.disk.drop(gen))
         container, self.container = self.container, None
         if container is not None:
             thread = threading.Thread(target=_remove, args=(container,), daemon=True)
             thread.start()
             self._removals.append(thread)
-
-    def _drop_disk(self, gen: int) -> None:
-        shutil.rmtree(self.dir / f"disk{gen}", ignore_errors=True)
-        (self.dir / f"disk{gen}.img").unlink(missing_ok=True)
 
     def oom_kills(self) -> int:
         return self.cgroup.oom_kills() if self.cgroup else 0

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from ..errors import IsolationUnavailable, SandboxStartError
 from ..spec import SandboxSpec
 from .cgroups import Cgroup, Limits, cgroup_mode, rlimit_fallback
-from .disk import WritableLayer, layer_config
+from .disk import SandboxDisk
 from .process import AgentProcess
 from .rootfs import RootfsPlan, network_plan, plan_for_image
 
@@ -60,8 +60,8 @@ class LocalDeployment:
         self.net = network_plan(self.dir / "net") if spec.network else RootfsPlan((), ())
         self.gen = 0
         self.agent = AgentProcess(self.dir)
-        self.layer: WritableLayer | None = None  # the sized disk of this generation (disk_mb)
         self.userns = os.geteuid() != 0
+        self.disk = SandboxDisk(spec.disk_mb, run.dir, self.dir, userns=self.userns, home=run.home)
         self.limits = Limits(cpus=spec.cpus, memory_mb=spec.memory_mb, pids=spec.pids)
         self.cgroup = None
         if cgroup_mode() != "none":
@@ -74,7 +74,7 @@ class LocalDeployment:
 
     @property
     def upper(self) -> Path:
-        return self.layer.upper if self.layer else self.dir / f"upper{self.gen}"
+        return self.disk.upper or self.dir / f"upper{self.gen}"
 
     def spawn(self, layers: list[Path], sessions: dict[str, str],
               model: dict | None = None) -> subprocess.Popen:
@@ -82,8 +82,7 @@ class LocalDeployment:
         on a disk of its own, ``disk_mb`` big (``disk.py``), or a host directory (no limit)."""
         self.gen += 1
         upper, work = self.dir / f"upper{self.gen}", self.dir / f"work{self.gen}"
-        disk = layer_config(self.spec.disk_mb, self.dir, f"disk{self.gen}", userns=self.userns,
-                            home=self.run.home)
+        disk = self.disk.prepare(self.gen)
         if disk is None:
             upper.mkdir()
             work.mkdir()
@@ -104,25 +103,19 @@ class LocalDeployment:
 
     def record(self, init_pid: int) -> None:
         self.agent.record(init_pid)
-        if self.spec.disk_mb is not None:
-            self.layer = WritableLayer(self.agent.proc.pid)
-
-    def _close_layer(self) -> None:
-        layer, self.layer = self.layer, None
-        if layer is not None:
-            layer.close()
+        self.disk.mounted(self.agent.proc.pid)
 
     def stop_agent(self) -> None:
         """Kill the current agent (and with it the whole pid namespace); delete the old
         generation's directories once it is reaped, in the background."""
         gen = self.gen
-        self._close_layer()
+        self.disk.close()
         self.agent.stop(then=lambda: self._drop_generation(gen))
 
     def _drop_generation(self, gen: int) -> None:
-        for name in (f"upper{gen}", f"work{gen}", f"disk{gen}"):
+        for name in (f"upper{gen}", f"work{gen}"):
             shutil.rmtree(self.dir / name, ignore_errors=True)
-        (self.dir / f"disk{gen}.img").unlink(missing_ok=True)
+        self.disk.drop(gen)
 
     def oom_kills(self) -> int:
         return self.cgroup.oom_kills() if self.cgroup else 0
@@ -141,7 +134,7 @@ class LocalDeployment:
     def kill_now(self) -> None:
         """Synchronous, idempotent teardown (also called from atexit)."""
         with self._lock:
-            self._close_layer()
+            self.disk.close()
             self.agent.kill()
             if self.cgroup:
                 self.cgroup.remove()

@@ -246,60 +246,23 @@ def loopback_up() -> None:
 
 # --------------------------------------------------------------------------- writable layer
 
-LOOP_CTL_GET_FREE, LOOP_CONFIGURE, LO_FLAGS_AUTOCLEAR = 0x4C82, 0x4C0A, 4
-LOOP_INFO64_SIZE, LO_FLAGS_OFFSET = 232, 52  # struct loop_info64, and lo_flags in it
-
-
-def attach_loop(image: str) -> tuple[str, int]:
-    """A free loop device backed by ``image`` and an open fd on it. Auto-clearing: the
-    kernel detaches it when its last user (the mount made from it) is gone."""
-    ctl = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
-    backing = os.open(image, os.O_RDWR | os.O_CLOEXEC)
-    try:
-        for _ in range(64):  # another process may take the free device first: try the next
-            n = fcntl.ioctl(ctl, LOOP_CTL_GET_FREE)
-            dev = f"/dev/loop{n}"
-            try:
-                fd = os.open(dev, os.O_RDWR | os.O_CLOEXEC)
-            except FileNotFoundError:  # no devtmpfs/udev to make the node
-                os.mknod(dev, stat.S_IFBLK | 0o600, os.makedev(7, n))
-                fd = os.open(dev, os.O_RDWR | os.O_CLOEXEC)
-            info = bytearray(LOOP_INFO64_SIZE)
-            struct.pack_into("I", info, LO_FLAGS_OFFSET, LO_FLAGS_AUTOCLEAR)
-            try:  # struct loop_config: backing fd, block size (0: default), info, reserved
-                fcntl.ioctl(fd, LOOP_CONFIGURE, struct.pack("II", backing, 0) + bytes(info) + bytes(64))
-                return dev, fd
-            except OSError as e:
-                os.close(fd)
-                if e.errno != errno.EBUSY:
-                    raise
-        raise OSError(errno.EBUSY, "no free loop device")
-    finally:
-        os.close(ctl)
-        os.close(backing)
-
-
 SYS_MOVE_MOUNT, SYS_FSOPEN, SYS_FSCONFIG, SYS_FSMOUNT = 429, 430, 431, 432  # x86_64
 FSCONFIG_SET_FLAG, FSCONFIG_SET_STRING, FSCONFIG_CMD_CREATE = 0, 1, 6
 MOVE_MOUNT_F_EMPTY_PATH, AT_FDCWD = 4, -100
 
 
-def detached_layer(image: str) -> int:
-    """The ext4 layer in ``image`` as a detached mount (the new mount API): an fd that
-    ``mount_layer`` attaches in another mount namespace (a container's, where neither the
-    image nor ``/dev/loop*`` can be reached)."""
-    dev, devfd = attach_loop(image)
+def detached_layer(device: str) -> int:
+    """The ext4 layer on loop ``device`` as a detached mount (the new mount API): an fd
+    that ``mount_layer`` attaches in another mount namespace (a container's, where
+    ``/dev/loop*`` cannot be reached)."""
+    fs = _check(_libc.syscall(SYS_FSOPEN, b"ext4", 1), "fsopen")  # FSOPEN_CLOEXEC
     try:
-        fs = _check(_libc.syscall(SYS_FSOPEN, b"ext4", 1), "fsopen")  # FSOPEN_CLOEXEC
-        try:
-            for cmd, key, value in ((FSCONFIG_SET_STRING, b"source", _b(dev)), (FSCONFIG_SET_FLAG, b"discard", None),
-                                    (FSCONFIG_SET_FLAG, b"noinit_itable", None), (FSCONFIG_CMD_CREATE, None, None)):
-                _check(_libc.syscall(SYS_FSCONFIG, fs, cmd, key, value, 0), f"fsconfig {key}")
-            return _check(_libc.syscall(SYS_FSMOUNT, fs, 1, 0), "fsmount")  # FSMOUNT_CLOEXEC
-        finally:
-            os.close(fs)
+        for cmd, key, value in ((FSCONFIG_SET_STRING, b"source", _b(device)), (FSCONFIG_SET_FLAG, b"discard", None),
+                                (FSCONFIG_SET_FLAG, b"noinit_itable", None), (FSCONFIG_CMD_CREATE, None, None)):
+            _check(_libc.syscall(SYS_FSCONFIG, fs, cmd, key, value, 0), f"fsconfig {key}")
+        return _check(_libc.syscall(SYS_FSMOUNT, fs, 1, 0), "fsmount")  # FSMOUNT_CLOEXEC
     finally:
-        os.close(devfd)
+        os.close(fs)
 
 
 def mount_layer(cfg: dict, detached: int | None = None) -> None:
@@ -316,12 +279,8 @@ def mount_layer(cfg: dict, detached: int | None = None) -> None:
         _check(_libc.syscall(SYS_MOVE_MOUNT, detached, b"", AT_FDCWD, _b(where), MOVE_MOUNT_F_EMPTY_PATH),
                "move_mount")
         os.close(detached)
-    elif "image" in disk:
-        dev, fd = attach_loop(disk["image"])
-        try:  # discard: deleted files punch holes back into the sparse image
-            mount(dev, where, "ext4", 0, "discard,noinit_itable")
-        finally:
-            os.close(fd)
+    elif "device" in disk:  # discard: deleted files punch holes back into the sparse image
+        mount(disk["device"], where, "ext4", 0, "discard,noinit_itable")
     else:
         mount("tmpfs", where, "tmpfs", 0, disk["tmpfs"])
     for name in ("upper", "work"):
@@ -1059,9 +1018,9 @@ def _setup_outer(cfg: dict) -> None:
 def _enter_outer(cfg: dict) -> None:
     """Enter mode, in the host namespaces: join the container's cgroups (so the agent
     is charged to its limits), then its namespaces. The sized layer (disk_mb) is made
-    first: its image and /dev/loop* are host paths, and the container's device cgroup
-    forbids loop devices."""
-    layer = detached_layer(cfg["disk"]["image"]) if cfg.get("disk") else None
+    first: its /dev/loop* is a host path, and the container's device cgroup
+    forbids opening a loop device."""
+    layer = detached_layer(cfg["disk"]["device"]) if cfg.get("disk") else None
     for path in cfg.get("cgroup_procs", []):
         with open(path, "w") as f:
             f.write(str(os.getpid()))
