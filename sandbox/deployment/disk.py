@@ -55,6 +55,7 @@ from pathlib import Path
 
 from ..errors import SandboxStartError
 from ..home import state_home
+from ..runtime._agent import detached_layer
 
 BYTES_PER_INODE = 16384  # mke2fs's default ratio
 LOOP_CLR_FD, LOOP_CONFIGURE, LOOP_CTL_GET_FREE, LO_FLAGS_AUTOCLEAR = 0x4C01, 0x4C0A, 0x4C82, 4
@@ -66,12 +67,13 @@ def inodes_for(disk_mb: int) -> int:
 
 
 class Disk:
-    """A sandbox's ext4 layer, formatted and on an auto-clearing loop device. We hold the
-    device open until the agent has mounted it (``release``): closing the last opener of
-    an unmounted device detaches it, so an agent that dies first leaks nothing."""
+    """A sandbox's ext4 layer: a sparse image on an auto-clearing loop device, mounted
+    but attached nowhere yet (a detached mount, ``fd``); the agent moves it into the
+    sandbox's mount namespace. Until then our fd is its only user, so an agent that dies
+    first leaks nothing: ``release`` drops the mount, and with it the loop device."""
 
-    def __init__(self, image: Path, device: str, fd: int):
-        self.image, self.device, self.fd = image, device, fd
+    def __init__(self, image: Path, fd: int):
+        self.image, self.fd = image, fd
 
     def release(self) -> None:
         fd, self.fd = self.fd, -1
@@ -109,21 +111,26 @@ def attach_loop(image: Path) -> tuple[str, int]:
 
 
 def new_disk(disk_mb: int, folder: Path, home: Path | None = None) -> Disk:
-    """A fresh ext4 layer of ``disk_mb`` MiB: a sparse copy of the template, in ``folder``."""
+    """A fresh ext4 layer of ``disk_mb`` MiB (a sparse copy of the template, in ``folder``),
+    mounted detached."""
     image = folder / f".disk-{uuid.uuid4().hex[:12]}.img"
     sparse_copy(ext4_template(disk_mb, home), image)
     try:
-        return Disk(image, *attach_loop(image))
+        device, devfd = attach_loop(image)
+        try:
+            return Disk(image, detached_layer(device))
+        finally:
+            os.close(devfd)  # the mount holds the device now
     except OSError as e:
         image.unlink(missing_ok=True)
-        raise SandboxStartError(f"cannot attach a loop device for the sandbox's disk ({e})") from e
+        raise SandboxStartError(f"cannot mount the sandbox's disk ({e})") from e
 
 
 class _SpareDisks:
     """Disks made ahead of time, per (size, run directory), like the spare agents
     (``process.py``): attaching a loop device waits on the kernel (a queue freeze, an RCU
-    grace period), 1 ms on an idle host and 100 ms and more on a loaded one, so a create
-    should not. Spares sit in the run's directory (``.disk-*.img``) and are renamed into
+    grace period) and mounting reads the filesystem: 3 ms on an idle host, 100 ms and more
+    on a loaded one, so a create should not. Spares sit in the run's directory (``.disk-*.img``) and are renamed into
     the sandbox's; a crash of the owner closes their fds, which detaches them."""
 
     def __init__(self, keep: int = 2):
@@ -177,7 +184,8 @@ def layer_config(disk_mb: int | None, run_dir: Path, folder: Path, name: str, *,
     if userns:
         return {"dir": str(mount_point), "tmpfs": f"size={disk_mb}m,nr_inodes={inodes_for(disk_mb)},mode=755"}, None
     disk = _spares.take(disk_mb, run_dir, home, folder / f"{name}.img")
-    return {"dir": str(mount_point), "device": disk.device}, disk
+    # Our pid, not /proc/self: the agent reopens the mount from its own process.
+    return {"dir": str(mount_point), "mount": f"/proc/{os.getpid()}/fd/{disk.fd}"}, disk
 
 
 def ext4_template(disk_mb: int, home: Path | None = None) -> Path:
@@ -268,7 +276,7 @@ class SandboxDisk:
             raise SandboxStartError(f"cannot reach the sandbox's disk ({e})") from e
         finally:
             if self._disk is not None:
-                self._disk.release()  # the mount holds the loop device now
+                self._disk.release()  # the agent has moved the mount into the sandbox
         if not os.path.isdir(self.upper):
             self.close()
             raise SandboxStartError("the sandbox's disk has no upper layer")

@@ -252,11 +252,10 @@ MOVE_MOUNT_F_EMPTY_PATH, AT_FDCWD = 4, -100
 
 
 def detached_layer(device: str) -> int:
-    """The ext4 layer on loop ``device`` as a detached mount (the new mount API): an fd
-    that ``mount_layer`` attaches in another mount namespace (a container's, where
-    ``/dev/loop*`` cannot be reached)."""
+    """The ext4 layer on loop ``device`` as a detached mount (the new mount API), made by
+    the host ahead of time (``deployment/disk.py``); ``mount_layer`` attaches it."""
     fs = _check(_libc.syscall(SYS_FSOPEN, b"ext4", 1), "fsopen")  # FSOPEN_CLOEXEC
-    try:
+    try:  # discard: deleted files punch holes back into the sparse image
         for cmd, key, value in ((FSCONFIG_SET_STRING, b"source", _b(device)), (FSCONFIG_SET_FLAG, b"discard", None),
                                 (FSCONFIG_SET_FLAG, b"noinit_itable", None), (FSCONFIG_CMD_CREATE, None, None)):
             _check(_libc.syscall(SYS_FSCONFIG, fs, cmd, key, value, 0), f"fsconfig {key}")
@@ -265,9 +264,17 @@ def detached_layer(device: str) -> int:
         os.close(fs)
 
 
-def mount_layer(cfg: dict, detached: int | None = None) -> None:
+def open_layer(cfg: dict) -> int | None:
+    """The host's detached mount of the sandbox's layer (``cfg["disk"]["mount"]``, a
+    ``/proc/<host pid>/fd/<n>`` path), reopened here; None for a tmpfs layer or none.
+    Runs first, while the host's /proc is this process's."""
+    path = (cfg.get("disk") or {}).get("mount")
+    return os.open(path, os.O_PATH | os.O_CLOEXEC) if path else None
+
+
+def mount_layer(cfg: dict, detached: int | None) -> None:
     """Mount the sandbox's sized writable layer (``cfg["disk"]``, see
-    ``deployment/disk.py``; ``detached``: already made by ``detached_layer``) in this
+    ``deployment/disk.py``: the host's ext4 mount ``detached``, or a tmpfs) in this
     process's new mount namespace, with the overlay's upper and work dirs on it, and stay
     in it: the host reads the upper layer through ``/proc/<this pid>/cwd``. Runs in the
     outer process, before init is forked."""
@@ -279,8 +286,6 @@ def mount_layer(cfg: dict, detached: int | None = None) -> None:
         _check(_libc.syscall(SYS_MOVE_MOUNT, detached, b"", AT_FDCWD, _b(where), MOVE_MOUNT_F_EMPTY_PATH),
                "move_mount")
         os.close(detached)
-    elif "device" in disk:  # discard: deleted files punch holes back into the sparse image
-        mount(disk["device"], where, "ext4", 0, "discard,noinit_itable")
     else:
         mount("tmpfs", where, "tmpfs", 0, disk["tmpfs"])
     for name in ("upper", "work"):
@@ -990,7 +995,8 @@ class Agent:
 
 
 def _setup_outer(cfg: dict) -> None:
-    """Runs in the host namespaces: cgroups, rlimits, namespaces."""
+    """Runs in the host namespaces: cgroups, rlimits, namespaces, the sized layer."""
+    layer = open_layer(cfg)
     for path in cfg.get("cgroup_procs", []):
         with open(path, "w") as f:
             f.write(str(os.getpid()))
@@ -1012,15 +1018,14 @@ def _setup_outer(cfg: dict) -> None:
     else:
         unshare(flags)
     if cfg.get("disk"):
-        mount_layer(cfg)
+        mount_layer(cfg, layer)
 
 
 def _enter_outer(cfg: dict) -> None:
     """Enter mode, in the host namespaces: join the container's cgroups (so the agent
-    is charged to its limits), then its namespaces. The sized layer (disk_mb) is made
-    first: its /dev/loop* is a host path, and the container's device cgroup
-    forbids opening a loop device."""
-    layer = detached_layer(cfg["disk"]["device"]) if cfg.get("disk") else None
+    is charged to its limits), then its namespaces; the sized layer (disk_mb) is opened
+    first, through the host's /proc."""
+    layer = open_layer(cfg)
     for path in cfg.get("cgroup_procs", []):
         with open(path, "w") as f:
             f.write(str(os.getpid()))
