@@ -8,7 +8,8 @@ the root changes, and nothing is imported lazily afterwards.
 
 Lifecycle
 1. (outer process, host namespaces) join the sandbox's cgroups, apply rlimits, unshare
-   mount/pid/uts/ipc/net (and user, when not root), fork, report the child's host pid,
+   mount/pid/uts/ipc/net (and user, when not root), mount the sized writable layer
+   (``disk_mb``, ``mount_layer``) and stay in it, fork, report the child's host pid,
    exit. The child is pid 1 of the new pid namespace: when it dies, the kernel kills
    every process of the sandbox, so nothing can outlive it.
 2. (init) build the root: overlayfs of the image layers and a private upper dir,
@@ -19,8 +20,9 @@ Lifecycle
 Enter mode (the docker backend, config key ``enter_pid``): instead of unsharing, the
 outer process joins the cgroups and the ipc/uts/net/pid/mnt namespaces of a running
 container's pid 1 with ``setns(2)``; its child is then a process of the container (not
-its pid 1: the container's keep-alive is), skips building a root and drops capabilities
-as above. The image needs no Python: the agent brought everything it needs from the host.
+its pid 1: the container's keep-alive is), drops capabilities as above, and builds a
+root only for a disk limit: an overlay of the container's root and the sized layer
+(``layer_root``). The image needs no Python: the agent brought everything it needs from the host.
 
 Protocol: each frame is ``>II`` (header length, payload length) + JSON header + payload.
 Requests carry an ``id``; every response echoes it, so many requests (commands in
