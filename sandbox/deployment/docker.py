@@ -13,15 +13,18 @@ sandbox over one pipe. So ``run("true")`` costs a protocol round trip, never a
 - Confinement: capabilities dropped to the agent's ``KEEP_CAPS``, ``no-new-privileges``,
   network ``none`` (``network=True`` is refused), memory = memory+swap, ``nano_cpus``,
   ``pids_limit``; the agent's processes join the container's cgroups, so they count
-  against the same limits. ``disk_mb``: Docker's own ``storage_opt size`` needs xfs with
-  project quotas, so instead the agent gives the sandbox a root of its own, an overlay of
-  the container's root and a sized layer (``disk.py``), mounted at ``LAYER_DIR`` in a mount
-  namespace of the agent's (``_agent.layer_root``); the container's writable layer stays empty. Docker's seccomp/AppArmor profiles apply to the keep-alive
+  against the same limits. Docker's seccomp/AppArmor profiles apply to the keep-alive
   only: commands run without seccomp, as on the local backend. ``/etc/resolv.conf`` is
   the host image's no-network placeholder, bound read-only (Docker would otherwise give
   even a network-``none`` container a copy of the host's name servers).
+- Disk limit (``disk_mb``): Docker's own ``storage_opt size`` needs xfs with project
+  quotas, so instead the agent gives the sandbox a root of its own, an overlay of the
+  container's root and a sized layer (``disk.py``) mounted at ``LAYER_DIR`` in a mount
+  namespace of the agent's (``_agent.layer_root``); the container's writable layer stays
+  empty.
 - Snapshots: ``upper`` is the sized layer's upper dir (with ``disk_mb=None``, the
-  container's overlay2 upper dir), packed by ``pack_layer`` like a local upper. A container restored from a snapshot chain starts from an image
+  container's overlay2 upper dir), packed by ``pack_layer`` like a local upper. A
+  container restored from a snapshot chain starts from an image
   of the base plus the chain, made once per chain (the layers are copied into a created
   container's upper dir, O(size), and ``docker commit``-ed) and cached under
   ``rockroll/chain:<hash>``; later restores and forks of that chain start in O(1), like
