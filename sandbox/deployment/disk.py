@@ -15,8 +15,9 @@ What backs the layer (decided here, mounted by the agent, ``runtime/_agent.py``)
   ``LOOP_CONFIGURE`` and mounts it, ~2 ms more (``bench/sandbox.py``, row "local cold
   create, disk limit"). Loop devices are auto-clearing: the kernel detaches one when the
   last mount of it goes, which is when the sandbox's mount namespace dies.
-- **unprivileged (a user namespace): a tmpfs with ``size=`` and ``nr_inodes=``.** ext4 on
-  a loop device cannot be mounted inside a user namespace; tmpfs can. It counts against
+- **unprivileged (a user namespace), or no ``/dev/loop-control``: a tmpfs with ``size=``
+  and ``nr_inodes=``.** ext4 on a loop device cannot be mounted inside a user namespace;
+  tmpfs can. It counts against
   RAM, and its pages are charged to the sandbox's memory cgroup: there a sandbox's files
   also count against its ``memory_mb``.
 - Project quotas were not chosen: they need an xfs (or ext4 with the ``project``
@@ -168,7 +169,26 @@ class _SpareDisks:
             self._ready[key].append(disk)
 
 
+    def drop(self, run_dir: Path) -> None:
+        """Release the spares of a run that is over (its loop devices go with them)."""
+        with self._lock:
+            keys = [k for k in self._ready if k[1] == run_dir]
+            disks = [d for k in keys for d in self._ready.pop(k)]
+        for disk in disks:
+            disk.release()
+
+
 _spares = _SpareDisks()
+
+
+def drop_spares(run_dir: Path) -> None:
+    _spares.drop(run_dir)
+
+
+def loop_devices_usable() -> bool:
+    """Whether this process may attach loop devices (root, with /dev/loop-control: a
+    container without it, or a user namespace, gets the tmpfs layer instead)."""
+    return os.geteuid() == 0 and os.access("/dev/loop-control", os.R_OK | os.W_OK)
 
 
 def layer_config(disk_mb: int | None, run_dir: Path, folder: Path, name: str, *, userns: bool,
@@ -181,7 +201,7 @@ def layer_config(disk_mb: int | None, run_dir: Path, folder: Path, name: str, *,
         return None, None
     mount_point = folder / name
     mount_point.mkdir()
-    if userns:
+    if userns or not loop_devices_usable():
         return {"dir": str(mount_point), "tmpfs": f"size={disk_mb}m,nr_inodes={inodes_for(disk_mb)},mode=755"}, None
     disk = _spares.take(disk_mb, run_dir, home, folder / f"{name}.img")
     # Our pid, not /proc/self: the agent reopens the mount from its own process.

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..home import state_home
-from .disk import detach_loops
+from .disk import detach_loops, drop_spares
 from .process import proc_start_time
 
 
@@ -183,6 +183,7 @@ class RunRegistry:
                 close()
             except Exception:  # noqa: BLE001 - keep closing the others
                 pass
+        drop_spares(self.dir)
         if self._started:
             shutil.rmtree(self.dir, ignore_errors=True)
 

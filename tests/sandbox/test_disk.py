@@ -12,6 +12,7 @@ import time
 import pytest
 
 from rockroll.sandbox import SandboxSpec, SpecError, open_sandbox
+from rockroll.sandbox.deployment import disk
 from rockroll.sandbox.deployment.disk import inodes_for, loop_devices
 from rockroll.sandbox.deployment.reaper import current_run
 from rockroll.sandbox.spec import DEFAULT_DISK_MB
@@ -149,3 +150,16 @@ def _eventually(cond, timeout: float = 10.0) -> bool:
     while not cond() and time.time() < deadline:
         time.sleep(0.05)
     return cond()
+
+
+def test_without_loop_devices_the_layer_is_a_tmpfs_of_the_same_size(monkeypatch):
+    # a root host without /dev/loop-control (a container) gets what a user namespace gets
+    monkeypatch.setattr(disk, "loop_devices_usable", lambda: False)
+    with open_sandbox(SandboxSpec(disk_mb=LIMIT)) as sb:
+        size, _, inodes, _ = df(sb)
+        assert size == LIMIT * 1024 and inodes == inodes_for(LIMIT)
+        r = sb.run("dd if=/dev/zero of=/workspace/fill bs=1M count=200")
+        assert r.exit_code != 0 and FULL in r.stderr
+        assert not (sb.aio._deploy.dir / "disk1.img").exists()  # no image: memory-backed
+        sb.run("rm /workspace/fill")
+        assert sb.run("head -c 20M /dev/zero > /workspace/f && echo ok").stdout == "ok\n"
