@@ -12,6 +12,7 @@ from .errors import SpecError
 
 BACKENDS = ("local", "docker", "remote", "ray")
 DEFAULT_DISK_MB = 2048  # each sandbox's writable layer; None: no limit
+DISK_MB_MAX = 1 << 20  # 1 TiB: a sparse image (and an ext4) of any host filesystem can be that big
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,8 @@ class SandboxSpec:
         if self.pids is not None and self.pids > PID_MAX_LIMIT:  # the kernel refuses more in pids.max
             raise SpecError("pids", f"must be <= {PID_MAX_LIMIT} (None: unlimited), not {self.pids!r}")
         _positive("disk_mb", self.disk_mb, minimum=16, integer=True)
+        if self.disk_mb is not None and self.disk_mb > DISK_MB_MAX:
+            raise SpecError("disk_mb", f"must be <= {DISK_MB_MAX} (1 TiB; None: unlimited), not {self.disk_mb!r}")
         _positive("timeout_s", self.timeout_s, minimum=0.001)
         _positive("ttl_s", self.ttl_s, minimum=0.001)
         _positive("max_output_bytes", self.max_output_bytes, minimum=1, integer=True)

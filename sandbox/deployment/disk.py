@@ -220,8 +220,10 @@ def ext4_template(disk_mb: int, home: Path | None = None) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".ext4-", dir=folder)
     try:
-        os.ftruncate(fd, disk_mb << 20)
-        os.close(fd)
+        try:
+            os.ftruncate(fd, disk_mb << 20)
+        finally:
+            os.close(fd)
         mke2fs = shutil.which("mke2fs") or "/sbin/mke2fs"
         # 4 KiB blocks at every size (mke2fs picks 1 KiB for small ones, which caps a file at 16 GiB)
         out = subprocess.run([mke2fs, "-q", "-F", "-t", "ext4", "-b", "4096", "-m", "0", "-i", str(BYTES_PER_INODE),
@@ -232,6 +234,8 @@ def ext4_template(disk_mb: int, home: Path | None = None) -> Path:
         os.replace(tmp, path)  # another process may have won the race: same bytes either way
     except FileNotFoundError as e:
         raise SandboxStartError("disk limits need mke2fs (e2fsprogs) on the host") from e
+    except OSError as e:  # the host's filesystem cannot hold the sparse image
+        raise SandboxStartError(f"cannot make a {disk_mb} MiB disk image: {e}") from e
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

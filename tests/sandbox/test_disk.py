@@ -15,7 +15,7 @@ from rockroll.sandbox import SandboxSpec, SpecError, open_sandbox
 from rockroll.sandbox.deployment import disk
 from rockroll.sandbox.deployment.disk import inodes_for, loop_devices
 from rockroll.sandbox.deployment.reaper import current_run
-from rockroll.sandbox.spec import DEFAULT_DISK_MB
+from rockroll.sandbox.spec import DEFAULT_DISK_MB, DISK_MB_MAX
 
 from _leaks import leftovers
 from test_docker import client, dspec, image  # noqa: F401 - fixtures: skipped without an engine, failed in CI
@@ -106,9 +106,10 @@ def test_the_default_limit_applies_and_none_lifts_it(make):
         assert DEFAULT_DISK_MB * 1024 * 0.95 < size <= DEFAULT_DISK_MB * 1024
     with open_sandbox(make(disk_mb=None)) as sb:  # no limit: the host's filesystem
         assert df(sb)[0] > DEFAULT_DISK_MB * 1024 * 2
-    with pytest.raises(SpecError) as err:
-        make(disk_mb=8)
-    assert err.value.field == "disk_mb"
+    for bad in (8, DISK_MB_MAX + 1, 2.5):  # too small for a filesystem, past 1 TiB, not MiB
+        with pytest.raises(SpecError) as err:
+            make(disk_mb=bad)
+        assert err.value.field == "disk_mb"
 
 
 def test_restored_and_forked_sandboxes_are_limited_too(make):
