@@ -290,8 +290,8 @@ def mount_layer(cfg: dict, detached: int | None) -> None:
         os.close(detached)
     else:
         mount("tmpfs", where, "tmpfs", 0, disk["tmpfs"])
-    for name in ("upper", "work"):
-        os.mkdir(f"{where}/{name}")
+    for name in ("upper", "work"):  # an ext4 layer has them already (``disk.new_disk``)
+        os.makedirs(f"{where}/{name}", exist_ok=True)
         os.chmod(f"{where}/{name}", 0o755)
     os.chdir(where)
     cfg["upper"], cfg["work"] = f"{where}/upper", f"{where}/work"
