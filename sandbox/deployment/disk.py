@@ -4,38 +4,49 @@ Writes past the limit fail with ``ENOSPC`` inside the sandbox, whatever fills it
 one huge (even sparse) file, or inodes (many empty files); deleting files frees the space
 again; the host's disk and other sandboxes never see the pressure.
 
-What backs the layer (decided here, mounted by the agent, ``runtime/_agent.py``):
+What backs the layer (decided here; the agent, ``runtime/_agent.py``, only puts it in place):
 
 - **root on the host: a sparse ext4 image on a loop device.** Real disk, not memory: a
-  sandbox's files are not charged to its ``memory_mb`` and a thousand sandboxes with
+  sandbox's files are not charged to its ``memory_mb``, and a thousand sandboxes with
   2 GiB each cost host disk only for the bytes they really write (the image is sparse,
-  and mounted with ``discard``, so deleted files punch holes back into it). The image is
-  a copy of a template formatted once per size (``mke2fs`` costs ~10 ms, a sparse copy of
-  its ~150 KiB of metadata well under 1 ms); the agent attaches a loop device with
-  ``LOOP_CONFIGURE`` and mounts it, ~2 ms more (``bench/sandbox.py``, row "local cold
-  create, disk limit"). Loop devices are auto-clearing: the kernel detaches one when the
-  last mount of it goes, which is when the sandbox's mount namespace dies.
+  and mounted with ``discard``, so deleted files punch holes back into it). No journal
+  (the layer never outlives its sandbox), no reserved blocks, 4 KiB blocks.
 - **unprivileged (a user namespace), or no ``/dev/loop-control``: a tmpfs with ``size=``
   and ``nr_inodes=``.** ext4 on a loop device cannot be mounted inside a user namespace;
-  tmpfs can. It counts against
-  RAM, and its pages are charged to the sandbox's memory cgroup: there a sandbox's files
-  also count against its ``memory_mb``.
-- Project quotas were not chosen: they need an xfs (or ext4 with the ``project``
-  feature) host filesystem mounted with quotas on, which neither these hosts nor most
-  laptops have.
+  tmpfs can. It is memory: where the sandbox has a memory cgroup, its files also count
+  against ``memory_mb`` (pages are charged to the cgroup that writes them).
+- Not project quotas: they need an xfs (or ext4 with the ``project`` feature) host
+  filesystem mounted with quotas on, which neither these hosts nor most laptops have.
+- Not tmpfs for root too, though it is the cheapest (one mount syscall, 0.04 ms): a
+  thousand sandboxes' files in RAM, and a sandbox's disk eating its memory limit, are the
+  wrong trade for a disk.
 
-The mount is made by the agent's outer process, in the sandbox's private mount namespace,
-never in the host's: a crashed owner leaves no mount behind (the namespace dies with the
-sandbox's processes), and a thousand sandboxes do not grow the host's mount table (each
-``unshare(CLONE_NEWNS)`` copies it). The outer process keeps its working directory on the
-mount; the host reads the upper layer (snapshots) through ``/proc/<outer>/cwd``, opened
-once per agent as a directory fd (``SandboxDisk``), so a recycled pid can never turn it
-into someone else's files. Inodes: one per 16 KiB, as ``mke2fs``'s default ratio, on both
-backings, so the inode limit does not depend on which one a host uses.
+Create-time cost, measured on the 2-core dev host: ``mke2fs`` 6-12 ms (once per size: the
+template), a sparse copy of its ~150 KiB of metadata 0.7-1.8 ms, ``LOOP_CONFIGURE`` ~1 ms
+idle and up to 140 ms loaded (a queue freeze), the ext4 mount ~1 ms, the first writes to
+the fresh filesystem tens of ms loaded (bitmap reads through the loop worker). All of it
+is done ahead of time on a background thread (``_SpareDisks``, like the spare agents): a
+create takes a spare, a formatted image on an attached loop device, already mounted as a
+*detached* mount (``fsmount``) with its upper and work dirs made, and the agent moves
+that mount into the sandbox's namespace (``move_mount``): 0.2 ms on the create path.
+What is left shows in ``bench/sandbox.py`` (cold create with the default disk beside
+``disk_mb=None``, interleaved): creates alone cost the same; a create right after a close
+pays for the closed sandbox's teardown (its ext4 unmount flushes, its loop device
+detaches, the next spare is made) on the same 2 cores, 1.3x under load.
 
-The docker backend uses the same layer (root only): its agent builds the sandbox's root
-as an overlay of the container's root and this layer, so the container's own writable
-layer (unlimited on overlay2 over ext4) stays empty.
+The mount lives in the sandbox's private mount namespace, never in the host's: a crashed
+owner leaves no mount behind (the namespace dies with the sandbox's processes; a spare
+mount dies with our fd), and a thousand sandboxes do not grow the host's mount table
+(each ``unshare(CLONE_NEWNS)`` copies it). Loop devices are auto-clearing: the kernel
+detaches one when its last mount goes. The agent's outer process keeps its working
+directory on the layer; the host reads the upper layer (snapshots) through
+``/proc/<outer>/cwd``, opened once per agent as a directory fd (``SandboxDisk``), so a
+recycled pid can never turn it into someone else's files. Inodes: one per 16 KiB,
+``mke2fs``'s default ratio, on both backings.
+
+The docker backend uses the same layer: its agent builds the sandbox's root as an overlay
+of the container's root and this layer, so the container's own writable layer
+(unlimited on overlay2 over ext4) stays empty.
 """
 
 from __future__ import annotations
