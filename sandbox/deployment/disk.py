@@ -127,18 +127,21 @@ def new_disk(disk_mb: int, folder: Path, home: Path | None = None) -> Disk:
     mounted detached."""
     image = folder / f".disk-{uuid.uuid4().hex[:12]}.img"
     sparse_copy(ext4_template(disk_mb, home), image)
+    disk = None
     try:
         device, devfd = attach_loop(image)
         try:
-            mount_fd = detached_layer(device)
+            disk = Disk(image, detached_layer(device))
         finally:
             os.close(devfd)  # the mount holds the device now
         # The first writes to a fresh filesystem read its bitmaps through the loop device's
         # worker, tens of ms on a loaded host: do them here, off the create path.
         for name in ("upper", "work"):
-            os.mkdir(name, 0o755, dir_fd=mount_fd)
-        return Disk(image, mount_fd)
+            os.mkdir(name, 0o755, dir_fd=disk.fd)
+        return disk
     except OSError as e:
+        if disk is not None:
+            disk.release()
         image.unlink(missing_ok=True)
         raise SandboxStartError(f"cannot mount the sandbox's disk ({e})") from e
 
@@ -147,8 +150,9 @@ class _SpareDisks:
     """Disks made ahead of time, per (size, run directory), like the spare agents
     (``process.py``): attaching a loop device waits on the kernel (a queue freeze, an RCU
     grace period) and mounting reads the filesystem: 3 ms on an idle host, 100 ms and more
-    on a loaded one, so a create should not. Spares sit in the run's directory (``.disk-*.img``) and are renamed into
-    the sandbox's; a crash of the owner closes their fds, which detaches them."""
+    on a loaded one, so a create should not. Spares sit in the run's directory
+    (``.disk-*.img``) and are renamed into the sandbox's; a crash of the owner closes
+    their fds, which detaches them."""
 
     def __init__(self, keep: int = 2):
         self.keep = keep
@@ -166,7 +170,11 @@ class _SpareDisks:
             self._maker.submit(self._refill, key)
         if disk is None:
             disk = new_disk(disk_mb, run_dir, home)
-        os.rename(disk.image, dest)  # the loop device follows the file
+        try:
+            os.rename(disk.image, dest)  # the loop device follows the file
+        except OSError:
+            disk.release()
+            raise
         disk.image = dest
         return disk
 
@@ -183,7 +191,6 @@ class _SpareDisks:
             return  # the next create makes its own and reports why
         with self._lock:
             self._ready[key].append(disk)
-
 
     def drop(self, run_dir: Path) -> None:
         """Release the spares of a run that is over (its loop devices go with them)."""
@@ -230,7 +237,7 @@ def ext4_template(disk_mb: int, home: Path | None = None) -> Path:
     sandbox's root may use it all), inode tables initialised lazily (never, in fact: the
     agent mounts with ``noinit_itable``, so the image stays sparse)."""
     folder = (home or state_home()) / "disks"
-    path = folder / f"ext4-{disk_mb}m.img"
+    path = folder / f"ext4-4k-{disk_mb}m.img"  # named for its format: a change of options makes a new one
     if path.exists():
         return path
     folder.mkdir(parents=True, exist_ok=True)
