@@ -1032,7 +1032,7 @@ def _enter_outer(cfg: dict) -> None:
         with open(path, "w") as f:
             f.write(str(os.getpid()))
     enter_namespaces(cfg["enter_pid"])
-    if layer is not None:
+    if cfg.get("disk"):
         unshare(CLONE_NEWNS)  # the sandbox's root is ours to build (layer_root)
         mount_layer(cfg, layer)
 

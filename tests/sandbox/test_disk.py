@@ -153,10 +153,10 @@ def _eventually(cond, timeout: float = 10.0) -> bool:
     return cond()
 
 
-def test_without_loop_devices_the_layer_is_a_tmpfs_of_the_same_size(monkeypatch):
+def test_without_loop_devices_the_layer_is_a_tmpfs_of_the_same_size(make, monkeypatch):
     # a root host without /dev/loop-control (a container) gets what a user namespace gets
     monkeypatch.setattr(disk, "loop_devices_usable", lambda: False)
-    with open_sandbox(SandboxSpec(disk_mb=LIMIT)) as sb:
+    with open_sandbox(make(disk_mb=LIMIT)) as sb:
         size, _, inodes, _ = df(sb)
         assert size == LIMIT * 1024 and inodes == inodes_for(LIMIT)
         r = sb.run("dd if=/dev/zero of=/workspace/fill bs=1M count=200")
