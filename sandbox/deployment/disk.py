@@ -30,9 +30,11 @@ create takes a spare, a formatted image on an attached loop device, already moun
 *detached* mount (``fsmount``) with its upper and work dirs made, and the agent moves
 that mount into the sandbox's namespace (``move_mount``): 0.2 ms on the create path.
 What is left shows in ``bench/sandbox.py`` (cold create with the default disk beside
-``disk_mb=None``, interleaved): creates alone cost the same; a create right after a close
-pays for the closed sandbox's teardown (its ext4 unmount flushes, its loop device
-detaches, the next spare is made) on the same 2 cores, 1.3x under load.
+``disk_mb=None``, interleaved): creates alone cost the same (367 vs 383 ms median under
+a load average of 40); a create right after a close pays for the closed sandbox's
+teardown (its ext4 unmount flushes, its loop device detaches, the next spare is made) on
+the same 2 cores, 1.2-1.3x under that load. In CPU (``getrusage`` of the owner and its
+agents, create + close, spares included): 55 ms with the disk, 50 ms without.
 
 The mount lives in the sandbox's private mount namespace, never in the host's: a crashed
 owner leaves no mount behind (the namespace dies with the sandbox's processes; a spare
