@@ -6,7 +6,9 @@ the limit that held: ENOSPC inside, the layer's size in ``df``, and the host's s
 unprivileged (tmpfs) variant is in test_unprivileged.py.
 """
 
+import json
 import os
+import subprocess
 import time
 
 import pytest
@@ -14,7 +16,8 @@ import pytest
 from rockroll.sandbox import SandboxSpec, SpecError, open_sandbox
 from rockroll.sandbox.deployment import disk
 from rockroll.sandbox.deployment.disk import inodes_for, loop_devices
-from rockroll.sandbox.deployment.reaper import current_run
+from rockroll.sandbox.deployment.reaper import current_run, reap_dead_runs
+from rockroll.sandbox.home import state_home
 from rockroll.sandbox.spec import DEFAULT_DISK_MB, DISK_MB_MAX
 
 from _leaks import leftovers
@@ -164,3 +167,22 @@ def test_without_loop_devices_the_layer_is_a_tmpfs_of_the_same_size(make, monkey
         assert not (sb.aio._deploy.dir / "disk1.img").exists()  # no image: memory-backed
         sb.run("rm /workspace/fill")
         assert sb.run("head -c 20M /dev/zero > /workspace/f && echo ok").stdout == "ok\n"
+
+
+def test_gc_detaches_the_loop_devices_of_a_dead_run():
+    # a loop device that outlived its run (attached without auto-clear, as a stuck one is)
+    run_dir = state_home() / "runs" / "deaddisk00"
+    (run_dir / "sb-0000000000").mkdir(parents=True)
+    (run_dir / "run.json").write_text(json.dumps({"pid": 1 << 30, "start": 1}))  # no such process
+    image = run_dir / "sb-0000000000" / "disk1.img"
+    with open(image, "wb") as f:
+        f.truncate(16 << 20)
+    dev = subprocess.run(["losetup", "--find", "--show", str(image)], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    try:
+        assert loop_devices(run_dir) == [dev]
+        assert "deaddisk00" in reap_dead_runs(keep=current_run().run_id)
+        assert _eventually(lambda: loop_devices(run_dir) == [])
+        assert not run_dir.exists()
+    finally:
+        subprocess.run(["losetup", "-d", dev], capture_output=True)  # only if the test failed
