@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -111,6 +111,15 @@ def bench_cold_create(spec: SandboxSpec, n: int) -> list[float]:
             sb = open_sandbox(spec)
         sb.close()  # not timed: creation is what a rollout waits for
         samples.append(t[0])
+    return samples
+
+
+def bench_cold_create_pair(a: SandboxSpec, b: SandboxSpec, n: int) -> tuple[list[float], list[float]]:
+    """Cold creates of two specs, alternating (a, b, a, b, ...)."""
+    samples: tuple[list[float], list[float]] = ([], [])
+    for _ in progress(range(n), "cold create (two specs, alternating)"):
+        for spec, out in zip((a, b), samples):
+            out.extend(bench_cold_create(spec, 1))
     return samples
 
 
@@ -467,7 +476,10 @@ def main() -> int:
                 if "run" in only:
                     res["local_run_true"] = stats(bench_run_true(spec, counts.run_true))
                 if "cold" in only:
-                    res["local_cold_create"] = stats(bench_cold_create(spec, counts.cold))
+                    # beside the default disk limit (a sized layer per sandbox), the same
+                    # create without it, sample for sample, so drift hits both alike
+                    with_disk, no_disk = bench_cold_create_pair(spec, replace(spec, disk_mb=None), counts.cold)
+                    res["local_cold_create"], res["local_cold_create_no_disk"] = stats(with_disk), stats(no_disk)
                 if "pool" in only:
                     res["pool_acquire"] = stats(bench_pool_acquire(spec, counts.acquire))
                 if "snapshot" in only:
@@ -486,7 +498,9 @@ def main() -> int:
                     if "run" in only:
                         res["docker_run_true"] = stats(bench_run_true(spec, counts.run_true))
                     if "cold" in only:
-                        res["docker_cold_create"] = stats(bench_cold_create(spec, counts.cold_docker))
+                        with_disk, no_disk = bench_cold_create_pair(spec, replace(spec, disk_mb=None),
+                                                                    counts.cold_docker)
+                        res["docker_cold_create"], res["docker_cold_create_no_disk"] = stats(with_disk), stats(no_disk)
         if want_cli:
             res["docker_exec"] = res["docker_run"] = docker.unavailable
             if not docker.unavailable:
@@ -552,6 +566,11 @@ def main() -> int:
         if f"{b}_cold_create" in res:
             rows.append(row(b, "cold create (ms)", res[f"{b}_cold_create"], d_run,
                             ("<=", COLD_TARGET_MS[b]) if b in COLD_TARGET_MS else None))
+    for b in backends:
+        if f"{b}_cold_create_no_disk" in res:
+            ratio = res[f"{b}_cold_create"]["median"] / res[f"{b}_cold_create_no_disk"]["median"]
+            rows.append(row(b, f"cold create, disk_mb=None (ms): the default disk costs {ratio:.2f}x",
+                            res[f"{b}_cold_create_no_disk"], None, None))
     if isinstance(res.get("docker_backend"), str):
         rows.append(row("docker", f"(not measured: {res['docker_backend']})", {}, None, None))
     if "pool_acquire" in res:

@@ -41,7 +41,8 @@ from .manifest import EnvManifest, LayerRef
 from .package import Package, load_package
 from .pull import pull
 
-BUILD_SPEC = dict(memory_mb=4096, pids=2048, cpus=None)  # setup steps compile, install, unpack
+# setup steps compile, install, unpack: more room than an episode's sandbox (16 GiB of disk, sparse)
+BUILD_SPEC = dict(memory_mb=4096, pids=2048, cpus=None, disk_mb=16384)
 CA_VARS = ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")  # the host's trust, if it names one
 _BUILD_CA = "/tmp/.rockroll-build-ca.pem"
 _HOSTNAME = re.compile(r"^(declare -x|export) HOSTNAME=.*$\n?", re.M)

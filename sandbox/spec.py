@@ -11,13 +11,17 @@ from urllib.parse import urlsplit
 from .errors import SpecError
 
 BACKENDS = ("local", "docker", "remote", "ray")
+DEFAULT_DISK_MB = 2048  # each sandbox's writable layer; None: no limit
+DISK_MB_MAX = 1 << 20  # 1 TiB: a sparse image (and an ext4) of any host filesystem can be that big
 
 
 @dataclass(frozen=True)
 class SandboxSpec:
     """What a sandbox is made of. Validated on construction; errors name the field.
 
-    ``cpus``, ``memory_mb`` and ``pids`` are hard limits (``None``: unlimited).
+    ``cpus``, ``memory_mb``, ``pids`` and ``disk_mb`` are hard limits (``None``: unlimited);
+    ``disk_mb`` bounds the sandbox's writable layer, bytes and inodes alike (writes past it
+    fail with ENOSPC; ``deployment/disk.py``).
     ``timeout_s`` is the default timeout of ``run()``; ``ttl_s`` the idle lifetime a
     service or pool enforces. ``network=False`` leaves only loopback.
     ``max_output_bytes`` caps each of stdout and stderr of one command.
@@ -32,7 +36,7 @@ class SandboxSpec:
     cpus: float | None = 1.0
     memory_mb: int | None = 1024
     pids: int | None = 256
-    disk_mb: int | None = None
+    disk_mb: int | None = DEFAULT_DISK_MB
     network: bool = False
     env: Mapping[str, str] = field(default_factory=dict)
     workdir: str = "/workspace"
@@ -51,7 +55,9 @@ class SandboxSpec:
         _positive("pids", self.pids, minimum=8, integer=True)
         if self.pids is not None and self.pids > PID_MAX_LIMIT:  # the kernel refuses more in pids.max
             raise SpecError("pids", f"must be <= {PID_MAX_LIMIT} (None: unlimited), not {self.pids!r}")
-        _positive("disk_mb", self.disk_mb, minimum=1, integer=True)
+        _positive("disk_mb", self.disk_mb, minimum=16, integer=True)
+        if self.disk_mb is not None and self.disk_mb > DISK_MB_MAX:
+            raise SpecError("disk_mb", f"must be <= {DISK_MB_MAX} (1 TiB; None: unlimited), not {self.disk_mb!r}")
         _positive("timeout_s", self.timeout_s, minimum=0.001)
         _positive("ttl_s", self.ttl_s, minimum=0.001)
         _positive("max_output_bytes", self.max_output_bytes, minimum=1, integer=True)

@@ -17,8 +17,14 @@ sandbox over one pipe. So ``run("true")`` costs a protocol round trip, never a
   only: commands run without seccomp, as on the local backend. ``/etc/resolv.conf`` is
   the host image's no-network placeholder, bound read-only (Docker would otherwise give
   even a network-``none`` container a copy of the host's name servers).
-- Snapshots: ``upper`` is the container's overlay2 upper dir, packed by ``pack_layer``
-  like a local upper. A container restored from a snapshot chain starts from an image
+- Disk limit (``disk_mb``): Docker's own ``storage_opt size`` needs xfs with project
+  quotas, so instead the agent gives the sandbox a root of its own, an overlay of the
+  container's root and a sized layer (``disk.py``) mounted at ``LAYER_DIR`` in a mount
+  namespace of the agent's (``_agent.layer_root``); the container's writable layer stays
+  empty.
+- Snapshots: ``upper`` is the sized layer's upper dir (with ``disk_mb=None``, the
+  container's overlay2 upper dir), packed by ``pack_layer`` like a local upper. A
+  container restored from a snapshot chain starts from an image
   of the base plus the chain, made once per chain (the layers are copied into a created
   container's upper dir, O(size), and ``docker commit``-ed) and cached under
   ``rockroll/chain:<hash>``; later restores and forks of that chain start in O(1), like
@@ -46,6 +52,7 @@ from ..runtime import _agent
 from ..spec import SandboxSpec
 from ..storage.whiteouts import apply_layer
 from .cgroups import Cgroup
+from .disk import SandboxDisk
 from .process import AgentProcess, proc_start_time
 from .rootfs import NO_NETWORK_ETC
 
@@ -55,6 +62,9 @@ if TYPE_CHECKING:
 LABEL_RUN, LABEL_SANDBOX, LABEL_OWNER = "rockroll.run", "rockroll.sandbox", "rockroll.owner"
 LABEL_OWNER_PID, LABEL_OWNER_START = "rockroll.owner.pid", "rockroll.owner.start"
 LABEL_CHAIN, CHAIN_REPO = "rockroll.chain", "rockroll/chain"
+# Where the agent mounts the sandbox's sized layer (disk_mb), in its own mount namespace
+# inside the container: on docker's /dev tmpfs, so the image's files are never touched.
+LAYER_DIR = "/dev/.rr-disk"
 # pid 1 of the container: needs only sh and sleep; exits on SIGTERM (pid 1 has no default handlers).
 KEEPALIVE = 'trap "exit 0" TERM; while :; do sleep 3600 & wait $!; done'
 _CAP_NAMES = {0: "CHOWN", 1: "DAC_OVERRIDE", 3: "FOWNER", 4: "FSETID", 5: "KILL", 6: "SETGID",
@@ -135,12 +145,13 @@ class DockerDeployment:
         self.container = None
         self.cgroup: Cgroup | None = None
         self._upper: Path | None = None
+        self.disk = SandboxDisk(spec.disk_mb, run.dir, self.dir, userns=False, home=run.home)
         self._removals: list[threading.Thread] = []
         self._lock = threading.Lock()
 
     @property
     def upper(self) -> Path:
-        return self._upper
+        return self.disk.upper or self._upper
 
     def _labels(self) -> dict[str, str]:
         pid = os.getpid()
@@ -184,7 +195,6 @@ class DockerDeployment:
                 cap_add=[_CAP_NAMES[c] for c in _agent.KEEP_CAPS], security_opt=["no-new-privileges"],
                 mem_limit=memory, memswap_limit=memory, pids_limit=spec.pids,
                 nano_cpus=int(spec.cpus * 1e9) if spec.cpus else None,
-                storage_opt={"size": f"{spec.disk_mb}M"} if spec.disk_mb else None,
                 log_config={"type": "none"})
         except docker.errors.ImageNotFound as e:
             raise SandboxStartError(f"docker image {self.image!r} not found (build one with "
@@ -211,17 +221,23 @@ class DockerDeployment:
             self.cgroup = container_cgroup(pid)
         except (docker.errors.DockerException, OSError, KeyError) as e:
             raise SandboxStartError(f"cannot start the container: {e}", sandbox_id=self.id) from e
+        disk = self.disk.prepare(self.gen)
+        if disk is not None:  # mounted in the container's namespace, at a path of the container
+            disk["dir"] = LAYER_DIR
         cfg = {"id": self.id, "enter_pid": pid, "cgroup_procs": self.cgroup.procs_paths(),
                "workdir": self.spec.workdir, "env": dict(self.spec.env), "hostname": self.id,
-               "sessions": sessions}
+               "sessions": sessions, "disk": disk}
         return self.agent.start(cfg, model)
 
     def record(self, init_pid: int) -> None:
         self.agent.record(init_pid)
+        self.disk.mounted(self.agent.proc.pid)
 
     def stop_agent(self) -> None:
-        """Kill the agent and remove its container in the background."""
-        self.agent.stop()
+        """Kill the agent and remove its container (and its disk image) in the background."""
+        self.disk.close()
+        gen = self.gen
+        self.agent.stop(then=lambda: self.disk.drop(gen))
         container, self.container = self.container, None
         if container is not None:
             thread = threading.Thread(target=_remove, args=(container,), daemon=True)

@@ -14,9 +14,10 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import IsolationUnavailable, SandboxStartError, SpecError
+from ..errors import IsolationUnavailable, SandboxStartError
 from ..spec import SandboxSpec
 from .cgroups import Cgroup, Limits, cgroup_mode, rlimit_fallback
+from .disk import SandboxDisk
 from .process import AgentProcess
 from .rootfs import RootfsPlan, network_plan, plan_for_image
 
@@ -51,11 +52,6 @@ class LocalDeployment:
 
     def __init__(self, spec: SandboxSpec, sandbox_id: str, run: RunRegistry):
         check_isolation()
-        if spec.disk_mb is not None:
-            # The overlay upper lives on the host's filesystem, which has no per-directory
-            # quota here; refusing beats pretending to enforce a limit.
-            raise SpecError("disk_mb", "the local backend cannot enforce a disk limit; use "
-                                       "backend='docker' or leave disk_mb unset")
         self.spec, self.id, self.run = spec, sandbox_id, run
         self.plan = plan_for_image(spec.image, run.home)
         self.dir = run.add(sandbox_id, self.kill_now)
@@ -65,6 +61,7 @@ class LocalDeployment:
         self.gen = 0
         self.agent = AgentProcess(self.dir)
         self.userns = os.geteuid() != 0
+        self.disk = SandboxDisk(spec.disk_mb, run.dir, self.dir, userns=self.userns, home=run.home)
         self.limits = Limits(cpus=spec.cpus, memory_mb=spec.memory_mb, pids=spec.pids)
         self.cgroup = None
         if cgroup_mode() != "none":
@@ -77,16 +74,19 @@ class LocalDeployment:
 
     @property
     def upper(self) -> Path:
-        return self.dir / f"upper{self.gen}"
+        return self.disk.upper or self.dir / f"upper{self.gen}"
 
     def spawn(self, layers: list[Path], sessions: dict[str, str],
               model: dict | None = None) -> subprocess.Popen:
-        """Start a fresh agent over ``layers`` (top first) + the image, with an empty upper."""
+        """Start a fresh agent over ``layers`` (top first) + the image, with an empty upper:
+        on a disk of its own, ``disk_mb`` big (``disk.py``), or a host directory (no limit)."""
         self.gen += 1
         upper, work = self.dir / f"upper{self.gen}", self.dir / f"work{self.gen}"
-        upper.mkdir()
-        work.mkdir()
-        os.chmod(upper, 0o755)
+        disk = self.disk.prepare(self.gen)
+        if disk is None:
+            upper.mkdir()
+            work.mkdir()
+            os.chmod(upper, 0o755)
         cfg = {
             "id": self.id,
             "rootfs": str(self.dir / "rootfs"),
@@ -97,22 +97,25 @@ class LocalDeployment:
             "rlimits": [] if self.cgroup else [[r, s, h] for r, (s, h) in rlimit_fallback(self.limits)],
             "userns": self.userns, "network": self.spec.network,
             "hostname": self.id, "workdir": self.spec.workdir, "env": dict(self.spec.env),
-            "sessions": sessions,
+            "sessions": sessions, "disk": disk,
         }
         return self.agent.start(cfg, model)
 
     def record(self, init_pid: int) -> None:
         self.agent.record(init_pid)
+        self.disk.mounted(self.agent.proc.pid)
 
     def stop_agent(self) -> None:
         """Kill the current agent (and with it the whole pid namespace); delete the old
         generation's directories once it is reaped, in the background."""
         gen = self.gen
+        self.disk.close()
         self.agent.stop(then=lambda: self._drop_generation(gen))
 
     def _drop_generation(self, gen: int) -> None:
         for name in (f"upper{gen}", f"work{gen}"):
             shutil.rmtree(self.dir / name, ignore_errors=True)
+        self.disk.drop(gen)
 
     def oom_kills(self) -> int:
         return self.cgroup.oom_kills() if self.cgroup else 0
@@ -131,6 +134,7 @@ class LocalDeployment:
     def kill_now(self) -> None:
         """Synchronous, idempotent teardown (also called from atexit)."""
         with self._lock:
+            self.disk.close()
             self.agent.kill()
             if self.cgroup:
                 self.cgroup.remove()

@@ -3,7 +3,8 @@
 Layout: ``<state_home>/runs/<run_id>/run.json`` names the owner (pid and its start time,
 so a recycled pid is not mistaken for a live owner); each sandbox has a directory
 ``<run_id>/<sandbox_id>/`` with ``agent.json`` (host pids of its processes) and its
-overlay dirs. Its cgroups are named ``<run_id>-<owner pid>-<owner start>.<sandbox_id>``, so
+overlay dirs or disk images (``disk.py``: their mounts live in the sandbox's mount
+namespace and their loop devices clear themselves when it dies). Its cgroups are named ``<run_id>-<owner pid>-<owner start>.<sandbox_id>``, so
 any collector can tell a dead owner's cgroups from a live one's, even a run whose state
 lives under another ``ROCKROLL_HOME``.
 
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..home import state_home
+from .disk import detach_loops, drop_spares
 from .process import proc_start_time
 
 
@@ -91,6 +93,7 @@ def reap_dead_runs(home: Path | None = None, *, include_live: bool = False,
         run_dir = (home or state_home()) / "runs" / run.run_id
         for sb in run.sandboxes:
             _kill_recorded(run_dir / sb)
+        detach_loops(run_dir)
         reaped.append(run.run_id)
         shutil.rmtree(run_dir, ignore_errors=True)
     if cgroup_mode() != "none":
@@ -180,6 +183,7 @@ class RunRegistry:
                 close()
             except Exception:  # noqa: BLE001 - keep closing the others
                 pass
+        drop_spares(self.dir)
         if self._started:
             shutil.rmtree(self.dir, ignore_errors=True)
 

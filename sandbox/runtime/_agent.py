@@ -8,7 +8,8 @@ the root changes, and nothing is imported lazily afterwards.
 
 Lifecycle
 1. (outer process, host namespaces) join the sandbox's cgroups, apply rlimits, unshare
-   mount/pid/uts/ipc/net (and user, when not root), fork, report the child's host pid,
+   mount/pid/uts/ipc/net (and user, when not root), mount the sized writable layer
+   (``disk_mb``, ``mount_layer``) and stay in it, fork, report the child's host pid,
    exit. The child is pid 1 of the new pid namespace: when it dies, the kernel kills
    every process of the sandbox, so nothing can outlive it.
 2. (init) build the root: overlayfs of the image layers and a private upper dir,
@@ -19,8 +20,9 @@ Lifecycle
 Enter mode (the docker backend, config key ``enter_pid``): instead of unsharing, the
 outer process joins the cgroups and the ipc/uts/net/pid/mnt namespaces of a running
 container's pid 1 with ``setns(2)``; its child is then a process of the container (not
-its pid 1: the container's keep-alive is), skips building a root and drops capabilities
-as above. The image needs no Python: the agent brought everything it needs from the host.
+its pid 1: the container's keep-alive is), drops capabilities as above, and builds a
+root only for a disk limit: an overlay of the container's root and the sized layer
+(``layer_root``). The image needs no Python: the agent brought everything it needs from the host.
 
 Protocol: each frame is ``>II`` (header length, payload length) + JSON header + payload.
 Requests carry an ``id``; every response echoes it, so many requests (commands in
@@ -242,6 +244,90 @@ def loopback_up() -> None:
         fcntl.ioctl(s, 0x8914, struct.pack("16sH14s", b"lo", flags | 1, b""))  # SIOCSIFFLAGS
     finally:
         s.close()
+
+
+# --------------------------------------------------------------------------- writable layer
+
+SYS_MOVE_MOUNT, SYS_FSOPEN, SYS_FSCONFIG, SYS_FSMOUNT = 429, 430, 431, 432  # x86_64
+FSCONFIG_SET_FLAG, FSCONFIG_SET_STRING, FSCONFIG_CMD_CREATE = 0, 1, 6
+MOVE_MOUNT_F_EMPTY_PATH, AT_FDCWD = 4, -100
+
+
+def detached_layer(device: str) -> int:
+    """The ext4 layer on loop ``device`` as a detached mount (the new mount API), made by
+    the host ahead of time (``deployment/disk.py``); ``mount_layer`` attaches it."""
+    fs = _check(_libc.syscall(SYS_FSOPEN, b"ext4", 1), "fsopen")  # FSOPEN_CLOEXEC
+    try:  # discard: deleted files punch holes back into the sparse image
+        for cmd, key, value in ((FSCONFIG_SET_STRING, b"source", _b(device)), (FSCONFIG_SET_FLAG, b"discard", None),
+                                (FSCONFIG_SET_FLAG, b"noinit_itable", None), (FSCONFIG_CMD_CREATE, None, None)):
+            _check(_libc.syscall(SYS_FSCONFIG, fs, cmd, key, value, 0), f"fsconfig {key}")
+        return _check(_libc.syscall(SYS_FSMOUNT, fs, 1, 0), "fsmount")  # FSMOUNT_CLOEXEC
+    finally:
+        os.close(fs)
+
+
+def open_layer(cfg: dict) -> int | None:
+    """The host's detached mount of the sandbox's layer (``cfg["disk"]["mount"]``, a
+    ``/proc/<host pid>/fd/<n>`` path), reopened here; None for a tmpfs layer or none.
+    Runs first, while the host's /proc is this process's."""
+    path = (cfg.get("disk") or {}).get("mount")
+    return os.open(path, os.O_PATH | os.O_CLOEXEC) if path else None
+
+
+def mount_layer(cfg: dict, detached: int | None) -> None:
+    """Mount the sandbox's sized writable layer (``cfg["disk"]``, see
+    ``deployment/disk.py``: the host's ext4 mount ``detached``, or a tmpfs) in this
+    process's new mount namespace, with the overlay's upper and work dirs on it, and stay
+    in it: the host reads the upper layer through ``/proc/<this pid>/cwd``. Runs in the
+    outer process, before init is forked."""
+    disk = cfg["disk"]
+    mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing below may propagate to the host
+    where = disk["dir"]
+    os.makedirs(where, exist_ok=True)
+    if detached is not None:
+        _check(_libc.syscall(SYS_MOVE_MOUNT, detached, b"", AT_FDCWD, _b(where), MOVE_MOUNT_F_EMPTY_PATH),
+               "move_mount")
+        os.close(detached)
+    else:
+        mount("tmpfs", where, "tmpfs", 0, disk["tmpfs"])
+    for name in ("upper", "work"):  # an ext4 layer has them already (``disk.new_disk``)
+        os.makedirs(f"{where}/{name}", exist_ok=True)
+        os.chmod(f"{where}/{name}", 0o755)
+    os.chdir(where)
+    cfg["upper"], cfg["work"] = f"{where}/upper", f"{where}/work"
+
+
+def _root_children() -> list[str]:
+    """Mount points directly under ``/`` (docker's /proc, /dev, /sys, /etc/hosts, ...),
+    in mount order."""
+    rows = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            rows.append((fields[0], fields[1], fields[4].replace("\\040", " ")))
+    root_ids = {mid for mid, _, point in rows if point == "/"}
+    return [point for mid, parent, point in rows if parent in root_ids and mid not in root_ids]
+
+
+def layer_root(cfg: dict) -> None:
+    """Enter mode with a disk limit: make the sandbox's root an overlay of the container's
+    root (lower) and the sized layer (upper), with the container's other mounts bound in
+    again, and pivot into it. The container's own writable layer stays empty."""
+    layer = cfg["disk"]["dir"]
+    children = [p for p in _root_children() if p != layer]
+    lower, root = layer + "/lower", layer + "/root"
+    for path in (lower, root):
+        os.mkdir(path)
+    mount("/", lower, None, MS_BIND)  # the root mount alone, not what is mounted on it
+    mount("overlay", root, "overlay", 0, "lowerdir=%s,upperdir=%s,workdir=%s" % (lower, cfg["upper"], cfg["work"]))
+    for point in children:
+        mount(point, root + point, None, MS_BIND | MS_REC)
+    if os.path.ismount(root + layer):  # came along with /dev: the sandbox must not see it
+        _check(_libc.umount2(_b(root + layer), MNT_DETACH), "umount layer copy")
+    os.chdir(root)
+    _check(_libc.syscall(SYS_PIVOT_ROOT, b".", b"."), "pivot_root")
+    _check(_libc.umount2(b".", MNT_DETACH), "umount old root")
+    os.chdir("/")
 
 
 # --------------------------------------------------------------------------- root filesystem
@@ -911,7 +997,8 @@ class Agent:
 
 
 def _setup_outer(cfg: dict) -> None:
-    """Runs in the host namespaces: cgroups, rlimits, namespaces."""
+    """Runs in the host namespaces: cgroups, rlimits, namespaces, the sized layer."""
+    layer = open_layer(cfg)
     for path in cfg.get("cgroup_procs", []):
         with open(path, "w") as f:
             f.write(str(os.getpid()))
@@ -932,15 +1019,22 @@ def _setup_outer(cfg: dict) -> None:
             f.write(f"0 {gid} 1")
     else:
         unshare(flags)
+    if cfg.get("disk"):
+        mount_layer(cfg, layer)
 
 
 def _enter_outer(cfg: dict) -> None:
     """Enter mode, in the host namespaces: join the container's cgroups (so the agent
-    is charged to its limits), then its namespaces."""
+    is charged to its limits), then its namespaces; the sized layer (disk_mb) is opened
+    first, through the host's /proc."""
+    layer = open_layer(cfg)
     for path in cfg.get("cgroup_procs", []):
         with open(path, "w") as f:
             f.write(str(os.getpid()))
     enter_namespaces(cfg["enter_pid"])
+    if cfg.get("disk"):
+        unshare(CLONE_NEWNS)  # the sandbox's root is ours to build (layer_root)
+        mount_layer(cfg, layer)
 
 
 def _enter_init() -> None:
@@ -1002,6 +1096,8 @@ def main() -> None:
             os.close(gate[1])
             os.read(gate[0], 1)  # EOF once the outer process closed its end
             os.close(gate[0])
+            if cfg.get("disk"):
+                layer_root(cfg)
             _enter_init()
         else:
             build_root(cfg)

@@ -2,8 +2,9 @@
 
 A sandbox's mounts live in its private mount namespace, so the test process's mount table
 shows them only if something went wrong on the host side; what a dead run can really leak
-is its processes (in its cgroups), its cgroups, its files under ROCKROLL_HOME and any
-mount made in the host's namespaces under its directory.
+is its processes (in its cgroups), its cgroups, its files under ROCKROLL_HOME, any
+mount made in the host's namespaces under its directory and the loop devices of its
+sandboxes' disks (``disk_mb``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rockroll.sandbox.deployment.cgroups import Cgroup, cgroup_mode
+from rockroll.sandbox.deployment.disk import loop_devices
 from rockroll.sandbox.home import state_home
 
 
@@ -51,4 +53,5 @@ def leftovers(run_id: str, run_dir: Path) -> list[str]:
     left += _processes_in_cgroups_of(run_id)
     left += [f"mount {line}" for table in _host_mount_tables() for line in table.splitlines()
              if str(run_dir) in line]
+    left += [f"loop {dev}" for dev in loop_devices(run_dir)]
     return left

@@ -77,7 +77,7 @@ def test_kill_9_of_owner_leaves_nothing_after_next_start(tmp_path):
     data = json.loads(line)
     run_id, run_dir = data["run"], Path(data["dir"])
     live = leftovers(run_id, run_dir)  # the checks see a live run's traces, of every kind
-    assert {item.split()[0] for item in live} >= {"path", "dir", "process"} | ({"cgroup"} if cgroup_mode() != "none" else set())
+    assert {item.split()[0] for item in live} >= {"path", "dir", "process", "loop"} | ({"cgroup"} if cgroup_mode() != "none" else set())
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     # the agents die with their owner: their control pipe closed, pid 1 exits, the pid namespace goes

@@ -79,7 +79,7 @@ def test_unknown_sandbox_is_a_typed_404(server):
 @pytest.mark.parametrize("body, field", [
     ({"memory_mb": 1}, "memory_mb"),            # SandboxSpec's own check
     ({"image": "no-such-image"}, "image"),      # the backend's check
-    ({"disk_mb": 10}, "disk_mb"),               # local cannot enforce it
+    ({"disk_mb": 10}, "disk_mb"),               # below the smallest disk
     ({"cpus": "lots"}, "cpus"),                 # a type error (FastAPI's validation)
     ({"bogus": 1}, "bogus"),                    # an unknown field
     ({"env": {"1X": "y"}}, "env"),

@@ -70,6 +70,15 @@ def test_sandbox_runs_in_a_user_namespace_as_nobody(world_tmp):
             assert sb.run('cat /etc/hosts').exit_code == 0
             sb.restore(snap)
             print(sb.run('cat /workspace/x; test -e /etc/hosts || echo gone').stdout, end='')
+        # disk_mb without root: a tmpfs layer (no loop devices in a user namespace)
+        with open_sandbox(SandboxSpec(disk_mb=16)) as sb:
+            r = sb.run('head -c 64M /dev/zero > /workspace/big')
+            print('full' if 'No space left on device' in r.stderr else 'not-full', r.exit_code != 0)
+            print(sb.run('df -kP / | tail -1').stdout.split()[1])
+            print(sb.run('rm /workspace/big; echo again > /workspace/y; cat /workspace/y').stdout, end='')
+            snap = sb.snapshot()
+            sb.restore(snap)
+            print(sb.run('cat /workspace/y').stdout, end='')
     """)
     env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "PYTHONPATH": str(pkg),
            "ROCKROLL_HOME": str(home / "state")}
@@ -80,5 +89,8 @@ def test_sandbox_runs_in_a_user_namespace_as_nobody(world_tmp):
     assert lines[0] == "0"  # root inside ...
     assert lines[1:4] == ["0", "65534", "1"]  # ... mapped to nobody outside
     assert int(lines[4]) < 10  # only the sandbox's own processes are visible
-    assert lines[5:] == ["hi", "gone"]
+    assert lines[5:7] == ["hi", "gone"]
+    assert lines[7:9] == ["full", "True"]  # ENOSPC at the limit ...
+    assert int(lines[9]) == 16 * 1024  # ... which is the layer's size ...
+    assert lines[10:] == ["again", "again"]  # ... freed by rm; snapshots read the layer
 
