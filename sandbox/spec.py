@@ -50,14 +50,10 @@ class SandboxSpec:
             raise SpecError("image", "must be a non-empty string")
         if self.backend not in BACKENDS:
             raise SpecError("backend", f"must be one of {', '.join(BACKENDS)}, not {self.backend!r}")
-        _positive("cpus", self.cpus, minimum=0.01)
+        _positive("cpus", self.cpus, minimum=0.01, maximum=CPUS_MAX)
         _positive("memory_mb", self.memory_mb, minimum=16, integer=True)
-        _positive("pids", self.pids, minimum=8, integer=True)
-        if self.pids is not None and self.pids > PID_MAX_LIMIT:  # the kernel refuses more in pids.max
-            raise SpecError("pids", f"must be <= {PID_MAX_LIMIT} (None: unlimited), not {self.pids!r}")
-        _positive("disk_mb", self.disk_mb, minimum=16, integer=True)
-        if self.disk_mb is not None and self.disk_mb > DISK_MB_MAX:
-            raise SpecError("disk_mb", f"must be <= {DISK_MB_MAX} (1 TiB; None: unlimited), not {self.disk_mb!r}")
+        _positive("pids", self.pids, minimum=8, integer=True, maximum=PID_MAX_LIMIT)
+        _positive("disk_mb", self.disk_mb, minimum=16, integer=True, maximum=DISK_MB_MAX)
         _positive("timeout_s", self.timeout_s, minimum=0.001)
         _positive("ttl_s", self.ttl_s, minimum=0.001)
         _positive("max_output_bytes", self.max_output_bytes, minimum=1, integer=True)
@@ -96,15 +92,19 @@ def _is_http_url(url) -> bool:
 
 
 PID_MAX_LIMIT = 1 << 22  # the most pids a Linux system can have (64-bit), so the most a cgroup can cap
+# More CPUs than any host has; the CFS quota of a huge value overflows (the kernel's ERANGE, a 503)
+CPUS_MAX = 4096
 
 
-def _positive(name: str, value, *, minimum: float, integer: bool = False) -> None:
+def _positive(name: str, value, *, minimum: float, integer: bool = False, maximum: float | None = None) -> None:
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
         raise SpecError(name, f"must be {'an integer' if integer else 'a number'}, not {value!r}")
     if value < minimum:
         raise SpecError(name, f"must be >= {minimum}, not {value!r}")
+    if maximum is not None and value > maximum:
+        raise SpecError(name, f"must be <= {maximum} (None: unlimited), not {value!r}")
 
 
 @dataclass(frozen=True)
