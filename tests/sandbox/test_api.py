@@ -134,7 +134,8 @@ def test_reset_returns_to_image(sb):
 def test_spec_validation_names_the_field():
     for kwargs, field in [({"memory_mb": 1}, "memory_mb"), ({"cpus": 0}, "cpus"), ({"pids": "x"}, "pids"),
                           ({"pids": (1 << 22) + 1}, "pids"), ({"cpus": 3.6e16}, "cpus"), ({"backend": "vm"}, "backend"),
-                          ({"workdir": "rel"}, "workdir"), ({"env": {"1bad": "x"}}, "env"), ({"timeout_s": -1}, "timeout_s")]:
+                          ({"workdir": "rel"}, "workdir"), ({"env": {"1bad": "x"}}, "env"),
+                          ({"timeout_s": -1}, "timeout_s")]:
         with pytest.raises(SpecError) as err:
             SandboxSpec(**kwargs)
         assert err.value.field == field
