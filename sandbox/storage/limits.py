@@ -108,11 +108,15 @@ class Meter:
         self.used = 0
         self._unchecked = _FREE_CHECK  # check the disk on the first charge
 
-    def charge(self, n: int) -> None:
+    def check(self, n: int) -> None:
+        """Refuse ``n`` more bytes if they would pass the limit (without charging them)."""
         if self.used + n > self.limit:
             raise StorageLimitError(self.name, self.value,
                                     f"{self.what} is larger than allowed: {self.used + n} bytes "
                                     f"would pass the {self.limit} left")
+
+    def charge(self, n: int) -> None:
+        self.check(n)
         self._unchecked += n
         if self._unchecked >= _FREE_CHECK or n >= _FREE_CHECK:
             check_free(self.where, self.min_free, n, self.what)

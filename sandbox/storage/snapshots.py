@@ -109,6 +109,11 @@ class SnapshotStore:
         _write_int(path, total)
         return total
 
+    def drop_layer(self, digest: str) -> None:
+        """Remove an unpacked layer (one refused after unpacking); its tarball stays."""
+        shutil.rmtree(self.layer_root / _hex(digest), ignore_errors=True)
+        self._bytes_file(digest).unlink(missing_ok=True)
+
     def _bytes_file(self, digest: str) -> Path:
         return self.layer_root / f"{_hex(digest)}.bytes"
 
