@@ -80,13 +80,17 @@ class StorageLimits:
         check_free(where, self.min_free_bytes, incoming, what)
 
 
-def check_free(where: Path, reserve: int, incoming: int = 0, what: str = "data") -> None:
+def free_bytes(where: Path) -> int:
+    st = os.statvfs(where)
+    return st.f_bavail * st.f_frsize
+
+
+def check_free(where: Path, reserve: int, incoming: int = 0, what: str = "data", free: int | None = None) -> None:
     """Refuse (``StorageFullError``) when writing ``incoming`` bytes under ``where`` would
-    leave less than ``reserve`` bytes free."""
+    leave less than ``reserve`` bytes free (``free``: what is free now, if known)."""
     if not reserve:
         return
-    st = os.statvfs(where)
-    free = st.f_bavail * st.f_frsize
+    free = free_bytes(where) if free is None else free
     if free - incoming < reserve:
         raise StorageFullError("min_free_bytes", reserve,
                                f"refused {what}: {free} bytes free on {where}, {incoming} more would "
@@ -99,14 +103,17 @@ def env_name(field: str) -> str:
 
 class Meter:
     """Counts bytes written against a limit; ``charge(n)`` before writing ``n`` bytes raises
-    ``StorageLimitError`` if they would pass it (so nothing beyond the limit is written) and,
-    every few MiB, ``StorageFullError`` if the disk would go below its reserve."""
+    ``StorageLimitError`` if they would pass it (so nothing beyond the limit is written), and
+    ``StorageFullError`` if the disk would go below its reserve: the free space is read
+    every few MiB and what was charged since is taken off it, so our own writes never
+    cross the reserve."""
 
     def __init__(self, limit: int, name: str, value: int, where: Path, min_free: int, what: str):
         self.limit, self.name, self.value, self.where, self.what = limit, name, value, where, what
         self.min_free = min_free
         self.used = 0
-        self._unchecked = _FREE_CHECK  # check the disk on the first charge
+        self._free: int | None = None  # free bytes at the last look
+        self._since = 0  # bytes charged since then
 
     def check(self, n: int) -> None:
         """Refuse ``n`` more bytes if they would pass the limit (without charging them)."""
@@ -117,8 +124,9 @@ class Meter:
 
     def charge(self, n: int) -> None:
         self.check(n)
-        self._unchecked += n
-        if self._unchecked >= _FREE_CHECK or n >= _FREE_CHECK:
-            check_free(self.where, self.min_free, n, self.what)
-            self._unchecked = 0
+        if self.min_free:
+            if self._free is None or self._since + n >= _FREE_CHECK:
+                self._free, self._since = free_bytes(self.where), 0
+            check_free(self.where, self.min_free, self._since + n, self.what, free=self._free)
+            self._since += n
         self.used += n
