@@ -101,8 +101,10 @@ def test_the_free_space_reserve_holds_on_a_small_disk(tmp_path):
         free_before = free_bytes(disk)
         reserve = 32 * MiB
         limits = StorageLimits(max_layer_bytes=1 << 40, min_free_bytes=reserve)
+        before = thread_wchar()
         with pytest.raises(StorageFullError) as info:
             unpack_layer(archive, disk / "dest", meter=limits.meter(disk))
+        assert thread_wchar() - before <= free_before - reserve  # the reserve was never touched
         assert info.value.limit == "min_free_bytes" and "min_free_bytes" in str(info.value)
         assert list(disk.iterdir()) == []
         assert free_bytes(disk) == free_before  # all of it given back
