@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import time
 import uuid
 from dataclasses import dataclass, field

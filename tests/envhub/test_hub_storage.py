@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from rockroll.envhub import EnvManifest, HubStore, build, publish, pull
+from rockroll.envhub import EnvManifest, HubStore, build, pull
 from rockroll.envhub.manifest import LayerRef
 from rockroll.sandbox import StorageLimitError
 from rockroll.sandbox.storage.layers import digest_file
