@@ -165,6 +165,22 @@ def test_a_new_home_is_private(tmp_path):
     assert store.limits == StorageLimits.from_env()
 
 
+@needs_root
+def test_a_running_sandbox_s_setuid_file_is_out_of_other_users_reach(world_tmp, monkeypatch):
+    """Root in a local sandbox is root on the host's files: its setuid-root copy of a shell
+    sits in the upper dir under the home while it runs, and in the snapshot it takes."""
+    monkeypatch.setenv("ROCKROLL_HOME", str(world_tmp / "home"))
+    with open_sandbox(SandboxSpec()) as sb:
+        assert sb.run("cp /bin/sh /workspace/rootsh && chmod 4755 /workspace/rootsh").exit_code == 0
+        planted = list((world_tmp / "home" / "runs").glob("*/*/upper*/workspace/rootsh"))
+        assert planted and planted[0].stat().st_mode & stat.S_ISUID  # the attack is in place...
+        assert other_user_reaches(planted[0]) == {"stat": False, "read": False, "run": False}  # ...out of reach
+        snap = sb.snapshot()
+        layer = world_tmp / "home" / "layers" / "sha256" / snap.digest[7:] / "workspace" / "rootsh"
+        assert stat.S_IMODE(layer.stat().st_mode) == 0o755  # the snapshot's copy lost the bit
+        assert other_user_reaches(layer) == {"stat": False, "read": False, "run": False}
+
+
 # ------------------------------------------------------------------ the upload path
 
 
