@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from rockroll.sandbox import SandboxSpec, StorageFullError, StorageLimitError, open_sandbox
+from rockroll.sandbox import SandboxSpec, SpecError, StorageFullError, StorageLimitError, open_sandbox
 from rockroll.sandbox.home import private_home
 from rockroll.sandbox.storage.layers import digest_file, unpack_layer, unpack_plain_tar
 from rockroll.sandbox.storage.limits import MEMBER_BYTES, StorageLimits, free_bytes
@@ -271,3 +271,28 @@ def test_read_and_download_of_a_huge_sparse_file_are_bounded(tmp_path, monkeypat
         assert list(tmp_path.iterdir()) == []
         sb.write_file("/workspace/small", "ok")
         assert sb.read_file("/workspace/small") == b"ok"
+
+
+# ------------------------------------------------------------------ settings and the wire
+
+
+def test_limits_read_sizes_and_name_a_bad_one():
+    limits = StorageLimits.from_env({"ROCKROLL_MAX_LAYER_BYTES": "512M", "ROCKROLL_MIN_FREE_BYTES": "0"})
+    assert (limits.max_layer_bytes, limits.max_chain_bytes, limits.min_free_bytes) == (512 * MiB, 16 << 30, 0)
+    assert StorageLimits(max_layer_bytes="1GiB").max_layer_bytes == 1 << 30
+    for bad, field in (({"max_chain_bytes": "lots"}, "max_chain_bytes"), ({"max_layer_bytes": 0}, "max_layer_bytes"),
+                       ({"min_free_bytes": -1}, "min_free_bytes")):
+        with pytest.raises(SpecError) as info:
+            StorageLimits(**bad)
+        assert info.value.field == field
+
+
+def test_a_limit_error_crosses_the_wire_with_its_limit():
+    from rockroll.sandbox.server.wire import error_body, error_from_body, status_of
+
+    for exc, status in ((StorageLimitError("max_layer_bytes", MiB, "layer x is too big"), 413),
+                        (StorageFullError("token_storage_quota", 5 * MiB, "quota used up"), 507)):
+        body = error_body(exc)
+        assert status_of(exc) == status and body["limit"] == exc.limit and body["value"] == exc.value
+        back = error_from_body(status, body)
+        assert type(back) is type(exc) and (back.limit, back.value, str(back)) == (exc.limit, exc.value, str(exc))
