@@ -273,6 +273,28 @@ def test_read_and_download_of_a_huge_sparse_file_are_bounded(tmp_path, monkeypat
         assert sb.read_file("/workspace/small") == b"ok"
 
 
+def test_remote_reads_and_downloads_are_bounded_on_the_client(world_tmp, monkeypatch, tmp_path):
+    from rockroll.sandbox.runtime import remote
+
+    monkeypatch.setenv("ROCKROLL_HOME", str(world_tmp / "home"))
+    server = Server()
+    remote.configure(server.url, server.token)
+    monkeypatch.setenv("ROCKROLL_MAX_LAYER_BYTES", "4M")  # the client's own setting
+    try:
+        with open_sandbox(SandboxSpec(backend="remote")) as sb:
+            assert sb.run("truncate -s 64M /workspace/big").exit_code == 0  # 16x the limit
+            with pytest.raises(StorageLimitError, match="max_layer_bytes"):
+                sb.read_file("/workspace/big")
+            with pytest.raises(StorageLimitError, match="max_layer_bytes"):
+                sb.download("/workspace/big", tmp_path / "big")
+            assert list(tmp_path.iterdir()) == []
+            sb.write_file("/workspace/small", "ok")
+            assert sb.read_file("/workspace/small") == b"ok"
+    finally:
+        remote.configure(None)
+        server.stop()
+
+
 # ------------------------------------------------------------------ settings and the wire
 
 
