@@ -60,12 +60,13 @@ def crafted_layer(path: Path, files: dict[str, tuple[int, int | bytes]], *, dirs
     return path
 
 
-def thread_wchar() -> int:
-    """Bytes this thread has passed to write(2) and friends so far."""
-    for line in Path("/proc/thread-self/io").read_text().splitlines():
+def thread_wchar(io_file: str = "/proc/thread-self/io") -> int:
+    """Bytes this thread (or, given ``/proc/<pid>/io``, that process) has passed to
+    write(2) and friends so far."""
+    for line in Path(io_file).read_text().splitlines():
         if line.startswith("wchar:"):
             return int(line.split()[1])
-    raise AssertionError("no wchar in /proc/thread-self/io")
+    raise AssertionError(f"no wchar in {io_file}")
 
 
 def leftovers(root: Path) -> list[str]:

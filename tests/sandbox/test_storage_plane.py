@@ -213,7 +213,11 @@ def test_upload_attacks_are_refused_or_defused(service, world_tmp, tmp_path):
 
     # 2. a bomb: 20 MiB of zeros in a few KiB, 10x the 2 MiB limit
     bomb = crafted_layer(tmp_path / "bomb.tar.zst", {"zeros": (0o644, 20 * MiB)})
+    io_file = f"/proc/{service.proc.pid}/io"
+    before = thread_wchar(io_file)
     r = upload(service, bomb)
+    # the unpacking, the upload's temp file and its copy, the answer: never the bomb's 20 MiB
+    assert thread_wchar(io_file) - before <= 2 * MiB + 2 * bomb.stat().st_size + (64 << 10)
     assert r.status_code == 413, r.text
     assert r.json()["error"] == "StorageLimitError" and r.json()["limit"] == "max_layer_bytes"
     assert "max_layer_bytes" in r.json()["message"]
