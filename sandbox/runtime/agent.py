@@ -444,6 +444,13 @@ class AgentSandbox(AsyncSandbox):
         # Freeze only while copying the upper (a cheap local copy); pack the portable
         # tarball from the copy while the sandbox runs on, then keep the copy as the
         # unpacked layer that restore() and fork() mount.
+        # The copy and the tarball are not metered (the sandbox wrote them already); a disk
+        # below its reserve refuses the snapshot before either starts.
+        try:
+            self.store.limits.check_free(self.store.tar_root.parent, 0, f"snapshot of {self.id}")
+        except StorageLimitError as e:
+            e.sandbox_id = self.id  # as every error of a sandbox carries its id
+            raise
         staged = self.store.staging_dir()
         await asyncio.to_thread(self._deploy.freeze)
         try:

@@ -277,6 +277,15 @@ def test_read_and_download_of_a_huge_sparse_file_are_bounded(tmp_path, monkeypat
         assert sb.read_file("/workspace/small") == b"ok"
 
 
+def test_no_snapshot_is_taken_below_the_free_space_reserve(monkeypatch):
+    monkeypatch.setenv("ROCKROLL_MIN_FREE_BYTES", "1024T")  # more than any disk here has
+    with open_sandbox(SandboxSpec()) as sb:
+        with pytest.raises(StorageFullError, match="min_free_bytes") as info:
+            sb.snapshot()
+        assert info.value.sandbox_id == sb.id
+        assert sb.run("echo still-alive").stdout == "still-alive\n"
+
+
 def test_remote_reads_and_downloads_are_bounded_on_the_client(world_tmp, monkeypatch, tmp_path):
     from rockroll.sandbox.runtime import remote
 
