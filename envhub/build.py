@@ -26,7 +26,6 @@ import os
 import posixpath
 import re
 import shlex
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,7 +112,7 @@ def build(folder: str | Path, *, cache: LocalCache | None = None, hub: str | Non
         for snap in throwaway:  # the non-reproducible originals; their repacked twins stay
             if snap.digest not in keep:
                 cache.layers.tarball(snap.digest).unlink(missing_ok=True)
-                shutil.rmtree(cache.layers.layer_root / snap.digest.split(":", 1)[1], ignore_errors=True)
+                cache.layers.drop_layer(snap.digest)
     private = None
     if pkg.private:
         info = pack_layer(pkg.root / pkg.private, cache.layers.tar_root, reproducible=True)

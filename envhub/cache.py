@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -186,7 +185,7 @@ def gc(cache: LocalCache, *, evict: tuple[str, ...] = (), dry_run: bool = False)
         size = tar.stat().st_size if tar.exists() else 0
         if not dry_run:
             tar.unlink(missing_ok=True)
-            shutil.rmtree(layer, ignore_errors=True)
+            cache.layers.drop_layer(f"sha256:{hexd}")
             (owned_dir / hexd).unlink(missing_ok=True)
         result.removed.append(f"sha256:{hexd}")
         result.freed_bytes += size

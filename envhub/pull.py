@@ -21,7 +21,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from rockroll.sandbox.errors import SnapshotError
+from rockroll.sandbox.errors import StorageLimitError
 from rockroll.sandbox.storage.layers import digest_file
 
 from .cache import LocalCache
@@ -140,11 +140,14 @@ def pull(ref: str | EnvRef, *, hub: str | HubStore | None = None, cache: LocalCa
         return hit
     store = hub if isinstance(hub, HubStore) else HubStore(url, endpoint=endpoint)
     manifest, yanked = resolve(ref, store, cache)
+    blobs = [layer.digest for layer in manifest.blobs()]
     for layer in manifest.blobs():
         fetch_layer(layer, store, cache)
-    private = cache.layers.layer_dir(manifest.private.digest) if manifest.private else None
-    env = PulledEnv(store.url, manifest, tuple(cache.layers.layer_dir(l.digest) for l in reversed(manifest.layers)),
-                    yanked, private)
+    # Unpacked together, so the env's layers, snapshots and private files stay within
+    # max_chain_bytes as well as max_layer_bytes each (a hub's writers are not trusted).
+    dirs = dict(zip(blobs, cache.layers.unpack_chain(blobs)))
+    private = dirs[manifest.private.digest] if manifest.private else None
+    env = PulledEnv(store.url, manifest, tuple(dirs[l.digest] for l in reversed(manifest.layers)), yanked, private)
     with _LOCK:
         for spec in {ref.spec, manifest.version}:
             _MEMO[(str(cache.home), store.url, ref.name, spec)] = env
@@ -153,19 +156,22 @@ def pull(ref: str | EnvRef, *, hub: str | HubStore | None = None, cache: LocalCa
 
 
 def fetch_layer(layer: LayerRef, store: HubStore, cache: LocalCache) -> Path:
-    """Make one layer local and unpacked; verify it before it is used."""
-    if cache.has_layer(layer.digest):
-        return cache.layers.layer_dir(layer.digest)
+    """Make one layer's tarball local, verified against its digest before anything uses
+    it; return it (``pull`` unpacks). A blob larger than ``max_layer_bytes``, or one the
+    free-space reserve has no room for, is refused before it is downloaded."""
     tarball = cache.layers.tarball(layer.digest)
-    if tarball.exists():
-        try:
-            return cache.layers.layer_dir(layer.digest)  # unpack checks the digest first
-        except SnapshotError:
-            tarball.unlink(missing_ok=True)  # corrupt local copy: fetch it again
+    if cache.has_layer(layer.digest) or (tarball.exists() and digest_file(tarball) == layer.digest):
+        return tarball
+    tarball.unlink(missing_ok=True)  # a corrupt local copy: fetch it again
+    limits = cache.layers.limits
+    if layer.size > limits.max_layer_bytes:
+        raise StorageLimitError("max_layer_bytes", limits.max_layer_bytes,
+                                f"hub blob {layer.digest} is {layer.size} bytes")
     tarball.parent.mkdir(parents=True, exist_ok=True)
+    limits.check_free(tarball.parent, layer.size, f"hub blob {layer.digest}")
     tmp = tarball.with_name(f".pull-{uuid.uuid4().hex}.part")
     try:
-        store.get_blob(layer, tmp)
+        store.get_blob(layer, tmp, max_bytes=limits.max_layer_bytes)
         size = tmp.stat().st_size
         got = digest_file(tmp)
         if got != layer.digest:
@@ -177,4 +183,4 @@ def fetch_layer(layer: LayerRef, store: HubStore, cache: LocalCache) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     cache.mark_owned(layer.digest)
-    return cache.layers.layer_dir(layer.digest)
+    return tarball

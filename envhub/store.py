@@ -217,10 +217,19 @@ class HubStore:
             with open(local, "rb") as src, self.fs.open(path, "wb") as dst:
                 _copy(src, dst, bar)
 
-    def get_blob(self, layer: LayerRef, dest: Path) -> None:
-        """Download a blob to ``dest`` (the caller verifies it and renames it into place)."""
+    def get_blob(self, layer: LayerRef, dest: Path, *, max_bytes: int | None = None) -> None:
+        """Download a blob to ``dest`` (the caller verifies it and renames it into place);
+        one larger than ``max_bytes`` on the hub is refused before a byte is fetched
+        (``StorageLimitError`` naming ``max_layer_bytes``)."""
         path = self.blob_path(layer.digest)
         try:
+            if max_bytes is not None:
+                with self._io(f"sizing blob {layer.digest}"):
+                    size = self.fs.size(path)
+                if size > max_bytes:
+                    from rockroll.sandbox.errors import StorageLimitError  # noqa: PLC0415 - keep import cheap
+
+                    raise StorageLimitError("max_layer_bytes", max_bytes, f"hub blob {layer.digest} is {size} bytes")
             with self._io(f"downloading blob {layer.digest}"), _progress(layer.size, f"pull {layer.digest[7:19]}") as bar:
                 if self.protocol in ("s3", "s3a"):
                     # Ranged GETs in parallel, written in place: CHUNK * S3_CONCURRENCY in memory.

@@ -138,7 +138,18 @@ def sandbox_gc(everything):
 @click.option("--idle-ttl", type=float, default=3600.0, show_default=True,
               help="Seconds a sandbox may sit unused before it is closed (its spec's ttl_s wins; 0: never).")
 @click.option("--backend", default="local", show_default=True, help="Backend the service runs sandboxes on.")
-def serve(host, port, token_env, max_sandboxes, idle_ttl, backend):
+@click.option("--max-layer-bytes", envvar="ROCKROLL_MAX_LAYER_BYTES", default="4G", show_default=True,
+              help="Most bytes one uploaded or pulled layer may unpack to (also its compressed size); "
+                   "past it: 413. Env ROCKROLL_MAX_LAYER_BYTES.")
+@click.option("--max-chain-bytes", envvar="ROCKROLL_MAX_CHAIN_BYTES", default="16G", show_default=True,
+              help="Most bytes a snapshot chain may unpack to; past it: 413. Env ROCKROLL_MAX_CHAIN_BYTES.")
+@click.option("--min-free-bytes", envvar="ROCKROLL_MIN_FREE_BYTES", default="2G", show_default=True,
+              help="Free space the disk keeps: uploads that would go below it get 507 (0: no reserve). "
+                   "Env ROCKROLL_MIN_FREE_BYTES.")
+@click.option("--token-storage-quota", envvar="ROCKROLL_TOKEN_STORAGE_QUOTA", default="16G", show_default=True,
+              help="Bytes of uploaded snapshots (tarball + unpacked) one token may hold; past it: 507.")
+def serve(host, port, token_env, max_sandboxes, idle_ttl, backend, max_layer_bytes, max_chain_bytes,
+          min_free_bytes, token_storage_quota):
     """Serve sandboxes over HTTP: REST under /v1, /metrics, a dashboard at /.
 
     \b
@@ -153,9 +164,19 @@ def serve(host, port, token_env, max_sandboxes, idle_ttl, backend):
         from rockroll.sandbox.server.app import create_app
     except ImportError as e:
         raise click.ClickException(f"{e.name} is missing: pip install 'rockroll[service]'") from None
+    from rockroll.sandbox.errors import SpecError
+    from rockroll.sandbox.storage.limits import StorageLimits, env_name, parse_bytes
+
+    try:
+        limits = StorageLimits(max_layer_bytes, max_chain_bytes, min_free_bytes)
+        quota = parse_bytes(token_storage_quota, "token_storage_quota")
+    except SpecError as e:
+        raise click.BadParameter(str(e)) from None
+    for field in ("max_layer_bytes", "max_chain_bytes", "min_free_bytes"):
+        os.environ[env_name(field)] = str(getattr(limits, field))  # the sandboxes' stores follow too
     token = os.environ.get(token_env) or secrets.token_urlsafe(32)
     app = create_app(token, backend=backend, max_sandboxes=max_sandboxes,
-                     idle_ttl=idle_ttl if idle_ttl > 0 else None)
+                     idle_ttl=idle_ttl if idle_ttl > 0 else None, limits=limits, token_storage_quota=quota)
     url = f"http://{host}:{port}"
     shown = f"${token_env}" if os.environ.get(token_env) else token
     click.echo(f"rockroll serve: {url}  token: {shown}\n  dashboard: {url}/#token="

@@ -13,7 +13,7 @@ backend name to its classes; ``runtime/`` holds the clients that talk to one san
 from .base import AsyncSandbox
 from .errors import (AgentDied, CapacityError, IsolationUnavailable, SandboxClosed, SandboxError,
                      SandboxFileError, SandboxLost, SandboxNotFound, SandboxStartError, SessionError,
-                     SnapshotError, SpecError, UnsafeArchiveError)
+                     SnapshotError, SpecError, StorageFullError, StorageLimitError, UnsafeArchiveError)
 from .factory import open_async_sandbox
 from .spec import CommandResult, SandboxSpec, Snapshot
 from .sync import Sandbox, open_sandbox
@@ -31,5 +31,6 @@ __all__ = [
     "AgentDied", "AsyncSandbox", "CapacityError", "CommandResult", "IsolationUnavailable",
     "Sandbox", "SandboxClosed", "SandboxError", "SandboxFileError", "SandboxLost",
     "SandboxNotFound", "SandboxSpec", "SandboxStartError", "SessionError", "Snapshot",
-    "SnapshotError", "SpecError", "UnsafeArchiveError", "configure", "open_async_sandbox", "open_sandbox",
+    "SnapshotError", "SpecError", "StorageFullError", "StorageLimitError", "UnsafeArchiveError",
+    "configure", "open_async_sandbox", "open_sandbox",
 ]

@@ -125,7 +125,8 @@ class AsyncSandbox(abc.ABC):
     # ----------------------------------------------------------------- files
     @abc.abstractmethod
     async def read_file(self, path: str) -> bytes:
-        """The whole content of a file. Raises ``SandboxFileError`` if it is missing or unreadable."""
+        """The whole content of a file. Raises ``SandboxFileError`` if it is missing or unreadable,
+        ``StorageLimitError`` if it is larger than ``max_layer_bytes`` (``StorageLimits``)."""
 
     @abc.abstractmethod
     async def stat(self, path: str) -> str | None:
@@ -166,20 +167,27 @@ class AsyncSandbox(abc.ABC):
     async def download(self, remote: str, local: str | os.PathLike) -> None:
         """Copy a sandbox file or directory to the host. A file lands whole or not at all
         (a temp file renamed); a directory arrives as a tar unpacked with the safe layer
-        rules: links inside it are never followed. Raises ``SandboxFileError``."""
+        rules: links inside it are never followed. Raises ``SandboxFileError``; past
+        ``max_layer_bytes`` or the free-space reserve (``StorageLimits``),
+        ``StorageLimitError`` with nothing left behind."""
         from .storage.layers import unpack_plain_tar  # noqa: PLC0415 - zstandard, only for folders
+        from .storage.limits import StorageLimits  # noqa: PLC0415
 
         self._ensure_open()
         local = Path(local)
+        limits = StorageLimits.from_env()
         kind, chunks = await self.read_stream(remote)
         tmp = local.with_name(f".{local.name}.{uuid.uuid4().hex[:6]}.part")
         try:
             with open(tmp, "w+b") as f:
+                meter = limits.meter(local.parent, what=f"download of {remote}")
                 async for chunk in chunks:
+                    meter.charge(len(chunk))
                     f.write(chunk)
                 if kind == "dir":
                     f.seek(0)
-                    await asyncio.to_thread(unpack_plain_tar, f, local)
+                    meter = limits.meter(local.parent, what=f"download of {remote}")
+                    await asyncio.to_thread(unpack_plain_tar, f, local, meter=meter)
                     return
             os.replace(tmp, local)
         finally:

@@ -80,6 +80,22 @@ class UnsafeArchiveError(SnapshotError):
         self.reason = reason
 
 
+class StorageLimitError(SnapshotError):
+    """Storing or unpacking would pass a storage limit; ``limit`` names it (the setting an
+    operator raises: ``max_layer_bytes``, ``max_chain_bytes``, ...) and ``value`` is its bytes.
+    What was partly written has been removed."""
+
+    def __init__(self, limit: str, value: int, message: str, *, sandbox_id: str | None = None):
+        super().__init__(f"{message} (limit {limit}={value})", sandbox_id=sandbox_id)
+        self.limit = limit
+        self.value = value
+
+
+class StorageFullError(StorageLimitError):
+    """The space to store into is used up: the host's free-space reserve (``min_free_bytes``)
+    or the caller's storage quota (``token_storage_quota``)."""
+
+
 class CapacityError(SandboxError):
     """No capacity left (pool or service full); retry after ``retry_after`` seconds."""
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..home import state_home
+from ..home import private_home, state_home
 from .disk import detach_loops, drop_spares
 from .process import proc_start_time
 
@@ -149,6 +149,7 @@ class RunRegistry:
             if self._started:
                 return
             reap_dead_runs(self.home, keep=self.run_id)
+            private_home(self.home)
             self.dir.mkdir(parents=True, exist_ok=True)
             pid = os.getpid()
             info = {"pid": pid, "start": proc_start_time(pid), "created": time.time()}

@@ -21,7 +21,7 @@ from ..base import CHUNK, AsyncSandbox, once
 from ..deployment.base import Deployment
 from ..deployment.reaper import current_run, install_exit_handlers
 from ..errors import (AgentDied, IsolationUnavailable, SandboxClosed, SandboxError, SandboxFileError,
-                      SandboxStartError, SessionError, SnapshotError, SpecError)
+                      SandboxStartError, SessionError, SnapshotError, SpecError, StorageLimitError)
 from ..spec import CommandResult, SandboxSpec, Snapshot
 from ..storage.layers import pack_layer, read_meta
 from ..storage.snapshots import SnapshotStore, copy_tree
@@ -366,9 +366,13 @@ class AgentSandbox(AsyncSandbox):
 
     async def read_file(self, path: str) -> bytes:
         target, chunks, offset = self._path(path), [], 0
+        limit = self.store.limits.max_layer_bytes  # a sparse 1 TB file must not fill host memory
         while True:
             header, body = await self._request({"op": "read", "path": target, "offset": offset,
                                                 "length": CHUNK})
+            if max(header["size"], offset + len(body)) > limit:
+                raise StorageLimitError("max_layer_bytes", limit, f"{path} is {header['size']} bytes",
+                                        sandbox_id=self.id)
             chunks.append(body)
             offset += len(body)
             if not body or offset >= header["size"]:
@@ -440,6 +444,13 @@ class AgentSandbox(AsyncSandbox):
         # Freeze only while copying the upper (a cheap local copy); pack the portable
         # tarball from the copy while the sandbox runs on, then keep the copy as the
         # unpacked layer that restore() and fork() mount.
+        # The copy and the tarball are not metered (the sandbox wrote them already); a disk
+        # below its reserve refuses the snapshot before either starts.
+        try:
+            self.store.limits.check_free(self.store.tar_root.parent, 0, f"snapshot of {self.id}")
+        except StorageLimitError as e:
+            e.sandbox_id = self.id  # as every error of a sandbox carries its id
+            raise
         staged = self.store.staging_dir()
         await asyncio.to_thread(self._deploy.freeze)
         try:

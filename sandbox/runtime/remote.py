@@ -26,9 +26,10 @@ import httpx
 
 from ..base import CHUNK, AsyncSandbox, file_chunks
 from ..errors import (AgentDied, SandboxClosed, SandboxError, SandboxLost, SandboxNotFound,
-                      SnapshotError, SpecError)
+                      SnapshotError, SpecError, StorageLimitError)
 from ..server.wire import API, AuthError, ResultOut, SandboxOut, SnapshotOut, error_from_body
 from ..spec import CommandResult, SandboxSpec, Snapshot
+from ..storage.limits import StorageLimits
 from .model_channel import TOKEN_HEADER, current_token
 
 DEFAULT_URL = "http://127.0.0.1:8765"
@@ -187,8 +188,17 @@ class RemoteSandbox(AsyncSandbox):
 
     # ----------------------------------------------------------------- files
     async def read_file(self, path: str) -> bytes:
-        self._ensure_open()
-        return (await self._call("GET", self._url("/files"), params={"path": path})).content
+        limit = StorageLimits.from_env().max_layer_bytes  # a sparse 1 TB file must not fill our memory
+        _, chunks = await self.read_stream(path)
+        data = bytearray()
+        try:
+            async for chunk in chunks:
+                if len(data) + len(chunk) > limit:
+                    raise StorageLimitError("max_layer_bytes", limit, f"{path} is larger", sandbox_id=self.id)
+                data += chunk
+        finally:
+            await chunks.aclose()
+        return bytes(data)
 
     async def stat(self, path: str) -> str | None:
         self._ensure_open()

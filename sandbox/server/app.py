@@ -28,15 +28,18 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..deployment.reaper import current_run
 from ..errors import CapacityError, SandboxError
+from ..storage.limits import StorageLimits
 from ..storage.snapshots import SnapshotStore
 from . import files, sandboxes, snapshots
+from .metrics import storage_series
+from .quota import DEFAULT_QUOTA, TokenQuota
 from .deps import Hub
 from .hub import SandboxHub
 from .wire import API, AuthError, ErrorOut, HealthOut, error_body, status_of
 
 log = logging.getLogger("rockroll.serve")
 # Non-JSON routes return a Response (no response_class), so their errors stay documented as JSON.
-ERRORS = {code: {"model": ErrorOut} for code in (400, 401, 404, 409, 429, 503)}
+ERRORS = {code: {"model": ErrorOut} for code in (400, 401, 404, 409, 413, 429, 503, 507)}
 _bearer = HTTPBearer(auto_error=False, description="the server's token (ROCKROLL_TOKEN)")
 
 
@@ -62,9 +65,11 @@ async def healthz(hub: Hub) -> HealthOut:
 
 
 @pages.get("/metrics", dependencies=[Depends(auth)], responses={200: {"content": {"text/plain": {}}}})
-async def metrics(hub: Hub) -> PlainTextResponse:
+async def metrics(request: Request, hub: Hub) -> PlainTextResponse:
     states = collections.Counter(e.state for e in hub.entries.values())
-    return PlainTextResponse(hub.metrics.render(states, hub.max_sandboxes), media_type="text/plain; version=0.0.4")
+    text = hub.metrics.render(states, hub.max_sandboxes)
+    text += storage_series(request.app.state.quota, request.app.state.store)
+    return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
 
 # errors -------------------------------------------------------------------------
@@ -105,9 +110,12 @@ async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
 
 # the app --------------------------------------------------------------------------
 def create_app(token: str, *, backend: str = "local", max_sandboxes: int = 256,
-               idle_ttl: float | None = 3600.0, reap_interval: float = 1.0) -> FastAPI:
+               idle_ttl: float | None = 3600.0, reap_interval: float = 1.0,
+               limits: StorageLimits | None = None, token_storage_quota: int = DEFAULT_QUOTA) -> FastAPI:
     """The service as an ASGI app. ``token`` guards everything but ``/``, ``/healthz``
-    and the OpenAPI document."""
+    and the OpenAPI document. ``limits`` bound what snapshot uploads unpack to (default:
+    ``StorageLimits.from_env()``); ``token_storage_quota`` is how many bytes of uploaded
+    snapshots a token may hold."""
     if backend == "remote":
         raise SandboxError("the service cannot use backend='remote' (it would call itself)")
     hub = SandboxHub(backend=backend, max_sandboxes=max_sandboxes, idle_ttl=idle_ttl,
@@ -123,7 +131,8 @@ def create_app(token: str, *, backend: str = "local", max_sandboxes: int = 256,
 
     app = FastAPI(title="rockroll sandbox service", version="1", lifespan=lifespan, responses=ERRORS)
     app.state.hub, app.state.token = hub, token.encode()
-    app.state.store = SnapshotStore(current_run().home)
+    app.state.store = SnapshotStore(current_run().home, limits)
+    app.state.quota = TokenQuota(current_run().home / "service-quota", token_storage_quota)
     app.add_exception_handler(SandboxError, on_sandbox_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import os
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -28,10 +29,7 @@ class Metrics:
         out: list[str] = []
 
         def family(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
-            out.append(f"# HELP {name} {help_}")
-            out.append(f"# TYPE {name} {kind}")
-            out.extend(f"{name}{labels} {value:g}" if isinstance(value, float) else f"{name}{labels} {value}"
-                       for labels, value in samples)
+            _family(out, name, kind, help_, samples)
 
         family("rockroll_sandboxes", "gauge", "Sandboxes held by the service, by state.",
                [(f'{{state="{s}"}}', states.get(s, 0)) for s in ("alive", "dead")])
@@ -52,3 +50,30 @@ class Metrics:
         family("rockroll_failures_total", "counter", "Failed requests, by error kind.",
                [(f'{{kind="{k}"}}', n) for k, n in sorted(self.failures.items())])
         return "\n".join(out) + "\n"
+
+
+def _family(out: list[str], name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
+    out.append(f"# HELP {name} {help_}")
+    out.append(f"# TYPE {name} {kind}")
+    out.extend(f"{name}{labels} {value:g}" if isinstance(value, float) else f"{name}{labels} {value}"
+               for labels, value in samples)
+
+
+def storage_series(quota, store) -> str:
+    """The storage plane's series: bytes each token holds against its quota, the unpack
+    limits, and the free space of the store's disk."""
+    out: list[str] = []
+    _family(out, "rockroll_storage_used_bytes", "gauge",
+            "Bytes of uploaded snapshots (tarball + unpacked layer) a token holds, by token key.",
+            [(f'{{token="{k}"}}', v) for k, v in quota.usage().items()])
+    _family(out, "rockroll_storage_quota_bytes", "gauge", "Bytes of snapshots one token may hold.",
+            [("", quota.quota)])
+    limits = store.limits
+    _family(out, "rockroll_storage_limit_bytes", "gauge", "Storage limits, by name.",
+            [(f'{{limit="{n}"}}', getattr(limits, n)) for n in ("max_layer_bytes", "max_chain_bytes",
+                                                               "min_free_bytes")])
+    home = store.tar_root.parent
+    st = os.statvfs(home if home.is_dir() else "/")
+    _family(out, "rockroll_storage_free_bytes", "gauge", "Free bytes on the disk of the snapshot store.",
+            [("", st.f_bavail * st.f_frsize)])
+    return "\n".join(out) + "\n"

@@ -1,4 +1,9 @@
-"""Routes of the service's snapshot store: list, upload a tarball, download one."""
+"""Routes of the service's snapshot store: list, upload a tarball, download one.
+
+An upload is bounded while it streams (``max_layer_bytes`` of compressed bytes, the
+free-space reserve, what the token's quota has left), then unpacked under the store's
+``StorageLimits``; any refusal leaves no temp file, tarball or layer behind.
+"""
 
 from __future__ import annotations
 
@@ -13,8 +18,10 @@ from fastapi.responses import FileResponse
 
 from ..errors import SandboxError, SnapshotError
 from ..storage.layers import digest_file, read_meta
+from ..storage.limits import Meter
 from ..storage.snapshots import SnapshotStore
 from .deps import Store
+from .quota import token_key
 from .wire import DIGEST_PATTERN, SnapshotOut
 
 router = APIRouter()
@@ -29,21 +36,39 @@ async def list_snapshots(store: Store) -> list[SnapshotOut]:
              openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": {
                  "schema": {"type": "string", "format": "binary"}}}}})
 async def upload_snapshot(request: Request, store: Store) -> SnapshotOut:
-    """Import a snapshot tarball (``.tar.zst``); its parents must already be here."""
+    """Import a snapshot tarball (``.tar.zst``); its parents must already be here.
+    413 past ``max_layer_bytes``/``max_chain_bytes``, 507 below the free-space reserve or
+    past the token's quota (the body's ``limit`` names which)."""
+    quota, key = request.app.state.quota, token_key(request.app.state.token)
+    limits = store.limits
+    left = quota.left(key)
+    bound = (("max_layer_bytes", limits.max_layer_bytes) if limits.max_layer_bytes <= left
+             else ("token_storage_quota", quota.quota))
+    meter = Meter(min(left, limits.max_layer_bytes), *bound, store.tar_root.parent,
+                  limits.min_free_bytes, "snapshot upload")
+    announced = request.headers.get("content-length", "")
+    if announced.isdigit():  # refused before a byte is read
+        meter.check(int(announced))
     store.tar_root.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=store.tar_root, prefix=".upload-")
     try:
         with os.fdopen(fd, "wb") as f:
             async for chunk in request.stream():
+                meter.charge(len(chunk))
                 f.write(chunk)
         digest = await asyncio.to_thread(digest_file, tmp)
         existed = store.tarball(digest).exists()
+        unpacked = store.layer_root.joinpath(digest[7:]).is_dir()
         await asyncio.to_thread(store.import_tarball, Path(tmp))
         try:  # unpacks and checks the whole chain: a crafted tarball is refused here
             snap = await asyncio.to_thread(store.load, digest)
+            nbytes = store.tarball(digest).stat().st_size + store.layer_bytes(digest)
+            quota.charge(key, digest, nbytes)
         except SandboxError:
             if not existed:
                 store.tarball(digest).unlink(missing_ok=True)
+            if not unpacked:
+                await asyncio.to_thread(store.drop_layer, digest)
             raise
     finally:
         Path(tmp).unlink(missing_ok=True)

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from .. import errors
-from ..errors import CapacityError, SandboxError, SpecError, UnsafeArchiveError
+from ..errors import CapacityError, SandboxError, SpecError, StorageFullError, StorageLimitError, UnsafeArchiveError
 from ..spec import CommandResult, SandboxSpec, Snapshot
 
 API = "/v1"
@@ -30,6 +30,8 @@ _STATUS: tuple[tuple[type[SandboxError], int], ...] = (
     (errors.SandboxStartError, 503),
     (errors.IsolationUnavailable, 503),
     (UnsafeArchiveError, 400),
+    (StorageFullError, 507),          # the disk's reserve or the token's quota is used up
+    (StorageLimitError, 413),         # one layer or chain larger than allowed
     (errors.SnapshotError, 400),
     (errors.SandboxFileError, 400),
     (errors.SessionError, 400),
@@ -56,6 +58,8 @@ def error_body(exc: SandboxError) -> dict[str, Any]:
         body["retry_after"] = exc.retry_after
     elif isinstance(exc, UnsafeArchiveError):
         body.update(member=exc.member, reason=exc.reason)
+    elif isinstance(exc, StorageLimitError):
+        body.update(limit=exc.limit, value=exc.value)
     return body
 
 
@@ -82,6 +86,10 @@ def error_from_body(status: int, body: Any) -> SandboxError:
         return CapacityError(message, retry_after=float(body.get("retry_after") or 1.0), sandbox_id=sid)
     if cls is UnsafeArchiveError:
         return UnsafeArchiveError(str(body.get("member")), str(body.get("reason")), sandbox_id=sid)
+    if cls in (StorageLimitError, StorageFullError):
+        err = cls(str(body.get("limit")), int(body.get("value") or 0), "", sandbox_id=sid)
+        err.args = (message,)  # the service's words, not rebuilt
+        return err
     return cls(message, sandbox_id=sid)
 
 

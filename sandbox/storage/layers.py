@@ -11,8 +11,9 @@ A layer is one zstd frame holding a PAX tar:
 
 Layers are named by the sha256 of their compressed bytes (``<dir>/sha256/<hex>.tar.zst``).
 Unpacking is the security boundary: a layer may come from a sandbox an agent controlled or
-from a shared hub, so every member is checked before anything is written, and nothing is
-ever written through a path the archive itself created as a symlink.
+from a shared hub, so every member is checked before anything is written, nothing is
+ever written through a path the archive itself created as a symlink, setuid/setgid bits
+never land on the host, and the bytes written are counted against a limit (``limits.py``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import BinaryIO
 import zstandard
 
 from ..errors import SnapshotError, SpecError, UnsafeArchiveError
+from .limits import MEMBER_BYTES, Meter
 
 META_NAME = "rockroll.json"
 ROOT = "rootfs"
@@ -300,7 +302,7 @@ def read_meta(archive: Path) -> dict:
         raise SnapshotError(f"cannot read metadata of layer {archive}: {e}") from e
 
 
-def unpack_layer(archive: Path, dest: Path, *, whiteouts: str = "overlay") -> dict:
+def unpack_layer(archive: Path, dest: Path, *, whiteouts: str = "overlay", meter: Meter | None = None) -> dict:
     """Extract a layer into ``dest`` (which must not exist) and return its metadata ({} if none).
 
     A layer named ``<hex>.tar.zst`` (as ``pack_layer`` names it) is first checked against
@@ -314,7 +316,11 @@ def unpack_layer(archive: Path, dest: Path, *, whiteouts: str = "overlay") -> di
     ``.wh..wh..opq`` into the ``trusted.overlay.opaque=y`` xattr (``user.overlay.opaque``
     when not privileged; mount with ``userxattr`` then), so ``dest`` works as an overlayfs
     layer. ``whiteouts="keep"`` leaves them as empty files, for consumers that apply layers
-    themselves. Modes, mtimes and (as root) numeric owners are restored.
+    themselves. Modes, mtimes and (as root) numeric owners are restored, except the
+    setuid and setgid bits: sandboxes run with no_new_privs, where they do nothing, so on
+    the host they could only serve an attack. With a ``meter``, every member is charged
+    before it is written (its data, plus ``MEMBER_BYTES``): a bomb stops with
+    ``StorageLimitError``/``StorageFullError`` at the limit and nothing is left behind.
     """
     if whiteouts not in ("overlay", "keep"):
         raise SpecError("whiteouts", f"must be 'overlay' or 'keep', not {whiteouts!r}")
@@ -332,7 +338,7 @@ def unpack_layer(archive: Path, dest: Path, *, whiteouts: str = "overlay") -> di
             _check_frame(raw, archive)
             with zstandard.ZstdDecompressor().stream_reader(raw, closefd=False) as zr:
                 with tarfile.open(fileobj=zr, mode="r|") as tar:
-                    meta = _Extractor(tmp, whiteouts=whiteouts).run(tar)
+                    meta = _Extractor(tmp, whiteouts=whiteouts, meter=meter).run(tar)
                 while zr.read(_CHUNK):  # on to the end of the frame: checks zstd's checksum
                     pass
         return meta
@@ -340,11 +346,11 @@ def unpack_layer(archive: Path, dest: Path, *, whiteouts: str = "overlay") -> di
     return _extract_atomically(Path(dest), f"layer {archive}", extract)
 
 
-def unpack_plain_tar(data: bytes | BinaryIO, dest: Path) -> None:
+def unpack_plain_tar(data: bytes | BinaryIO, dest: Path, *, meter: Meter | None = None) -> None:
     """Extract an uncompressed tar of a sandbox folder (members ``.`` and ``./...``, as
     ``tar -C dir -cf - .`` makes) into ``dest``, which must not exist, onto the host.
 
-    Same checks and atomicity as ``unpack_layer``, for a tar an agent may have crafted,
+    Same checks, atomicity and ``meter`` as ``unpack_layer``, for a tar an agent may have crafted,
     except that ``.wh.`` names are ordinary files, owners are not restored (the files
     belong to the caller) and setuid/setgid/sticky bits are dropped.
     """
@@ -352,7 +358,7 @@ def unpack_plain_tar(data: bytes | BinaryIO, dest: Path) -> None:
 
     def extract(tmp: Path) -> dict:
         with tarfile.open(fileobj=src, mode="r|") as tar:
-            return _Extractor(tmp, prefix=".", whiteouts=None).run(tar)
+            return _Extractor(tmp, prefix=".", whiteouts=None, meter=meter).run(tar)
 
     _extract_atomically(Path(dest), "tar", extract)
 
@@ -425,20 +431,23 @@ class _Extractor:
     device nodes, duplicates, a member whose parent is not a directory created earlier by
     the archive (so nothing is ever written through an archive-made symlink), hardlinks to
     anything but an earlier non-directory member, relative symlinks that climb above the
-    root, and malformed whiteouts. Absolute symlink targets are allowed: they are only
+    root, and malformed whiteouts. Setuid and setgid bits are dropped; past the ``meter``'s
+    limit, ``StorageLimitError``. Absolute symlink targets are allowed: they are only
     meaningful inside the sandbox, whose mount namespace resolves ``/`` to the sandbox
     root, and this module never follows a link. Files are created with
     ``O_CREAT|O_EXCL|O_NOFOLLOW``.
     """
 
-    def __init__(self, root: Path, *, prefix: str = ROOT, whiteouts: str | None = "overlay"):
+    def __init__(self, root: Path, *, prefix: str = ROOT, whiteouts: str | None = "overlay",
+                 meter: Meter | None = None):
         # whiteouts: "overlay" applies them, "keep" checks them and writes them as files,
         # None (a plain tar headed for the host) treats .wh. names as ordinary files and
-        # keeps neither owners nor setuid/setgid/sticky bits.
-        self.root, self.prefix, self.whiteouts = root, prefix, whiteouts
+        # keeps neither owners nor the sticky bit. No layer keeps setuid/setgid: there is
+        # no trusted source for which they would be worth it (see unpack_layer).
+        self.root, self.prefix, self.whiteouts, self.meter = root, prefix, whiteouts, meter
         self.overlay = whiteouts == "overlay"
         self.chown = whiteouts is not None and os.geteuid() == 0
-        self.mode_mask = 0o7777 if whiteouts is not None else 0o777
+        self.mode_mask = 0o1777 if whiteouts is not None else 0o777
         self.seen: set[str] = set()  # rootfs-relative names created (or whited out)
         self.dirs: set[str] = {""}  # directories created by the archive
         self.linkable: set[str] = set()  # non-directories a hardlink may point at
@@ -465,6 +474,8 @@ class _Extractor:
 
     def add(self, tar: tarfile.TarFile, m: tarfile.TarInfo) -> None:
         rel = _rel(m.name, m.name, self.prefix)
+        if self.meter is not None:  # before anything of it is written
+            self.meter.charge(MEMBER_BYTES + (m.size if m.isreg() else 0))
         if m.ischr() or m.isblk():
             raise UnsafeArchiveError(m.name, "device nodes are refused (whiteouts are .wh. files)")
         if rel in self.seen:

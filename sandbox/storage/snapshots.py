@@ -3,21 +3,25 @@
 ``<home>/snapshots/sha256/<hex>.tar.zst`` are the portable tarballs (what ``Snapshot``
 points at, what a hub or a service ships); ``<home>/layers/sha256/<hex>/`` are the same
 layers unpacked once, ready to be stacked as overlayfs lower dirs, which is why
-``restore()`` and ``fork()`` cost a remount and not an extraction.
+``restore()`` and ``fork()`` cost a remount and not an extraction; ``<hex>.bytes`` beside
+each records what it unpacked to, for the chain bound (``StorageLimits``).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 from pathlib import Path
 from typing import Callable
 
-from ..errors import SnapshotError
-from .layers import digest_file, read_meta, unpack_layer
+from ..errors import SnapshotError, StorageLimitError
+from ..home import private_home
 from ..spec import Snapshot
+from .layers import MEMBER_BYTES, digest_file, read_meta, unpack_layer
+from .limits import StorageLimits
 
 
 # Snapshot-ref schemes other packages plug in (``"hub:name@ver#snap"`` from
@@ -44,15 +48,18 @@ def _resolver_for(ref: str):
 
 
 class SnapshotStore:
-    def __init__(self, home: Path):
+    def __init__(self, home: Path, limits: StorageLimits | None = None):
+        private_home(home)
+        self.limits = limits or StorageLimits.from_env()
         self.tar_root = home / "snapshots"
         self.layer_root = home / "layers" / "sha256"
 
     def tarball(self, digest: str) -> Path:
         return self.tar_root / "sha256" / f"{_hex(digest)}.tar.zst"
 
-    def layer_dir(self, digest: str) -> Path:
-        """The unpacked layer, unpacking it (safely, atomically) on first use."""
+    def layer_dir(self, digest: str, *, room: int | None = None) -> Path:
+        """The unpacked layer, unpacking it (safely, atomically) on first use, bounded by
+        ``max_layer_bytes`` or by ``room`` (what its chain has left) if smaller."""
         dest = self.layer_root / _hex(digest)
         if dest.is_dir():
             return dest
@@ -60,12 +67,55 @@ class SnapshotStore:
         if not src.is_file():
             raise SnapshotError(f"layer {digest} is not in the local store ({src})")
         self.layer_root.mkdir(parents=True, exist_ok=True)
+        meter = self.limits.meter(self.layer_root, room=room, what=f"layer {digest}")
         try:
-            unpack_layer(src, dest)
+            unpack_layer(src, dest, meter=meter)
         except (FileExistsError, OSError) as e:
             if not dest.is_dir():  # lost a race with another unpacker: fine; else real error
                 raise SnapshotError(f"cannot unpack layer {digest}: {e}") from e
+            return dest
+        _write_int(self._bytes_file(digest), meter.used)
         return dest
+
+    def unpack_chain(self, digests: "tuple[str, ...] | list[str]") -> list[Path]:
+        """Unpack every layer of a chain (base first; already unpacked ones are kept), so
+        that together they stay within ``max_chain_bytes``; return their dirs, base first."""
+        dirs, used = [], 0
+        for digest in digests:
+            room = self.limits.max_chain_bytes - used
+            if room <= 0:
+                raise StorageLimitError("max_chain_bytes", self.limits.max_chain_bytes,
+                                        f"the chain up to layer {digest} unpacks to {used} bytes")
+            dirs.append(self.layer_dir(digest, room=room))
+            used += self.layer_bytes(digest)
+        if used > self.limits.max_chain_bytes:
+            raise StorageLimitError("max_chain_bytes", self.limits.max_chain_bytes,
+                                    f"the chain of layer {digests[-1]} unpacks to {used} bytes")
+        return dirs
+
+    def layer_bytes(self, digest: str) -> int:
+        """What an unpacked layer takes, as its meter counted it (counted now, once, for a
+        layer adopted from a sandbox or unpacked by an older version)."""
+        path = self._bytes_file(digest)
+        try:
+            return int(path.read_text())
+        except (OSError, ValueError):
+            pass
+        total = 0
+        for root, dirnames, filenames in os.walk(self.layer_root / _hex(digest)):
+            for name in dirnames + filenames:
+                st = os.lstat(os.path.join(root, name))
+                total += MEMBER_BYTES + (st.st_size if stat.S_ISREG(st.st_mode) else 0)
+        _write_int(path, total)
+        return total
+
+    def drop_layer(self, digest: str) -> None:
+        """Remove an unpacked layer (one refused after unpacking); its tarball stays."""
+        shutil.rmtree(self.layer_root / _hex(digest), ignore_errors=True)
+        self._bytes_file(digest).unlink(missing_ok=True)
+
+    def _bytes_file(self, digest: str) -> Path:
+        return self.layer_root / f"{_hex(digest)}.bytes"
 
     def staging_dir(self) -> Path:
         """A fresh, empty path beside the layers (same filesystem, so adopting is a rename)."""
@@ -85,14 +135,24 @@ class SnapshotStore:
         return dest
 
     def import_tarball(self, path: Path) -> str:
-        """Add a tarball from elsewhere; its digest is computed, never trusted."""
+        """Add a tarball from elsewhere; its digest is computed, never trusted. A file
+        larger than ``max_layer_bytes`` (compressed!) or one the free-space reserve has no
+        room for is refused."""
+        size = os.stat(path).st_size
+        if size > self.limits.max_layer_bytes:
+            raise StorageLimitError("max_layer_bytes", self.limits.max_layer_bytes,
+                                    f"snapshot file {path} is {size} bytes")
         digest = digest_file(path)
         dest = self.tarball(digest)
         if not dest.exists():
             dest.parent.mkdir(parents=True, exist_ok=True)
+            self.limits.check_free(dest.parent, size, f"snapshot file {path}")
             tmp = dest.with_suffix(f".{os.getpid()}.tmp")
-            shutil.copyfile(path, tmp)
-            os.replace(tmp, dest)
+            try:
+                shutil.copyfile(path, tmp)
+                os.replace(tmp, dest)
+            finally:
+                tmp.unlink(missing_ok=True)
         return digest
 
     def load(self, ref: "Snapshot | str | Path") -> Snapshot:
@@ -100,12 +160,12 @@ class SnapshotStore:
         ``<scheme>:<ref>`` string of a registered resolver (``hub:name@1.0.0#warm``).
 
         Every layer of the chain is unpacked before this returns, so a crafted tarball
-        is refused here (``UnsafeArchiveError``) before anything is mounted.
+        is refused here (``UnsafeArchiveError``, or ``StorageLimitError`` past a limit)
+        before anything is mounted.
         """
         if isinstance(ref, str) and (fn := _resolver_for(ref)) is not None:
             snap = fn(ref.partition(":")[2], self)
-            for digest in snap.layers:  # same guarantee as below: unpacked (and checked) first
-                self.layer_dir(digest)
+            self.unpack_chain(snap.layers)  # same guarantee as below: unpacked (and checked) first
             return snap
         if isinstance(ref, Snapshot):
             if ref.path is not None and not self.tarball(ref.digest).exists():
@@ -117,14 +177,20 @@ class SnapshotStore:
             digest = self.import_tarball(Path(ref))
         else:
             digest = ref
-        self.layer_dir(digest)
+        if not self.tarball(digest).is_file():
+            self.layer_dir(digest)  # raises: not in the store
         meta = read_meta(self.tarball(digest))
         parents = tuple(meta.get("parents", ()))
-        for parent in parents:
-            self.layer_dir(parent)
+        self.unpack_chain(parents + (digest,))
         path = self.tarball(digest)
         return Snapshot(id=_hex(digest)[:12], digest=digest, size=path.stat().st_size,
                         layers=parents + (digest,), image=meta.get("image", "host"), path=path)
+
+
+def _write_int(path: Path, value: int) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(str(value))
+    os.replace(tmp, path)
 
 
 def _hex(digest: str) -> str:
@@ -137,8 +203,14 @@ def _hex(digest: str) -> str:
 def copy_tree(src: Path, dest: Path) -> None:
     """Copy an overlay upper dir exactly: owners, modes, times, hardlinks, whiteouts (0/0
     char devices) and the opaque xattr. ``cp -a`` does all of it, with reflinks where the
-    filesystem has them; ``dest`` must exist and be empty."""
+    filesystem has them; ``dest`` must exist and be empty. Setuid and setgid bits are
+    then dropped from the copy (so from the layer packed from it), as unpacking drops them."""
     out = subprocess.run(["cp", "-a", "--reflink=auto", "--", f"{src}/.", str(dest)],
                          capture_output=True, text=True)
     if out.returncode != 0:
         raise SnapshotError(f"cannot copy the sandbox's files: {out.stderr.strip()}")
+    # find never follows links (-P) and ! -type l keeps chmod off them; the copy is ours alone.
+    out = subprocess.run(["find", str(dest), "-perm", "/6000", "!", "-type", "l",
+                          "-exec", "chmod", "ug-s", "--", "{}", "+"], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SnapshotError(f"cannot drop setuid bits from the sandbox's files: {out.stderr.strip()}")

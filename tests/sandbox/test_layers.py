@@ -169,6 +169,9 @@ def test_round_trip_gives_an_equivalent_tree(tmp_path):
 
     meta = unpack_layer(info.path, tmp_path / "restored")
     assert meta == {"session": {"cwd": "/workspace"}, "parents": []}
+    suid = before["workspace/suid"]  # the layer keeps the bit; the host never gets it
+    assert suid[1] == 0o4750
+    before["workspace/suid"] = (suid[0], 0o750, *suid[2:])
     assert listing(tmp_path / "restored") == before
     assert leftovers(tmp_path) == []
 
