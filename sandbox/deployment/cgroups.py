@@ -297,8 +297,9 @@ class Cgroup:
             try:
                 with open(path) as f:
                     found.update(int(line) for line in f.read().split())
-            except FileNotFoundError:
-                pass
+            except OSError as e:  # ENODEV: another process is removing the group right now
+                if e.errno not in (errno.ENOENT, errno.ENODEV):
+                    raise
         return sorted(found)
 
     def freeze(self, timeout: float = 5.0) -> None:
