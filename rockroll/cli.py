@@ -138,8 +138,16 @@ def sandbox_gc(everything):
 @click.option("--idle-ttl", type=float, default=3600.0, show_default=True,
               help="Seconds a sandbox may sit unused before it is closed (its spec's ttl_s wins; 0: never).")
 @click.option("--backend", default="local", show_default=True, help="Backend the service runs sandboxes on.")
-def serve(host, port, token_env, max_sandboxes, idle_ttl, backend):
+@click.option("--pool", "pool_opts", multiple=True, metavar="size=N,KEY=VALUE,...",
+              help="A warm pool: N sandboxes of the spec the other keys give (fields of POST /v1/sandboxes, "
+                   "e.g. size=4,image=hub:counter@1.0.0,memory_mb=512). Repeatable.")
+@click.option("--pools", "pools_file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A TOML file of [[pool]] tables, each size = N plus the fields of POST /v1/sandboxes.")
+def serve(host, port, token_env, max_sandboxes, idle_ttl, backend, pool_opts, pools_file):
     """Serve sandboxes over HTTP: REST under /v1, /metrics, a dashboard at /.
+
+    A create whose spec equals a warm pool's (every field, after defaults) is served from
+    the pool; pools can also be added at run time with POST /v1/pools.
 
     \b
     Clients:  ROCKROLL_URL=http://127.0.0.1:8765 ROCKROLL_TOKEN=... and SandboxSpec(backend="remote")
@@ -150,12 +158,19 @@ def serve(host, port, token_env, max_sandboxes, idle_ttl, backend):
     try:
         import uvicorn
 
+        from rockroll.sandbox.errors import SpecError
         from rockroll.sandbox.server.app import create_app
+        from rockroll.sandbox.server.warm import check_pools, load_pools_file, parse_pool_option
     except ImportError as e:
         raise click.ClickException(f"{e.name} is missing: pip install 'rockroll[service]'") from None
+    try:
+        bodies = (load_pools_file(pools_file) if pools_file else []) + [parse_pool_option(o) for o in pool_opts]
+        pools = check_pools(bodies)
+    except SpecError as e:
+        raise click.BadParameter(str(e), param_hint="--pool/--pools") from None
     token = os.environ.get(token_env) or secrets.token_urlsafe(32)
     app = create_app(token, backend=backend, max_sandboxes=max_sandboxes,
-                     idle_ttl=idle_ttl if idle_ttl > 0 else None)
+                     idle_ttl=idle_ttl if idle_ttl > 0 else None, pools=pools)
     url = f"http://{host}:{port}"
     shown = f"${token_env}" if os.environ.get(token_env) else token
     click.echo(f"rockroll serve: {url}  token: {shown}\n  dashboard: {url}/#token="

@@ -6,8 +6,8 @@ REST under ``/v1`` (bearer token), ``/healthz`` (open), ``/metrics`` (Prometheus
 token), and a dashboard at ``/`` (open page; it reads the token from the URL fragment,
 ``/#token=...``, which browsers never send to the server, and calls the API with it).
 
-The routes are module-level routers (``sandboxes.py``, ``files.py``, ``snapshots.py``)
-over the wire models (``wire.py``) and the public sandbox API only; the app holds the
+The routes are module-level routers (``sandboxes.py``, ``files.py``, ``snapshots.py``,
+``pools.py``) over the wire models (``wire.py``) and the public sandbox API only; the app holds the
 ``SandboxHub`` (``hub.py``) and the snapshot store they work on. Typed sandbox errors
 travel as ``{"error", "message", "sandbox_id"}`` (see ``wire.py``).
 """
@@ -30,9 +30,10 @@ from ..deployment.reaper import current_run
 from ..errors import CapacityError, SandboxError
 from ..storage.snapshots import SnapshotStore
 from . import files, sandboxes, snapshots
+from . import pools as pool_routes  # the name `pools` is create_app's argument
 from .deps import Hub
 from .hub import SandboxHub
-from .wire import API, AuthError, ErrorOut, HealthOut, error_body, status_of
+from .wire import API, AuthError, ErrorOut, HealthOut, PoolIn, error_body, status_of
 
 log = logging.getLogger("rockroll.serve")
 # Non-JSON routes return a Response (no response_class), so their errors stay documented as JSON.
@@ -64,7 +65,9 @@ async def healthz(hub: Hub) -> HealthOut:
 @pages.get("/metrics", dependencies=[Depends(auth)], responses={200: {"content": {"text/plain": {}}}})
 async def metrics(hub: Hub) -> PlainTextResponse:
     states = collections.Counter(e.state for e in hub.entries.values())
-    return PlainTextResponse(hub.metrics.render(states, hub.max_sandboxes), media_type="text/plain; version=0.0.4")
+    pools = [w.describe() for w in hub.pools.values()]
+    return PlainTextResponse(hub.metrics.render(states, hub.max_sandboxes, pools),
+                             media_type="text/plain; version=0.0.4")
 
 
 # errors -------------------------------------------------------------------------
@@ -105,9 +108,11 @@ async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
 
 # the app --------------------------------------------------------------------------
 def create_app(token: str, *, backend: str = "local", max_sandboxes: int = 256,
-               idle_ttl: float | None = 3600.0, reap_interval: float = 1.0) -> FastAPI:
+               idle_ttl: float | None = 3600.0, reap_interval: float = 1.0,
+               pools: list[PoolIn] = ()) -> FastAPI:
     """The service as an ASGI app. ``token`` guards everything but ``/``, ``/healthz``
-    and the OpenAPI document."""
+    and the OpenAPI document. ``pools``: warm pools to keep from the start (filled in
+    the background once the service is up; ``POST /v1/pools`` adds more)."""
     if backend == "remote":
         raise SandboxError("the service cannot use backend='remote' (it would call itself)")
     hub = SandboxHub(backend=backend, max_sandboxes=max_sandboxes, idle_ttl=idle_ttl,
@@ -115,7 +120,7 @@ def create_app(token: str, *, backend: str = "local", max_sandboxes: int = 256,
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        await hub.start()
+        await hub.start(list(pools))
         try:
             yield
         finally:
@@ -129,6 +134,6 @@ def create_app(token: str, *, backend: str = "local", max_sandboxes: int = 256,
     app.add_exception_handler(StarletteHTTPException, on_http_error)
     app.add_exception_handler(Exception, on_unexpected)
     app.include_router(pages)
-    for routes in (sandboxes.router, files.router, snapshots.router):
+    for routes in (sandboxes.router, files.router, snapshots.router, pool_routes.router):
         app.include_router(routes, prefix=API, dependencies=[Depends(auth)])
     return app
