@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rockroll.sandbox.errors import SnapshotError
-from rockroll.sandbox.storage.layers import digest_file
 
 from .cache import LocalCache
 from .errors import BlobCorrupted, EnvNotFound, StoreUnavailable, YankedWarning
@@ -165,9 +164,8 @@ def fetch_layer(layer: LayerRef, store: HubStore, cache: LocalCache) -> Path:
     tarball.parent.mkdir(parents=True, exist_ok=True)
     tmp = tarball.with_name(f".pull-{uuid.uuid4().hex}.part")
     try:
-        store.get_blob(layer, tmp)
+        got = store.get_blob(layer, tmp)  # hashed as it arrived
         size = tmp.stat().st_size
-        got = digest_file(tmp)
         if got != layer.digest:
             what = (f"truncated ({size} of {layer.size} bytes)" if size < layer.size else
                     f"corrupted: its bytes hash to {got}")
