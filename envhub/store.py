@@ -31,7 +31,7 @@ from .errors import BlobCorrupted, BlobMissing, HubError, StoreUnavailable
 from .manifest import LayerRef
 
 CHUNK = 8 << 20
-S3_CONCURRENCY = 4  # parts in flight: memory stays at CHUNK * S3_CONCURRENCY (32 MiB) per transfer
+S3_CONCURRENCY = 8  # parts in flight: memory stays near CHUNK * (S3_CONCURRENCY + 1) (72 MiB) per transfer
 PROGRESS_MIN = 16 << 20  # smaller transfers finish before a bar is worth drawing
 
 
