@@ -6,9 +6,11 @@ closed with the service."""
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -156,3 +158,25 @@ def test_a_bad_pool_option_is_refused_naming_the_field(args, says):
     r = subprocess.run([sys.executable, "-m", "rockroll.cli", "serve", "--port", "1", *args],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and says in r.stderr, r.stderr
+
+
+def test_a_pool_of_a_hub_env_hands_out_that_env(tmp_path, monkeypatch):
+    from rockroll.envhub import HubStore, build, publish
+
+    pkg = Path(__file__).parents[1] / "envhub" / "pkgs" / "counter"
+    shutil.copytree(pkg, tmp_path / "counter")
+    hub = f"file://{tmp_path / 'hub'}"
+    publish(build(tmp_path / "counter").manifest, HubStore(hub))
+    monkeypatch.setenv("ROCKROLL_HUB", hub)  # the service's default hub, where hub: images resolve
+    srv = Server("--pool", "size=1,memory_mb=128,image=hub:counter@1.0.0")
+    try:
+        pool = _warm(srv, 1)
+        out = srv.http.post("/v1/sandboxes", json={"memory_mb": 128, "image": "hub:counter@1.0.0"}).json()
+        assert out["pool"] == pool["id"]
+        r = srv.http.post(f"/v1/sandboxes/{out['id']}/run", json={"cmd": "cat /opt/counter/setup.txt"}).json()
+        assert r["stdout"] == "built-by-setup\n"  # the env's layer, built by its setup step
+        # the same env by a range is another image string: an ordinary create
+        other = srv.http.post("/v1/sandboxes", json={"memory_mb": 128, "image": "hub:counter@1"})
+        assert other.status_code == 201 and other.json()["pool"] is None, other.text
+    finally:
+        srv.stop()
