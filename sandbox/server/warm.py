@@ -54,6 +54,9 @@ class WarmPool:
         self.id = pool_key(spec, snapshot)
         self.spec, self.snapshot = spec, snapshot
         self.pool = AsyncSandboxPool(spec, size, snapshot=snapshot, health_interval_s=health_interval_s)
+        if not isinstance(self.pool, AsyncSandboxPool):  # a backend's own pool (ray spreads over hosts)
+            raise SpecError("backend", f"the service keeps warm pools on the local and docker backends, "
+                                       f"not {spec.backend!r}")
         self.hits = self.misses = 0
         self.leases: dict[str, int] = {}  # sandbox id -> times handed out
         self.error: str | None = None     # why the last fill failed (shown until one succeeds)
