@@ -47,9 +47,9 @@ class S3Blobs:
             kwargs["endpoint_url"] = fs.endpoint_url
         if fs.key or fs.secret:
             kwargs.update(aws_access_key_id=fs.key, aws_secret_access_key=fs.secret, aws_session_token=fs.token)
-        kwargs.setdefault("region_name", os.environ.get("AWS_DEFAULT_REGION") or "us-east-1")
-        self.client = botocore.session.get_session().create_client(
-            "s3", config=botocore.config.Config(**config), **kwargs)
+        session = botocore.session.get_session()
+        kwargs.setdefault("region_name", session.get_config_variable("region") or "us-east-1")
+        self.client = session.create_client("s3", config=botocore.config.Config(**config), **kwargs)
         self._pool = concurrent.futures.ThreadPoolExecutor(concurrency, thread_name_prefix="rockroll-s3")
 
     # ------------------------------------------------------------------ upload
