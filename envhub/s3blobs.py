@@ -16,10 +16,12 @@ Memory per transfer: about ``chunk * (concurrency + 1)`` bytes.
 
 from __future__ import annotations
 
+import base64
 import concurrent.futures
 import hashlib
 import os
 import threading
+import zlib
 from pathlib import Path
 from typing import Callable
 
@@ -61,23 +63,27 @@ class S3Blobs:
             if size < 2 * self.chunk:  # one request: hash first, then send
                 data = f.read()
                 _check(hashlib.sha256(data), digest, local)
-                self.client.put_object(Bucket=bucket, Key=key, Body=data)
+                self.client.put_object(Bucket=bucket, Key=key, Body=data, ChecksumCRC32=_crc32(data))
                 progress(size)
                 return
-            upload = self.client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+            upload = self.client.create_multipart_upload(Bucket=bucket, Key=key,
+                                                         ChecksumAlgorithm="CRC32")["UploadId"]
+            h, parts, crcs = hashlib.sha256(), [], []
             try:
-                h, parts = hashlib.sha256(), []
                 window = threading.BoundedSemaphore(self.concurrency)
                 number = 0
                 while data := f.read(self.chunk):
                     h.update(data)
                     number += 1
                     window.acquire()
-                    fut = self._pool.submit(self._part, bucket, key, upload, number, data, progress)
+                    crc = _crc32(data)  # S3 checks each part against it on arrival
+                    fut = self._pool.submit(self._part, bucket, key, upload, number, data, crc, progress)
                     fut.add_done_callback(lambda _: window.release())
                     parts.append(fut)
+                    crcs.append(crc)
                 _check(h, digest, local)  # before completing: a bad blob never becomes visible
-                etags = [{"PartNumber": i, "ETag": p.result()} for i, p in enumerate(parts, 1)]
+                etags = [{"PartNumber": i, "ETag": p.result(), "ChecksumCRC32": crc}
+                         for i, (p, crc) in enumerate(zip(parts, crcs), 1)]
                 self.client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload,
                                                       MultipartUpload={"Parts": etags})
             except BaseException:
@@ -90,9 +96,9 @@ class S3Blobs:
                     pass
                 raise
 
-    def _part(self, bucket, key, upload, number, data, progress) -> str:
+    def _part(self, bucket, key, upload, number, data, crc, progress) -> str:
         etag = self.client.upload_part(Bucket=bucket, Key=key, UploadId=upload, PartNumber=number,
-                                       Body=data)["ETag"]
+                                       Body=data, ChecksumCRC32=crc)["ETag"]
         progress(len(data))
         return etag
 
@@ -145,6 +151,12 @@ def _write(data: bytes, out, h, progress) -> None:
     out.write(data)
     h.update(data)
     progress(len(data))
+
+
+def _crc32(data: bytes) -> str:
+    """S3's CRC32 checksum header value. Given, botocore sends it as is; left to botocore, it
+    streams each part through its own chunked-encoding wrapper to compute it, in Python."""
+    return base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
 
 
 def _digest(h) -> str:
