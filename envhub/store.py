@@ -31,7 +31,7 @@ from .errors import BlobCorrupted, BlobMissing, HubError, StoreUnavailable
 from .manifest import LayerRef
 
 CHUNK = 8 << 20
-S3_CONCURRENCY = 8  # parts in flight: memory stays near CHUNK * (S3_CONCURRENCY + 1) (72 MiB) per transfer
+S3_CONCURRENCY = 8  # parts in flight: CHUNK * (S3_CONCURRENCY + 1) of data per transfer (~110 MiB RSS peak)
 PROGRESS_MIN = 16 << 20  # smaller transfers finish before a bar is worth drawing
 
 
