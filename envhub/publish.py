@@ -12,8 +12,6 @@ import json
 from dataclasses import dataclass, field
 from typing import Callable
 
-from rockroll.sandbox.storage.layers import digest_file
-
 from .cache import LocalCache
 from .errors import BlobCorrupted, EnvNotFound, HubError, VersionConflict
 from .manifest import EnvManifest, LayerRef
@@ -52,7 +50,8 @@ def publish(manifest: EnvManifest, store: HubStore, *, cache: LocalCache | None 
             raise HubError(f"blob {layer.digest} of {manifest.ref} is not in the local store ({local}); "
                            "build the package again")
         # Never publish a bad blob: every puller would reject it, and the version is immutable.
-        if local.stat().st_size != layer.size or digest_file(local) != layer.digest:
+        # put_blob hashes what it sends and refuses a mismatch before anything is visible.
+        if local.stat().st_size != layer.size:
             raise BlobCorrupted(layer.digest, f"the local copy {local} does not match; build again")
         store.put_blob(local, layer)
         result.uploaded.append(layer.digest)

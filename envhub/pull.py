@@ -171,9 +171,8 @@ def fetch_layer(layer: LayerRef, store: HubStore, cache: LocalCache) -> Path:
     limits.check_free(tarball.parent, layer.size, f"hub blob {layer.digest}")
     tmp = tarball.with_name(f".pull-{uuid.uuid4().hex}.part")
     try:
-        store.get_blob(layer, tmp, max_bytes=limits.max_layer_bytes)
+        got = store.get_blob(layer, tmp, max_bytes=limits.max_layer_bytes)  # hashed as it arrived
         size = tmp.stat().st_size
-        got = digest_file(tmp)
         if got != layer.digest:
             what = (f"truncated ({size} of {layer.size} bytes)" if size < layer.size else
                     f"corrupted: its bytes hash to {got}")

@@ -12,24 +12,26 @@ other's versions; a listing cannot disagree with the manifests it lists, and a m
 is visible only once complete (S3 objects appear whole; on ``file://`` it is written to a
 temp name and hard-linked into place), so a listing never shows a half-published version.
 
-Transfers stream in ``CHUNK`` pieces (bounded memory, whatever the blob size) and show a
-tqdm bar on stderr when they are big enough to wait for.
+Transfers stream in ``CHUNK`` pieces (bounded memory, whatever the blob size), hash the
+bytes as they pass (a blob is read once per publish and once per pull; ``s3blobs.py`` for
+S3's parallel parts), and show a tqdm bar on stderr when they are big enough to wait for.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import sys
 import uuid
 from pathlib import Path
 from typing import Iterator
 
-from .errors import BlobMissing, HubError, StoreUnavailable
+from .errors import BlobCorrupted, BlobMissing, HubError, StoreUnavailable
 from .manifest import LayerRef
 
 CHUNK = 8 << 20
-S3_CONCURRENCY = 4  # parts in flight: memory stays at CHUNK * S3_CONCURRENCY (32 MiB) per transfer
+S3_CONCURRENCY = 8  # parts in flight: CHUNK * (S3_CONCURRENCY + 1) of data per transfer (~110 MiB RSS peak)
 PROGRESS_MIN = 16 << 20  # smaller transfers finish before a bar is worth drawing
 
 
@@ -80,6 +82,7 @@ class HubStore:
             self.fs.retries = 2  # s3fs's own retry loop on top of botocore's
         self.local = self.protocol in ("file", "local")
         self.root = self.root.rstrip("/")
+        self._blobs = None  # S3Blobs, on the first blob transfer of an s3:// store
 
     def __repr__(self) -> str:
         return f"HubStore({self.url!r})"
@@ -193,13 +196,15 @@ class HubStore:
                 return False
 
     def put_blob(self, local: Path, layer: LayerRef) -> None:
+        """Upload a layer's blob, checking on the way that its bytes hash to ``layer.digest``:
+        if not, ``BlobCorrupted`` and nothing is written (every puller would reject it, and a
+        published version is immutable)."""
         path = self.blob_path(layer.digest)
         with self._io(f"uploading blob {layer.digest}"), _progress(layer.size, f"push {layer.digest[7:19]}") as bar:
             if self.protocol in ("s3", "s3a"):
-                # Multipart in CHUNK parts, S3_CONCURRENCY at a time: the object appears only
-                # when complete, so a dead upload leaves nothing a reader could see.
-                self.fs.put_file(str(local), path, callback=_callback(bar), chunksize=CHUNK,
-                                 max_concurrency=S3_CONCURRENCY)
+                # Multipart, hashed as it goes and completed only if the hash matches: the
+                # object appears only when complete, so a dead upload leaves nothing to see.
+                self._s3().put(local, *self._bucket_key(path), layer.digest, bar.update)
                 return
             if self.local:
                 final = Path(self.fs._strip_protocol(path))
@@ -207,20 +212,25 @@ class HubStore:
                 tmp = final.with_name(f".tmp-{uuid.uuid4().hex}")
                 try:
                     with open(local, "rb") as src, open(tmp, "wb") as dst:
-                        _copy(src, dst, bar)
+                        got = _copy(src, dst, bar)
                         dst.flush()
                         os.fsync(dst.fileno())
+                    _refuse_unless(got, layer.digest, local)
                     os.replace(tmp, final)
                 finally:
                     tmp.unlink(missing_ok=True)
                 return
+            from rockroll.sandbox.storage.layers import digest_file
+
+            _refuse_unless(digest_file(local), layer.digest, local)  # no atomic write: check first
             with open(local, "rb") as src, self.fs.open(path, "wb") as dst:
                 _copy(src, dst, bar)
 
-    def get_blob(self, layer: LayerRef, dest: Path, *, max_bytes: int | None = None) -> None:
-        """Download a blob to ``dest`` (the caller verifies it and renames it into place);
-        one larger than ``max_bytes`` on the hub is refused before a byte is fetched
-        (``StorageLimitError`` naming ``max_layer_bytes``)."""
+    def get_blob(self, layer: LayerRef, dest: Path, *, max_bytes: int | None = None) -> str:
+        """Download a blob to ``dest``; return the sha256 digest of the bytes written (the
+        caller compares it with ``layer.digest`` and renames ``dest`` into place). One larger
+        than ``max_bytes`` on the hub is refused before a byte is fetched (``StorageLimitError``
+        naming ``max_layer_bytes``)."""
         path = self.blob_path(layer.digest)
         try:
             if max_bytes is not None:
@@ -232,14 +242,24 @@ class HubStore:
                     raise StorageLimitError("max_layer_bytes", max_bytes, f"hub blob {layer.digest} is {size} bytes")
             with self._io(f"downloading blob {layer.digest}"), _progress(layer.size, f"pull {layer.digest[7:19]}") as bar:
                 if self.protocol in ("s3", "s3a"):
-                    # Ranged GETs in parallel, written in place: CHUNK * S3_CONCURRENCY in memory.
-                    self.fs.get_file(path, str(dest), callback=_callback(bar), chunksize=CHUNK,
-                                     max_concurrency=S3_CONCURRENCY)
-                    return
+                    # Ranged GETs in parallel, written and hashed in order.
+                    return self._s3().get(*self._bucket_key(path), layer.size, dest, bar.update)
                 with self.fs.open(path, "rb", block_size=CHUNK) as src, open(dest, "wb") as dst:
-                    _copy(src, dst, bar)
+                    return _copy(src, dst, bar)
         except FileNotFoundError:
             raise BlobMissing(layer.digest, self.url) from None
+
+    def _s3(self):
+        """The blob transfer client of this store (made once: its connections are reused)."""
+        if self._blobs is None:
+            from .s3blobs import S3Blobs
+
+            self._blobs = S3Blobs(self.fs, chunk=CHUNK, concurrency=S3_CONCURRENCY)
+        return self._blobs
+
+    def _bucket_key(self, path: str) -> tuple[str, str]:
+        bucket, key, _ = self.fs.split_path(path)
+        return bucket, key
 
 
 def local_listing(envs_dir: Path) -> dict[str, dict[str, bool]]:
@@ -275,10 +295,19 @@ def _index(pairs) -> dict[str, dict[str, bool]]:
     return envs
 
 
-def _copy(src, dst, bar) -> None:
+def _copy(src, dst, bar) -> str:
+    """Copy in ``CHUNK`` pieces; the sha256 digest of what was copied."""
+    h = hashlib.sha256()
     while chunk := src.read(CHUNK):
         dst.write(chunk)
+        h.update(chunk)
         bar.update(len(chunk))
+    return f"sha256:{h.hexdigest()}"
+
+
+def _refuse_unless(got: str, digest: str, local: Path) -> None:
+    if got != digest:
+        raise BlobCorrupted(digest, f"the local copy {local} does not match; build again")
 
 
 def _progress(total: int, desc: str):

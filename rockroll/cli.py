@@ -148,9 +148,17 @@ def sandbox_gc(everything):
                    "Env ROCKROLL_MIN_FREE_BYTES.")
 @click.option("--token-storage-quota", envvar="ROCKROLL_TOKEN_STORAGE_QUOTA", default="16G", show_default=True,
               help="Bytes of uploaded snapshots (tarball + unpacked) one token may hold; past it: 507.")
+@click.option("--pool", "pool_opts", multiple=True, metavar="size=N,KEY=VALUE,...",
+              help="A warm pool: N sandboxes of the spec the other keys give (fields of POST /v1/sandboxes, "
+                   "e.g. size=4,image=hub:counter@1.0.0,memory_mb=512). Repeatable.")
+@click.option("--pools", "pools_file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A TOML file of [[pool]] tables, each size = N plus the fields of POST /v1/sandboxes.")
 def serve(host, port, token_env, max_sandboxes, idle_ttl, backend, max_layer_bytes, max_chain_bytes,
-          min_free_bytes, token_storage_quota):
+          min_free_bytes, token_storage_quota, pool_opts, pools_file):
     """Serve sandboxes over HTTP: REST under /v1, /metrics, a dashboard at /.
+
+    A create whose spec equals a warm pool's (every field, after defaults) is served from
+    the pool; pools can also be added at run time with POST /v1/pools.
 
     \b
     Clients:  ROCKROLL_URL=http://127.0.0.1:8765 ROCKROLL_TOKEN=... and SandboxSpec(backend="remote")
@@ -161,10 +169,11 @@ def serve(host, port, token_env, max_sandboxes, idle_ttl, backend, max_layer_byt
     try:
         import uvicorn
 
+        from rockroll.sandbox.errors import SpecError
         from rockroll.sandbox.server.app import create_app
+        from rockroll.sandbox.server.warm import check_pools, load_pools_file, parse_pool_option
     except ImportError as e:
         raise click.ClickException(f"{e.name} is missing: pip install 'rockroll[service]'") from None
-    from rockroll.sandbox.errors import SpecError
     from rockroll.sandbox.storage.limits import StorageLimits, env_name, parse_bytes
 
     try:
@@ -174,9 +183,15 @@ def serve(host, port, token_env, max_sandboxes, idle_ttl, backend, max_layer_byt
         raise click.BadParameter(str(e)) from None
     for field in ("max_layer_bytes", "max_chain_bytes", "min_free_bytes"):
         os.environ[env_name(field)] = str(getattr(limits, field))  # the sandboxes' stores follow too
+    try:
+        bodies = (load_pools_file(pools_file) if pools_file else []) + [parse_pool_option(o) for o in pool_opts]
+        pools = check_pools(bodies)
+    except SpecError as e:
+        raise click.BadParameter(str(e), param_hint="--pool/--pools") from None
     token = os.environ.get(token_env) or secrets.token_urlsafe(32)
     app = create_app(token, backend=backend, max_sandboxes=max_sandboxes,
-                     idle_ttl=idle_ttl if idle_ttl > 0 else None, limits=limits, token_storage_quota=quota)
+                     idle_ttl=idle_ttl if idle_ttl > 0 else None, limits=limits, token_storage_quota=quota,
+                     pools=pools)
     url = f"http://{host}:{port}"
     shown = f"${token_env}" if os.environ.get(token_env) else token
     click.echo(f"rockroll serve: {url}  token: {shown}\n  dashboard: {url}/#token="

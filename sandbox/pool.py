@@ -126,6 +126,11 @@ class AsyncSandboxPool(AsyncPool):
     def busy(self) -> int:
         return len(self._busy)
 
+    @property
+    def warming(self) -> int:
+        """Sandboxes being created or reset: soon idle, already the pool's."""
+        return self._creating
+
     async def acquire(self) -> AsyncSandbox:
         if self._closed:
             raise SandboxError("pool is closed")

@@ -485,6 +485,7 @@ class Command:
         self.truncated = False
         self.pgid = None
         self.timed_out = False
+        self.cancelled = False  # the host gave up on it (a client went away): kill, as a timeout
 
     def append(self, buf: bytearray, data: bytes) -> None:
         room = self.max_output - len(buf)
@@ -635,7 +636,7 @@ class Session:
         word, _, arg = line.partition(" ")
         if word == "pid":
             cmd.pgid = int(arg)
-            if cmd.timed_out:
+            if cmd.timed_out or cmd.cancelled:  # asked before its group existed
                 self.kill_current()
         elif word == "done" and not cmd.is_dump:
             self.drain()
@@ -663,6 +664,20 @@ class Session:
             self.kill_current()
             return None
         return cmd.deadline
+
+    def cancel(self, req_id) -> bool:
+        """Kill request ``req_id``'s command if it runs here, or drop it if still queued."""
+        cmd = self.current
+        if cmd is not None and cmd.req_id == req_id and not cmd.is_dump:
+            cmd.cancelled = True
+            self.kill_current()
+            return True
+        for req in self.queue:
+            if req.get("id") == req_id and req["op"] == "run":
+                self.queue.remove(req)
+                self.agent.reply({"id": req_id, "ok": False, "error": "SessionError", "message": "cancelled"})
+                return True
+        return False
 
     def kill_current(self) -> None:
         cmd = self.current
@@ -907,6 +922,11 @@ class Agent:
     # --- simple operations
     def op_ping(self, req, payload):
         return {"pid": os.getpid(), "version": PROTOCOL_VERSION, "sessions": sorted(self.sessions)}
+
+    def op_cancel(self, req, payload):
+        # The host's caller stopped waiting for a run (an SSE client disconnected, a task was
+        # cancelled): its process group dies now instead of running on unwatched.
+        return {"cancelled": any(s.cancel(req["target"]) for s in list(self.sessions.values()))}
 
     def op_close_session(self, req, payload):
         s = self.sessions.get(req["session"])

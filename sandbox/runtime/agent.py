@@ -157,12 +157,26 @@ class AgentConnection:
         self._write(encode_frame({**header, "id": req_id}, payload))
         try:
             reply, body = await fut
+        except asyncio.CancelledError:
+            if header.get("op") == "run":  # nobody waits for it any more: kill its process group
+                self.cancel(req_id)
+            raise
         finally:
             self.streams.pop(req_id, None)
         if not reply.get("ok"):
             cls = _ERRORS.get(reply.get("error"), SandboxError)
             raise cls(reply.get("message", "agent error"), sandbox_id=self.sandbox_id)
         return reply, body
+
+    def cancel(self, req_id: int) -> None:
+        """Ask the agent to kill request ``req_id``'s command (fire and forget: its reply, and
+        the cancelled command's, find their futures done or gone and are dropped)."""
+        if self.dead:
+            return
+        self.next_id += 1
+        fut = self.pending[self.next_id] = self.loop.create_future()
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # nobody awaits it
+        self._write(encode_frame({"op": "cancel", "target": req_id, "id": self.next_id}))
 
     async def handshake(self, timeout: float = 30.0) -> int:
         """Wait for the agent to report its init pid and readiness; return the init pid.

@@ -6,8 +6,8 @@ REST under ``/v1`` (bearer token), ``/healthz`` (open), ``/metrics`` (Prometheus
 token), and a dashboard at ``/`` (open page; it reads the token from the URL fragment,
 ``/#token=...``, which browsers never send to the server, and calls the API with it).
 
-The routes are module-level routers (``sandboxes.py``, ``files.py``, ``snapshots.py``)
-over the wire models (``wire.py``) and the public sandbox API only; the app holds the
+The routes are module-level routers (``sandboxes.py``, ``files.py``, ``snapshots.py``,
+``pools.py``) over the wire models (``wire.py``) and the public sandbox API only; the app holds the
 ``SandboxHub`` (``hub.py``) and the snapshot store they work on. Typed sandbox errors
 travel as ``{"error", "message", "sandbox_id"}`` (see ``wire.py``).
 """
@@ -31,11 +31,12 @@ from ..errors import CapacityError, SandboxError
 from ..storage.limits import StorageLimits
 from ..storage.snapshots import SnapshotStore
 from . import files, sandboxes, snapshots
+from . import pools as pool_routes  # the name `pools` is create_app's argument
 from .metrics import storage_series
 from .quota import DEFAULT_QUOTA, TokenQuota
 from .deps import Hub
 from .hub import SandboxHub
-from .wire import API, AuthError, ErrorOut, HealthOut, error_body, status_of
+from .wire import API, AuthError, ErrorOut, HealthOut, PoolIn, error_body, status_of
 
 log = logging.getLogger("rockroll.serve")
 # Non-JSON routes return a Response (no response_class), so their errors stay documented as JSON.
@@ -67,7 +68,8 @@ async def healthz(hub: Hub) -> HealthOut:
 @pages.get("/metrics", dependencies=[Depends(auth)], responses={200: {"content": {"text/plain": {}}}})
 async def metrics(request: Request, hub: Hub) -> PlainTextResponse:
     states = collections.Counter(e.state for e in hub.entries.values())
-    text = hub.metrics.render(states, hub.max_sandboxes)
+    pools = [w.describe() for w in hub.pools.values()]
+    text = hub.metrics.render(states, hub.max_sandboxes, pools)
     text += storage_series(request.app.state.quota, request.app.state.store)
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
@@ -111,11 +113,13 @@ async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
 # the app --------------------------------------------------------------------------
 def create_app(token: str, *, backend: str = "local", max_sandboxes: int = 256,
                idle_ttl: float | None = 3600.0, reap_interval: float = 1.0,
-               limits: StorageLimits | None = None, token_storage_quota: int = DEFAULT_QUOTA) -> FastAPI:
+               limits: StorageLimits | None = None, token_storage_quota: int = DEFAULT_QUOTA,
+               pools: list[PoolIn] = ()) -> FastAPI:
     """The service as an ASGI app. ``token`` guards everything but ``/``, ``/healthz``
     and the OpenAPI document. ``limits`` bound what snapshot uploads unpack to (default:
     ``StorageLimits.from_env()``); ``token_storage_quota`` is how many bytes of uploaded
-    snapshots a token may hold."""
+    snapshots a token may hold. ``pools``: warm pools to keep from the start (filled in
+    the background once the service is up; ``POST /v1/pools`` adds more)."""
     if backend == "remote":
         raise SandboxError("the service cannot use backend='remote' (it would call itself)")
     hub = SandboxHub(backend=backend, max_sandboxes=max_sandboxes, idle_ttl=idle_ttl,
@@ -123,7 +127,7 @@ def create_app(token: str, *, backend: str = "local", max_sandboxes: int = 256,
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        await hub.start()
+        await hub.start(list(pools))
         try:
             yield
         finally:
@@ -138,6 +142,6 @@ def create_app(token: str, *, backend: str = "local", max_sandboxes: int = 256,
     app.add_exception_handler(StarletteHTTPException, on_http_error)
     app.add_exception_handler(Exception, on_unexpected)
     app.include_router(pages)
-    for routes in (sandboxes.router, files.router, snapshots.router):
+    for routes in (sandboxes.router, files.router, snapshots.router, pool_routes.router):
         app.include_router(routes, prefix=API, dependencies=[Depends(auth)])
     return app

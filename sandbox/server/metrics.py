@@ -18,6 +18,7 @@ class Metrics:
         self.commands = 0
         self.failures: collections.Counter[str] = collections.Counter()
         self.created = 0
+        self.unpooled = 0  # creates whose spec no warm pool serves
         self.closed: collections.Counter[str] = collections.Counter()
 
     def observe(self, seconds: float) -> None:
@@ -25,7 +26,8 @@ class Metrics:
         self.latency_sum += seconds
         self.commands += 1
 
-    def render(self, states: collections.Counter[str], capacity: int) -> str:
+    def render(self, states: collections.Counter[str], capacity: int, pools: list = ()) -> str:
+        """The exposition; ``pools`` are the warm pools' ``PoolOut``s."""
         out: list[str] = []
 
         def family(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
@@ -49,6 +51,17 @@ class Metrics:
         out.append(f"rockroll_command_duration_seconds_count {self.commands}")
         family("rockroll_failures_total", "counter", "Failed requests, by error kind.",
                [(f'{{kind="{k}"}}', n) for k, n in sorted(self.failures.items())])
+        family("rockroll_pool_hits_total", "counter", "Creates served by a warm sandbox of a pool.",
+               [(f'{{pool="{p.id}"}}', p.hits) for p in pools])
+        family("rockroll_pool_misses_total", "counter",
+               "Creates of a pooled spec that found no warm sandbox (made on demand).",
+               [(f'{{pool="{p.id}"}}', p.misses) for p in pools])
+        family("rockroll_pool_unpooled_total", "counter", "Creates whose spec no warm pool serves.",
+               [("", self.unpooled)])
+        family("rockroll_pool_sandboxes", "gauge", "Sandboxes a warm pool owns, by state.",
+               [(f'{{pool="{p.id}",state="{k}"}}', getattr(p, k)) for p in pools for k in ("idle", "busy")])
+        family("rockroll_pool_size", "gauge", "Sandboxes a warm pool keeps (idle + handed out).",
+               [(f'{{pool="{p.id}"}}', p.size) for p in pools])
         return "\n".join(out) + "\n"
 
 

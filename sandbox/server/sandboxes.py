@@ -92,7 +92,7 @@ async def run_stream(body: RunIn, sandbox_id: str, hub: Hub) -> StreamingRespons
             except SandboxError as e:
                 hub.record(entry, body.cmd, started, error=e)
                 hub.metrics.failures[type(e).__name__] += 1
-                yield f"event: error\ndata: {json.dumps(error_body(e))}\n\n"
+                yield f"event: error\ndata: {json.dumps(error_body(entry.own(e)))}\n\n"
             finally:
                 await agen.aclose()
 

@@ -127,9 +127,16 @@ class SpecIn(SpecInFields):
                                  description="digest (sha256:...) of a snapshot stored on the service")
 
     def to_spec(self, backend: str) -> SandboxSpec:
-        fields = self.model_dump(exclude={"snapshot"})
+        fields = self.model_dump(include=set(SandboxSpec.__dataclass_fields__))
         fields["backend"] = backend
         return SandboxSpec.from_dict(fields)
+
+
+class PoolIn(SpecIn):
+    """``POST /v1/pools`` (and each ``--pool`` / ``[[pool]]`` of ``rockroll serve``): keep
+    ``size`` warm sandboxes of this spec (the fields of ``POST /v1/sandboxes``)."""
+
+    size: int = Field(ge=1, le=4096, description="sandboxes the pool owns: idle plus handed out")
 
 
 class RunIn(BaseModel):
@@ -184,8 +191,23 @@ class SandboxOut(BaseModel):
     created: float
     last_used: float
     commands_run: int = 0
+    pool: str | None = Field(default=None, description="the warm pool it was handed out from")
     stats: StatsOut | None = None
     recent: list[CommandOut] | None = None
+
+
+class PoolOut(BaseModel):
+    """A warm pool: its spec, how many it owns, and how requests for its spec were served."""
+    id: str
+    spec: dict[str, Any]
+    snapshot: str | None = None
+    size: int
+    idle: int = Field(description="warm sandboxes ready to hand out")
+    busy: int = Field(description="sandboxes handed out")
+    hits: int = Field(description="creates served by a warm sandbox")
+    misses: int = Field(description="creates of this spec that found none idle (made on demand)")
+    replaced: int = Field(description="dead or failed sandboxes the pool replaced")
+    error: str | None = Field(default=None, description="why the pool could not fill, if it cannot")
 
 
 class SnapshotOut(BaseModel):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -14,6 +15,7 @@ import pytest
 
 from rockroll.envhub import (BlobCorrupted, BlobMissing, EnvManifest, EnvNotFound, HubStore,
                              StoreUnavailable, VersionConflict, YankedWarning, build, publish, pull, yank)
+from rockroll.envhub import store as store_mod
 from rockroll.envhub.cache import LocalCache, gc
 from rockroll.envhub.manifest import LayerRef
 from rockroll.envhub.pull import forget
@@ -331,3 +333,38 @@ def test_setup_steps_get_the_ca_bundle_the_host_names(pkg, file_hub, tmp_path, m
     got = built("trusting")
     assert got["ca"] == ca.read_text().strip()
     assert got["PIP_CERT"] == got["SSL_CERT_FILE"] == got["REQUESTS_CA_BUNDLE"] != str(ca)  # a copy inside
+
+
+# --------------------------------------------------------------------------- large blobs on S3
+def _blob(tmp_path, mib: float) -> tuple:
+    data = os.urandom(int(mib * (1 << 20)))
+    path = tmp_path / "blob.tar.zst"
+    path.write_bytes(data)
+    return path, data, LayerRef("sha256:" + hashlib.sha256(data).hexdigest(), len(data))
+
+
+def test_a_large_blob_moves_in_parallel_parts_hashed_on_the_way(moto_s3, s3_hub, tmp_path, monkeypatch):
+    monkeypatch.setattr(store_mod, "CHUNK", 5 << 20)  # S3's smallest part: 12 MiB is three parts
+    store = HubStore(s3_hub)
+    local, data, layer = _blob(tmp_path, 12)
+    store.put_blob(local, layer)
+    bucket, key = store._bucket_key(store.blob_path(layer.digest))
+    head = moto_s3.client().head_object(Bucket=bucket, Key=key)
+    assert head["ContentLength"] == layer.size and head["ETag"].strip('"').endswith("-3")  # multipart, 3 parts
+    dest = tmp_path / "got"
+    assert store.get_blob(layer, dest) == layer.digest and dest.read_bytes() == data  # ranged, in order
+    # a truncated copy on the server comes back short, and its digest says so
+    moto_s3.client().put_object(Bucket=bucket, Key=key, Body=data[: 7 << 20])
+    assert store.get_blob(layer, dest) != layer.digest and dest.stat().st_size == 7 << 20
+
+
+def test_a_large_blob_that_does_not_match_its_digest_is_never_published(moto_s3, s3_hub, tmp_path, monkeypatch):
+    monkeypatch.setattr(store_mod, "CHUNK", 5 << 20)
+    store = HubStore(s3_hub)
+    local, data, layer = _blob(tmp_path, 12)
+    local.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # damaged in its last part
+    with pytest.raises(BlobCorrupted, match="does not match"):
+        store.put_blob(local, layer)
+    bucket, key = store._bucket_key(store.blob_path(layer.digest))
+    assert not store.has_blob(layer)
+    assert moto_s3.client().list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []  # aborted

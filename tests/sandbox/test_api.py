@@ -68,6 +68,24 @@ async def test_closing_a_session_kills_the_command_running_in_it():
         assert not hasattr(outcome, "stdout") or "never" not in outcome.stdout
 
 
+async def test_cancelling_a_run_kills_its_command_and_frees_its_session():
+    async with await AsyncSandbox.create(SandboxSpec(memory_mb=128)) as sb:
+        running = asyncio.ensure_future(sb.run("sleep 102 & echo $! > /tmp/bg; sleep 103", timeout=300))
+        for _ in range(200):  # until both run
+            if (await sb.run("ps -eo args", session="look")).stdout.count("sleep 10") == 2:
+                break
+            await asyncio.sleep(0.05)
+        running.cancel()  # the caller stops waiting: the command's process group must die now
+        for _ in range(200):
+            if "sleep 10" not in (await sb.run("ps -eo args", session="look")).stdout:
+                break
+            await asyncio.sleep(0.05)
+        assert "sleep 10" not in (await sb.run("ps -eo args", session="look")).stdout
+        # its session takes the next command at once (it would wait 103 s behind a live one)
+        r = await asyncio.wait_for(sb.run("echo free"), 30)
+        assert r.stdout == "free\n"
+
+
 def test_timeout_kills_a_pure_builtin_loop(sb):
     r = sb.run("while :; do :; done", timeout=0.5)
     assert r.timed_out

@@ -149,6 +149,33 @@ def test_sse_streams_stdout_stderr_then_result(server):
     assert server.http.post("/v1/sandboxes/sb-nope/run/stream", json={"cmd": "true"}).status_code == 404
 
 
+ALIVE = "for f in /tmp/fg.pid /tmp/bg.pid; do kill -0 $(cat $f) 2>/dev/null && echo alive; done; echo checked"
+
+
+def test_sse_client_disconnect_kills_the_command(server):
+    sid = server.create()
+    # a foreground loop that streams forever, and a background child in its process group
+    cmd = ("sleep 1000 & echo $! > /tmp/bg.pid; "
+           "bash -c 'echo $$ > /tmp/fg.pid; while :; do echo tick; sleep 0.05; done'")
+    client = httpx.Client(base_url=server.url, headers=server.http.headers, timeout=60)
+    with client.stream("POST", f"/v1/sandboxes/{sid}/run/stream", json={"cmd": cmd, "timeout": 600}) as resp:
+        ticks = 0
+        for line in resp.iter_lines():
+            ticks += line == 'data: "tick\\n"'
+            if ticks >= 3:
+                break
+    client.close()  # mid-stream: the server sees the connection go
+    look = {"cmd": ALIVE, "session": "probe"}  # another session: the streamed one may still be busy
+    assert server.http.post(f"/v1/sandboxes/{sid}/run", json={"cmd": "cat /tmp/fg.pid /tmp/bg.pid",
+                                                             "session": "probe"}).json()["exit_code"] == 0
+    _wait(lambda: server.http.post(f"/v1/sandboxes/{sid}/run", json=look).json()["stdout"] == "checked\n",
+          what="the command and its background child to be killed")
+    # the session it ran in is free again, and keeps its state
+    r = server.http.post(f"/v1/sandboxes/{sid}/run", json={"cmd": "echo still here; pwd", "timeout": 30})
+    assert r.json()["stdout"] == "still here\n/workspace\n" and r.json()["exit_code"] == 0
+    server.http.delete(f"/v1/sandboxes/{sid}")
+
+
 def _parse_metrics(text: str) -> tuple[dict[str, str], dict[str, float]]:
     types, samples = {}, {}
     for line in text.splitlines():
