@@ -16,9 +16,11 @@ bindings (``python3-seccomp`` / ``pyseccomp``) would add a C library that every 
 by the real kernel in the attack suite.
 
 A deny list, like Docker's rules for a container without ``CAP_SYS_ADMIN`` and the other
-capabilities we drop: every call Docker's default profile refuses to such a container is
-refused here (EPERM), plus ``io_uring``, ``userfaultfd`` and ``name_to_handle_at``.
-Syscalls newer than this table (numbers above ``NEWEST_REVIEWED``, the same on both
+capabilities we drop: every implemented call that Docker's default profile refuses to
+such a container is refused here (EPERM), plus ``io_uring``, ``adjtimex`` and
+``name_to_handle_at``, which it allows. Calls that came after its list, up to Linux 6.17
+(``fchmodat2``, the futex2 calls, ``statmount``/``listmount``, ``mseal``, the ``*xattrat``
+family, ...), are allowed, except ``open_tree_attr``. Syscalls newer than this table (numbers above ``NEWEST_REVIEWED``, the same on both
 architectures) get ENOSYS, as an allow list would give them, so a new kernel opens
 nothing until a row says so; ENOSYS, not EPERM, because that is what makes libc fall
 back to an older call.
@@ -45,7 +47,8 @@ from dataclasses import dataclass
 EPERM, ENOSYS = 1, 38
 CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x02000000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
-NEW_NAMESPACES = CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET
+NEW_NAMESPACES = (CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER
+                  | CLONE_NEWPID | CLONE_NEWNET)
 PER_LINUX32, UNAME26 = 0x0008, 0x0020000  # the personality bits Docker allows (32-bit uname, old version)
 AF_VSOCK, TIOCSTI = 40, 0x5412
 NEWEST_REVIEWED = 469  # file_setattr (Linux 6.17)
@@ -94,7 +97,8 @@ PROFILE: tuple[Rule, ...] = (
     Rule(("personality",), "only Docker's safe personas: no ADDR_NO_RANDOMIZE, READ_IMPLIES_EXEC, ...",
          arg=0, any_bits=0xFFFFFFFF & ~(PER_LINUX32 | UNAME26)),
     Rule(("swapon", "swapoff", "acct", "quotactl", "quotactl_fd", "syslog", "vhangup", "lookup_dcookie",
-          "nfsservctl", "uselib", "_sysctl"), "host-wide administration and obsolete interfaces"),
+          "nfsservctl", "uselib", "_sysctl", "sysfs", "ustat"),
+         "host-wide administration and obsolete interfaces"),
     Rule(("settimeofday", "clock_settime", "clock_adjtime", "adjtimex"),
          "the clock is the host's, shared by every sandbox (Docker: CAP_SYS_TIME)"),
     Rule(("iopl", "ioperm"), "raw port I/O (Docker: CAP_SYS_RAWIO)"),
@@ -124,7 +128,8 @@ NUMBERS: dict[str, tuple[int | None, int | None]] = {
     "process_vm_readv": (310, 270), "process_vm_writev": (311, 271), "personality": (135, 92),
     "swapon": (167, 224), "swapoff": (168, 225), "acct": (163, 89), "quotactl": (179, 60),
     "quotactl_fd": (443, 443), "syslog": (103, 116), "vhangup": (153, 58), "lookup_dcookie": (212, 18),
-    "nfsservctl": (180, 42), "uselib": (134, None), "_sysctl": (156, None),
+    "nfsservctl": (180, 42), "uselib": (134, None), "_sysctl": (156, None), "sysfs": (139, None),
+    "ustat": (136, None),
     "settimeofday": (164, 170), "clock_settime": (227, 112), "clock_adjtime": (305, 266),
     "adjtimex": (159, 171), "iopl": (172, None), "ioperm": (173, None), "sethostname": (170, 161),
     "setdomainname": (171, 162), "fanotify_init": (300, 262), "get_mempolicy": (239, 236),
@@ -221,6 +226,7 @@ def docker_profile(kernel: tuple[int, int] | None = None) -> dict:
     return {"defaultAction": "SCMP_ACT_ALLOW", "architectures": [a[3] for a in ARCHES], "syscalls": entries}
 
 
+@functools.lru_cache(maxsize=None)
 def docker_security_opt(kernel: tuple[int, int] | None = None) -> str:
     """``security_opt`` entry for a container: the profile inline, as the engine expects it."""
     return "seccomp=" + json.dumps(docker_profile(kernel), separators=(",", ":"))

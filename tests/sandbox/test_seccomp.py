@@ -174,6 +174,7 @@ PROBES = {  # name: (number, args, the filter's errno)
     "set_mempolicy": (238, (-1, 0, 0), 1), "mbind": (237, (0, 0, -1, 0, 0, 0), 1),
     "migrate_pages": (256, (0x7FFFFFFF, 0, 0, 0), 1), "move_pages": (279, (0, 0, 0, 0, 0, -1), 1),
     "socket": (41, (40, 1, 0), 1), "ioctl": (16, (-1, 0x5412, 0), 1),
+    "sysfs": (139, (1, 0), 1), "ustat": (136, (0, 0), 1),
 }
 # Where the host itself may refuse even root (sysctls such as kernel.io_uring_disabled,
 # kernel.modules_disabled): the filter's EPERM cannot be told from the kernel's there.
