@@ -328,14 +328,16 @@ def test_ptrace_reaches_the_sandboxs_own_processes_but_not_the_agent(armored):
 def test_ordinary_work_runs_in_a_sandbox(sb):
     """Under the filter: threads, fork and spawn pools, a compiler, git."""
     work = ("import multiprocessing as mp, threading\n"
-            "ts = [threading.Thread(target=print, args=(i,)) for i in range(4)]\n"
-            "[t.start() for t in ts]; [t.join() for t in ts]\n"
             "if __name__ == '__main__':\n"
+            "    seen = []\n"
+            "    ts = [threading.Thread(target=seen.append, args=(i,)) for i in range(4)]\n"
+            "    [t.start() for t in ts]; [t.join() for t in ts]\n"
+            "    print(sorted(seen))\n"
             "    with mp.get_context('fork').Pool(2) as p: print(p.map(abs, [-5, -6]))\n"
             "    with mp.get_context('spawn').Pool(1) as p: print(p.map(abs, [-7]))\n")
     sb.write_file("/workspace/work.py", work)
-    r = sb.run("python3 work.py | tail -2", timeout=120)
-    assert r.stdout == "[5, 6]\n[7]\n", r
+    r = sb.run("python3 work.py", timeout=120)
+    assert r.stdout == "[0, 1, 2, 3]\n[5, 6]\n[7]\n", r
     sb.write_file("/workspace/hello.c", '#include <stdio.h>\nint main(void) { puts("compiled"); return 0; }\n')
     r = sb.run("gcc -O1 -o hello hello.c && ./hello", timeout=120)
     assert r.stdout == "compiled\n", r
