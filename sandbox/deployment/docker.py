@@ -13,8 +13,10 @@ sandbox over one pipe. So ``run("true")`` costs a protocol round trip, never a
 - Confinement: capabilities dropped to the agent's ``KEEP_CAPS``, ``no-new-privileges``,
   network ``none`` (``network=True`` is refused), memory = memory+swap, ``nano_cpus``,
   ``pids_limit``; the agent's processes join the container's cgroups, so they count
-  against the same limits. Docker's seccomp/AppArmor profiles apply to the keep-alive
-  only: commands run without seccomp, as on the local backend. ``/etc/resolv.conf`` is
+  against the same limits. Syscalls: the container runs under our profile
+  (``seccomp.docker_profile()``, never unconfined), and the agent, which enters from
+  the host and so escapes the container's filter, installs the same table as a BPF
+  program on itself, as on the local backend: every command runs under it. ``/etc/resolv.conf`` is
   the host image's no-network placeholder, bound read-only (Docker would otherwise give
   even a network-``none`` container a copy of the host's name servers).
 - Disk limit (``disk_mb``): Docker's own ``storage_opt size`` needs xfs with project
@@ -55,6 +57,7 @@ from .cgroups import Cgroup
 from .disk import SandboxDisk
 from .process import AgentProcess, proc_start_time
 from .rootfs import NO_NETWORK_ETC
+from .seccomp import docker_security_opt
 
 if TYPE_CHECKING:
     from .reaper import RunRegistry
@@ -192,7 +195,8 @@ class DockerDeployment:
                 image, ["/bin/sh", "-c", KEEPALIVE], name=f"rockroll-{self.id}-{self.gen}", mounts=[resolv],
                 hostname=self.id, labels=self._labels(), working_dir=spec.workdir, environment=dict(spec.env),
                 network_mode="none", init=False, cap_drop=["ALL"],
-                cap_add=[_CAP_NAMES[c] for c in _agent.KEEP_CAPS], security_opt=["no-new-privileges"],
+                cap_add=[_CAP_NAMES[c] for c in _agent.KEEP_CAPS],
+                security_opt=["no-new-privileges", docker_security_opt()],
                 mem_limit=memory, memswap_limit=memory, pids_limit=spec.pids,
                 nano_cpus=int(spec.cpus * 1e9) if spec.cpus else None,
                 log_config={"type": "none"})

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..runtime import _agent
+from .seccomp import bpf_program
 
 AGENT_PATH = _agent.__file__
 
@@ -83,10 +84,11 @@ _spares = _SpareAgents()
 
 
 def start_agent(cfg: dict) -> subprocess.Popen:
-    """An agent process configured by ``cfg``: its stdin/stdout carry the protocol."""
+    """An agent process configured by ``cfg``: its stdin/stdout carry the protocol.
+    Every agent gets the syscall filter here, whatever its deployment."""
     proc = _spares.take()
     # The config travels as the first frame, not argv: argv is readable in the sandbox.
-    proc.stdin.write(_agent.encode_frame(cfg))
+    proc.stdin.write(_agent.encode_frame({**cfg, "seccomp": bpf_program().hex()}))
     proc.stdin.flush()
     return proc
 

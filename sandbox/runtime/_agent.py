@@ -14,15 +14,18 @@ Lifecycle
    every process of the sandbox, so nothing can outlive it.
 2. (init) build the root: overlayfs of the image layers and a private upper dir,
    read-only binds, a private /dev and /proc; ``pivot_root`` into it; bring up
-   loopback; drop capabilities to Docker's default set and set no_new_privs.
+   loopback; drop capabilities to Docker's default set and set no_new_privs; install
+   the syscall filter (config key ``seccomp``, see ``deployment/seccomp.py``), which
+   every process of the sandbox inherits.
 3. (init) serve framed requests until stdin closes (the host died or closed us).
 
 Enter mode (the docker backend, config key ``enter_pid``): instead of unsharing, the
 outer process joins the cgroups and the ipc/uts/net/pid/mnt namespaces of a running
 container's pid 1 with ``setns(2)``; its child is then a process of the container (not
-its pid 1: the container's keep-alive is), drops capabilities as above, and builds a
-root only for a disk limit: an overlay of the container's root and the sized layer
-(``layer_root``). The image needs no Python: the agent brought everything it needs from the host.
+its pid 1: the container's keep-alive is), drops capabilities as above, builds a root
+only for a disk limit (an overlay of the container's root and the sized layer,
+``layer_root``), and installs the filter as above. The image needs no Python: the agent
+brought everything it needs from the host.
 
 Protocol: each frame is ``>II`` (header length, payload length) + JSON header + payload.
 Requests carry an ``id``; every response echoes it, so many requests (commands in
@@ -137,6 +140,7 @@ MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
 PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 24, 38
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_DUMPABLE, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 4, 22, 2
 SYS_PIVOT_ROOT = 155  # x86_64
 # Joined in this order in enter mode; mnt last, because it changes what /proc/<pid> names.
 ENTER_NAMESPACES = ("ipc", "uts", "net", "pid", "mnt")
@@ -234,6 +238,26 @@ def drop_capabilities() -> None:
     data = (ctypes.c_uint32 * 6)(mask & 0xFFFFFFFF, mask & 0xFFFFFFFF, 0, mask >> 32, mask >> 32, 0)
     _check(_libc.capset(header, data), "capset")
     _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def install_seccomp(program: bytes) -> None:
+    """Put this process, and every process it starts, under the syscall filter
+    ``program`` (a ``struct sock_filter`` array built on the host by
+    ``deployment/seccomp.py``), for good. Non-dumpable first: the sandbox's commands run
+    as the same user, and the filter allows ptrace, but not of the agent."""
+    if not program or len(program) % 8:
+        raise ValueError("no syscall filter in the configuration: refusing to run unfiltered")
+    _check(_libc.prctl(PR_SET_DUMPABLE, ctypes.c_ulong(0), 0, 0, 0), "dumpable")
+    code = ctypes.create_string_buffer(program, len(program))
+    fprog = _SockFprog(len(program) // 8, ctypes.addressof(code))
+    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0),
+                       ctypes.c_ulong(0)), "no_new_privs")
+    _check(_libc.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(fprog),
+                       ctypes.c_ulong(0), ctypes.c_ulong(0)), "seccomp")
 
 
 def loopback_up() -> None:
@@ -1133,6 +1157,7 @@ def main() -> None:
         os.makedirs(cfg.get("workdir", "/workspace"), exist_ok=True)
         os.closerange(3, 65536)
         agent = Agent(cfg)
+        install_seccomp(bytes.fromhex(cfg.get("seccomp") or ""))  # the setup above needed what it denies
     except Exception as e:  # noqa: BLE001
         os.write(1, encode_frame({"op": "ready", "ok": False, "error": "IsolationUnavailable",
                                   "message": f"cannot build the sandbox root ({e}): this host does not "

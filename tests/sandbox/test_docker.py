@@ -1,6 +1,7 @@
 """The docker backend: the local backend's contract, against a real Docker engine.
 
-Skipped without an engine, except under CI=true, where a missing engine is a failure.
+Skipped without an engine, except under CI=true, where a missing engine is a failure
+(the ``client`` and ``image`` fixtures, in conftest.py).
 """
 
 import os
@@ -16,30 +17,6 @@ import pytest
 
 from rockroll.sandbox import AgentDied, SandboxSpec, SpecError, open_sandbox
 from rockroll.sandbox.deployment.rootfs import NO_NETWORK_ETC
-
-
-@pytest.fixture(scope="module")
-def client():
-    try:
-        from rockroll.sandbox.deployment.docker import docker_client
-
-        engine = docker_client()
-        engine.ping()
-    except Exception as e:  # noqa: BLE001 - any reason is a reason to skip (or fail in CI)
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must run the docker tests, but the Docker engine is unusable: {e}")
-        pytest.skip(f"no usable Docker engine: {e}")
-    yield engine
-    # snapshot-chain images these tests made (cached per chain; a user keeps them)
-    engine.images.prune(filters={"label": "rockroll.chain", "dangling": False})
-    engine.close()
-
-
-@pytest.fixture(scope="module")
-def image(client):
-    from rockroll.sandbox.deployment.images import ensure_docker_image
-
-    return ensure_docker_image()  # minutes the first time, cached afterwards
 
 
 @pytest.fixture(scope="module")
