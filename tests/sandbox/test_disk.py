@@ -21,7 +21,7 @@ from rockroll.sandbox.home import state_home
 from rockroll.sandbox.spec import DEFAULT_DISK_MB, DISK_MB_MAX
 
 from _leaks import leftovers
-from test_docker import client, dspec, image  # noqa: F401 - fixtures: skipped without an engine, failed in CI
+from test_docker import dspec  # the client and image fixtures are in conftest.py
 
 LIMIT = 64  # MiB
 FULL = "No space left on device"

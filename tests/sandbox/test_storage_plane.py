@@ -168,11 +168,18 @@ def test_a_new_home_is_private(tmp_path):
 @needs_root
 def test_a_running_sandbox_s_setuid_file_is_out_of_other_users_reach(world_tmp, monkeypatch):
     """Root in a local sandbox is root on the host's files: its setuid-root copy of a shell
-    sits in the upper dir under the home while it runs, and in the snapshot it takes."""
+    sits in the upper dir while it runs, and in the snapshot it takes. With a disk limit (the
+    default) the upper dir is a filesystem mounted in the sandbox's mount namespace only, so
+    the host's tree does not show it at all; without one (``disk_mb=None``) it is under the
+    home, which another user cannot enter."""
     monkeypatch.setenv("ROCKROLL_HOME", str(world_tmp / "home"))
+    upper = "*/*/upper*/workspace/rootsh"
     with open_sandbox(SandboxSpec()) as sb:
         assert sb.run("cp /bin/sh /workspace/rootsh && chmod 4755 /workspace/rootsh").exit_code == 0
-        planted = list((world_tmp / "home" / "runs").glob("*/*/upper*/workspace/rootsh"))
+        assert not list((world_tmp / "home" / "runs").glob(upper))
+    with open_sandbox(SandboxSpec(disk_mb=None)) as sb:
+        assert sb.run("cp /bin/sh /workspace/rootsh && chmod 4755 /workspace/rootsh").exit_code == 0
+        planted = list((world_tmp / "home" / "runs").glob(upper))
         assert planted and planted[0].stat().st_mode & stat.S_ISUID  # the attack is in place...
         assert other_user_reaches(planted[0]) == {"stat": False, "read": False, "run": False}  # ...out of reach
         snap = sb.snapshot()

@@ -125,17 +125,17 @@ def test_rockroll_train_learns_frozenlake_end_to_end(tmp_path):
     assert rows[FROZENLAKE_STEPS]["eval/format_errors"] == 0.0  # every reply was a direction
 
 
-AGENT_STEPS = 20
+AGENT_STEPS = 10
 
 
 def test_rockroll_train_learns_through_the_model_service(tmp_path):
     """Agent-native RL (issue #13): the shipped example through ``rockroll train``. An
     unmodified agent program on the official ``openai`` client (``openai-chat-agent``) plays the
-    corridor game in sandboxes without network; every call it makes is answered by the policy
-    being trained, and the trainer learns from the merged token-in/token-out samples. The
-    client is copied into a snapshot rather than pip-installed into an image (the example's
-    ``image``), which is faster. Success above 0.5 needs the goal read: a policy blind to it
-    reaches, from each start, the same end whatever the goal, so it wins at most half."""
+    corridor game (goal on the right, from each inner cell) in sandboxes without network;
+    every call it makes is answered by the policy being trained, and the trainer learns from
+    the merged token-in/token-out samples. The untrained policy, a coin over Left/Right, wins
+    about a third of the games; the trained one nearly all. The client is copied into a
+    snapshot rather than pip-installed into an image (the example's ``image``), which is faster."""
     from _openai_client import snapshot_with_agent
 
     from rockroll.gem.agents import AGENTS
@@ -143,7 +143,7 @@ def test_rockroll_train_learns_through_the_model_service(tmp_path):
 
     snapshot = snapshot_with_agent(SandboxSpec(), AGENTS["openai-chat-agent"], tmp_path / "pylib")
     rows = train_example("agent_corridor_cpu.yaml", AGENT_STEPS, tmp_path, {
-        "envs.0.kwargs.snapshot": snapshot, "envs.0.kwargs.image": "null"})
-    assert rows[0]["eval/success"] <= 0.5, rows[0]
-    assert rows[AGENT_STEPS]["eval/success"] >= 0.75, rows[AGENT_STEPS]
+        "envs.0.kwargs.snapshot": snapshot, "envs.0.kwargs.image": "null", "eval.episodes": "24"})
+    assert rows[0]["eval/success"] <= 0.6, rows[0]
+    assert rows[AGENT_STEPS]["eval/success"] >= 0.9, rows[AGENT_STEPS]
     assert rows[AGENT_STEPS]["eval/infra_errors"] == 0.0
