@@ -111,6 +111,10 @@ class LocalDeployment:
         gen = self.gen
         self.disk.close()
         self.agent.stop(then=lambda: self._drop_generation(gen))
+        if self.cgroup:
+            # The old namespace's processes die after its pid 1, not with it: a fork bomb's
+            # may still hold the pids limit, and the next agent could not fork. Empty it first.
+            self.cgroup.kill_all()
 
     def _drop_generation(self, gen: int) -> None:
         for name in (f"upper{gen}", f"work{gen}"):

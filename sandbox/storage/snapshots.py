@@ -14,6 +14,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Callable
 
@@ -188,7 +189,8 @@ class SnapshotStore:
 
 
 def _write_int(path: Path, value: int) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    # unique per writer: threads of one process (a fork's sandboxes) write the same record at once
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}")
     tmp.write_text(str(value))
     os.replace(tmp, path)
 
