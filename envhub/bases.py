@@ -12,11 +12,11 @@ import json
 import re
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 from rockroll.sandbox.deployment.rootfs import write_sandbox_etc
 from rockroll.sandbox.storage.layers import pack_layer
+from rockroll.sandbox.storage.temps import temp_dir
 
 from .cache import LocalCache
 from .errors import BuildError
@@ -72,7 +72,7 @@ def debian_base_layer(suite: str, cache: LocalCache) -> LayerRef:
     except images.ImageBuildError as e:
         raise BuildError(f"base debian:{suite}: {e}") from e
     cache.layers.layer_root.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=".base-", dir=cache.layers.layer_root.parent))
+    stage = temp_dir(cache.layers.layer_root.parent, "base")
     try:
         # A hardlinked copy (instant, no extra space) so /dev can be emptied without
         # touching the cached rootfs.
@@ -102,7 +102,7 @@ def docker_base_layer(image: str, cache: LocalCache) -> LayerRef:
         raise BuildError(f"base docker:{image}: docker create failed: {created.stderr.strip()}")
     cid = created.stdout.strip()
     cache.layers.layer_root.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=".base-", dir=cache.layers.layer_root.parent))
+    stage = temp_dir(cache.layers.layer_root.parent, "base")
     try:
         export = subprocess.Popen(["docker", "export", cid], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         # The image is the publisher's own choice on their own engine; system tar (as root,

@@ -17,12 +17,12 @@ import hashlib
 import json
 import os
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rockroll.sandbox.home import state_home
 from rockroll.sandbox.storage.snapshots import SnapshotStore
+from rockroll.sandbox.storage.temps import temp_name
 
 from .errors import HubError
 from .manifest import EnvManifest
@@ -36,7 +36,7 @@ def hub_id(url: str) -> str:
 
 def _write_atomic(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+    tmp = path.with_name(temp_name("write"))
     tmp.write_bytes(data)
     os.replace(tmp, path)
 

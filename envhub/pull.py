@@ -16,13 +16,13 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import uuid
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 from rockroll.sandbox.errors import StorageLimitError
 from rockroll.sandbox.storage.layers import digest_file
+from rockroll.sandbox.storage.temps import temp_name
 
 from .cache import LocalCache
 from .errors import BlobCorrupted, EnvNotFound, StoreUnavailable, YankedWarning
@@ -169,7 +169,7 @@ def fetch_layer(layer: LayerRef, store: HubStore, cache: LocalCache) -> Path:
                                 f"hub blob {layer.digest} is {layer.size} bytes")
     tarball.parent.mkdir(parents=True, exist_ok=True)
     limits.check_free(tarball.parent, layer.size, f"hub blob {layer.digest}")
-    tmp = tarball.with_name(f".pull-{uuid.uuid4().hex}.part")
+    tmp = tarball.with_name(temp_name("pull", ".part"))
     try:
         got = store.get_blob(layer, tmp, max_bytes=limits.max_layer_bytes)  # hashed as it arrived
         size = tmp.stat().st_size

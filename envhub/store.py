@@ -23,9 +23,10 @@ import contextlib
 import hashlib
 import os
 import sys
-import uuid
 from pathlib import Path
 from typing import Iterator
+
+from rockroll.sandbox.storage.temps import temp_name
 
 from .errors import BlobCorrupted, BlobMissing, HubError, StoreUnavailable
 from .manifest import LayerRef
@@ -129,7 +130,7 @@ class HubStore:
             if self.local:
                 final = Path(self.fs._strip_protocol(path))
                 final.parent.mkdir(parents=True, exist_ok=True)
-                tmp = final.with_name(f".tmp-{uuid.uuid4().hex}")
+                tmp = final.with_name(temp_name("tmp"))
                 with open(tmp, "wb") as f:
                     f.write(data)
                     f.flush()
@@ -158,7 +159,7 @@ class HubStore:
             if self.local:
                 final = Path(self.fs._strip_protocol(path))
                 final.parent.mkdir(parents=True, exist_ok=True)
-                tmp = final.with_name(f".tmp-{uuid.uuid4().hex}")
+                tmp = final.with_name(temp_name("tmp"))
                 tmp.write_bytes(data)
                 os.replace(tmp, final)
             else:
@@ -209,7 +210,7 @@ class HubStore:
             if self.local:
                 final = Path(self.fs._strip_protocol(path))
                 final.parent.mkdir(parents=True, exist_ok=True)
-                tmp = final.with_name(f".tmp-{uuid.uuid4().hex}")
+                tmp = final.with_name(temp_name("tmp"))
                 try:
                     with open(local, "rb") as src, open(tmp, "wb") as dst:
                         got = _copy(src, dst, bar)

@@ -120,11 +120,16 @@ def sandbox_ls(as_json):
 @click.option("--all", "everything", is_flag=True,
               help="Also remove sandboxes of runs that are still alive.")
 def sandbox_gc(everything):
-    """Remove what dead runs left behind: processes, cgroups, directories."""
+    """Remove what dead runs left behind: processes, cgroups, directories, and the temp
+    files and half-unpacked layers of snapshots, restores and pulls killed mid-way."""
     from rockroll.sandbox.deployment.reaper import reap_dead_runs
+    from rockroll.sandbox.home import state_home
+    from rockroll.sandbox.storage.snapshots import SnapshotStore
 
     reaped = reap_dead_runs(include_live=everything)
-    click.echo(f"reaped {len(reaped)} run(s)" + (f": {' '.join(reaped)}" if reaped else ""))
+    swept = SnapshotStore(state_home()).sweep_temps()
+    click.echo(f"reaped {len(reaped)} run(s)" + (f": {' '.join(reaped)}" if reaped else "")
+               + f"; removed {len(swept.removed)} temp file(s), {_size(swept.freed_bytes)}")
 
 
 @main.command("serve")
@@ -255,6 +260,14 @@ def _store(hub_url, s3_endpoint):
     return HubStore(hub_url, endpoint=s3_endpoint)
 
 
+def _exit_on_sigterm() -> None:
+    """SIGTERM ends the command as an exception would: an S3 multipart upload in flight is
+    aborted and temp files are removed (only kill -9 leaves them, for ``hub gc``)."""
+    from rockroll.sandbox.deployment.reaper import install_exit_handlers
+
+    install_exit_handlers()
+
+
 def _size(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
@@ -294,6 +307,7 @@ def hub_publish(folder, hub_url, s3_endpoint):
     from rockroll.envhub.build import build
     from rockroll.envhub.publish import publish
 
+    _exit_on_sigterm()
     store = _store(hub_url, s3_endpoint)
     result = build(folder, hub=store.url, log=lambda m: click.echo(m, err=True))
     pub = publish(result.manifest, store)
@@ -312,6 +326,7 @@ def hub_pull(ref, hub_url, s3_endpoint):
     """Pull REF (name, name@1.2.3, name@1, name@latest) into the local cache."""
     from rockroll.envhub.pull import pull
 
+    _exit_on_sigterm()
     env = pull(ref, hub=_store(hub_url, s3_endpoint))
     click.echo(f"{env.manifest.ref}{' (yanked)' if env.yanked else ''}: image {env.image}, "
                f"{len(env.layer_dirs)} layer(s) ready")
@@ -372,15 +387,38 @@ def hub_yank(ref, reason, undo, hub_url, s3_endpoint):
 @hub.command("gc")
 @click.option("--evict", multiple=True, help="Drop cached NAME or NAME@VERSION first (repeatable).")
 @click.option("--dry-run", is_flag=True, help="Only say what would be deleted.")
+@click.option("--hub", "hub_url", default=None,
+              help="Collect on this hub's storage instead (a folder, file://, s3://bucket/prefix): blobs no "
+                   "manifest names, abandoned multipart uploads, temp files of killed publishes.")
+@click.option("--grace", type=click.FloatRange(min=0), default=24 * 3600.0, show_default=True,
+              help="With --hub: seconds an unreferenced blob or upload must have waited (a publish in flight "
+                   "has uploaded blobs its manifest does not name yet).")
+@click.option("--s3-endpoint", envvar="ROCKROLL_S3_ENDPOINT", default=None,
+              help="S3 endpoint URL for s3:// hubs (env ROCKROLL_S3_ENDPOINT).")
 @_hub_errors
-def hub_gc(evict, dry_run):
-    """Delete local hub layers no cached manifest names and no live sandbox mounts."""
+def hub_gc(evict, dry_run, hub_url, grace, s3_endpoint):
+    """Delete local hub layers no cached manifest names and no live sandbox mounts, and the
+    temp files of killed pulls; with --hub, collect on that hub's storage instead."""
+    verb = "would remove" if dry_run else "removed"
+    if hub_url:
+        from rockroll.envhub.hubgc import hub_gc as collect
+
+        r = collect(_store(hub_url, s3_endpoint), grace_s=grace, dry_run=dry_run)
+        click.echo(f"{verb} {len(r.removed)} unreferenced blob(s), {_size(r.freed_bytes)}; "
+                   f"{'would abort' if dry_run else 'aborted'} {len(r.aborted_uploads)} multipart upload(s); "
+                   f"{verb} {len(r.temps)} temp file(s); kept {r.referenced} referenced, "
+                   f"{len(r.recent)} recent")
+        for line in [*r.removed, *r.aborted_uploads, *r.temps]:
+            click.echo(f"  {line}")
+        return
     from rockroll.envhub.cache import LocalCache, gc
 
-    result = gc(LocalCache(), evict=tuple(evict), dry_run=dry_run)
-    verb = "would remove" if dry_run else "removed"
+    cache = LocalCache()
+    result = gc(cache, evict=tuple(evict), dry_run=dry_run)
+    swept = cache.layers.sweep_temps(dry_run=dry_run)
     click.echo(f"{verb} {len(result.removed)} layer(s), {_size(result.freed_bytes)}; "
-               f"kept {len(result.in_use)} in use or recent; evicted {len(result.evicted)} manifest(s)")
+               f"kept {len(result.in_use)} in use or recent; evicted {len(result.evicted)} manifest(s); "
+               f"{verb} {len(swept.removed)} temp file(s), {_size(swept.freed_bytes)}")
 
 
 @main.group("envs", invoke_without_command=True)

@@ -50,12 +50,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import IsolationUnavailable, SandboxStartError, SpecError
+from ..owner import proc_start_time
 from ..runtime import _agent
 from ..spec import SandboxSpec
 from ..storage.whiteouts import apply_layer
 from .cgroups import Cgroup
 from .disk import SandboxDisk
-from .process import AgentProcess, proc_start_time
+from .process import AgentProcess
 from .rootfs import NO_NETWORK_ETC
 from .seccomp import docker_security_opt
 

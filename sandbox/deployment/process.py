@@ -15,20 +15,11 @@ import threading
 from pathlib import Path
 from typing import Callable
 
+from ..owner import proc_start_time
 from ..runtime import _agent
 from .seccomp import bpf_program
 
 AGENT_PATH = _agent.__file__
-
-
-def proc_start_time(pid: int) -> int | None:
-    """Kernel start time of a process (clock ticks since boot), None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    return int(data[data.rindex(b")") + 2:].split()[19])
 
 
 class _SpareAgents:

@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import Callable
 
 from ..home import private_home, state_home
+from ..owner import proc_start_time
+from ..storage.snapshots import SnapshotStore
 from .disk import detach_loops, drop_spares
-from .process import proc_start_time
 
 
 def owner_alive(info: dict) -> bool:
@@ -149,6 +150,7 @@ class RunRegistry:
             if self._started:
                 return
             reap_dead_runs(self.home, keep=self.run_id)
+            SnapshotStore(self.home).sweep_temps()
             private_home(self.home)
             self.dir.mkdir(parents=True, exist_ok=True)
             pid = os.getpid()

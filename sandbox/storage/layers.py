@@ -37,6 +37,7 @@ import zstandard
 
 from ..errors import SnapshotError, SpecError, UnsafeArchiveError
 from .limits import MEMBER_BYTES, Meter
+from .temps import temp_dir, temp_prefix
 
 META_NAME = "rockroll.json"
 ROOT = "rootfs"
@@ -87,7 +88,7 @@ def pack_layer(
     """
     out_dir = Path(dest_dir) / "sha256"
     out_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".tmp-", suffix=".tar.zst")
+    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=temp_prefix("pack"), suffix=".tar.zst")
     try:
         with os.fdopen(fd, "wb") as raw:
             hashed = _HashingWriter(raw)
@@ -369,7 +370,7 @@ def _extract_atomically(dest: Path, what: str, extract) -> dict:
     if os.path.lexists(dest):
         raise SnapshotError(f"cannot unpack {what}: {dest} already exists")
     try:
-        tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.unpack-"))
+        tmp = temp_dir(dest.parent, "unpack")
     except OSError as e:
         raise SnapshotError(f"cannot unpack {what} into {dest}: {e}") from e
     try:

@@ -13,8 +13,6 @@ import os
 import shutil
 import stat
 import subprocess
-import tempfile
-import uuid
 from pathlib import Path
 from typing import Callable
 
@@ -23,6 +21,7 @@ from ..home import private_home
 from ..spec import Snapshot
 from .layers import MEMBER_BYTES, digest_file, read_meta, unpack_layer
 from .limits import StorageLimits
+from .temps import Swept, sweep, temp_dir, temp_name
 
 
 # Snapshot-ref schemes other packages plug in (``"hub:name@ver#snap"`` from
@@ -118,10 +117,15 @@ class SnapshotStore:
     def _bytes_file(self, digest: str) -> Path:
         return self.layer_root / f"{_hex(digest)}.bytes"
 
+    def sweep_temps(self, *, dry_run: bool = False) -> Swept:
+        """Remove what writers killed mid-way left in the store: packed tarballs, unpacked and
+        staged layers, records (``temps.py``: only those whose writer no longer runs)."""
+        return sweep([self.tar_root / "sha256", self.layer_root, self.layer_root.parent], dry_run=dry_run)
+
     def staging_dir(self) -> Path:
         """A fresh, empty path beside the layers (same filesystem, so adopting is a rename)."""
         self.layer_root.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=".stage-", dir=self.layer_root))
+        return temp_dir(self.layer_root, "stage")
 
     def adopt_layer(self, digest: str, staged: Path) -> Path:
         """Make ``staged`` (a copy of exactly what was packed) the unpacked layer of
@@ -148,7 +152,7 @@ class SnapshotStore:
         if not dest.exists():
             dest.parent.mkdir(parents=True, exist_ok=True)
             self.limits.check_free(dest.parent, size, f"snapshot file {path}")
-            tmp = dest.with_suffix(f".{os.getpid()}.tmp")
+            tmp = dest.with_name(temp_name("import"))
             try:
                 shutil.copyfile(path, tmp)
                 os.replace(tmp, dest)
@@ -190,7 +194,7 @@ class SnapshotStore:
 
 def _write_int(path: Path, value: int) -> None:
     # unique per writer: threads of one process (a fork's sandboxes) write the same record at once
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}")
+    tmp = path.with_name(temp_name("record"))
     tmp.write_text(str(value))
     os.replace(tmp, path)
 

@@ -71,14 +71,14 @@ def test_sandbox_ls_and_gc(tmp_path):
         assert any(line.split()[:3] == [dead_run, dead_pid, "dead"] and dead_sb in line for line in table)
         # gc collects the dead run, and only it: the live owner's sandbox still answers
         gc = cli("sandbox", "gc")
-        assert (gc.returncode, gc.stdout) == (0, f"reaped 1 run(s): {dead_run}\n")
+        assert (gc.returncode, gc.stdout) == (0, f"reaped 1 run(s): {dead_run}; removed 0 temp file(s), 0 B\n")
         assert [r["run_id"] for r in json.loads(cli("sandbox", "ls", "--json").stdout)] == [live_run]
         live.stdin.write("echo still-here\n")
         live.stdin.flush()
         assert live.stdout.readline() == "still-here\n"
         # gc --all collects the live run too: its sandbox is gone from under its owner
         gc = cli("sandbox", "gc", "--all")
-        assert (gc.returncode, gc.stdout) == (0, f"reaped 1 run(s): {live_run}\n")
+        assert (gc.returncode, gc.stdout) == (0, f"reaped 1 run(s): {live_run}; removed 0 temp file(s), 0 B\n")
         assert json.loads(cli("sandbox", "ls", "--json").stdout) == []
         assert cli("sandbox", "ls").stdout == "no sandboxes\n"
         live.stdin.write("echo gone\n")

@@ -26,7 +26,7 @@ import ray  # the ray extra is a declared test dependency (make test installs it
 from rockroll.sandbox import SandboxLost, SandboxSpec, SandboxFileError, open_sandbox  # noqa: E402
 from rockroll.sandbox.deployment import ray as raycluster  # noqa: E402
 from rockroll.sandbox.pool import SandboxPool  # noqa: E402
-from rockroll.sandbox.deployment.process import proc_start_time
+from rockroll.sandbox.owner import proc_start_time
 from rockroll.sandbox.deployment.reaper import list_runs, reap_dead_runs  # noqa: E402
 from rockroll.sandbox.home import state_home  # noqa: E402
 
