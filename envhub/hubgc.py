@@ -7,7 +7,7 @@ or aborted (S3 bills their parts until they are aborted; ``s3blobs.put`` aborts 
 every error or signal it can catch, a kill -9 it cannot). ``hub_gc`` removes both, and the
 temp files a killed ``file://`` publish left, once they are older than ``grace_s``: a
 publish in flight has uploaded blobs its manifest does not name yet, and its parts and
-temps are recent. It reads every manifest first and deletes nothing if one cannot be read.
+temps are recent (an upload's age is that of its newest part, or its start if it has none). It reads every manifest first and deletes nothing if one cannot be read.
 
 Unattended on S3 the same is a lifecycle rule (docs/envhub.md): abort incomplete multipart
 uploads after a day. Orphan blobs need this gc: a lifecycle rule cannot tell which
@@ -120,9 +120,18 @@ def _abort_uploads(store: HubStore, before: float, dry_run: bool) -> list[str]:
     with store._io("listing multipart uploads"):
         for page in client.get_paginator("list_multipart_uploads").paginate(Bucket=bucket, Prefix=prefix):
             for up in page.get("Uploads", []):
-                if up["Initiated"].timestamp() >= before:
+                if _last_activity(client, bucket, up) >= before:
                     continue  # a publish may be sending its parts right now
                 aborted.append(f"{up['Key']} ({up['UploadId']})")
                 if not dry_run:
                     client.abort_multipart_upload(Bucket=bucket, Key=up["Key"], UploadId=up["UploadId"])
     return aborted
+
+
+def _last_activity(client, bucket: str, up: dict) -> float:
+    """When an upload last moved: its start or its newest part (a long publish that started
+    before the grace period but is still sending parts is in flight, not abandoned)."""
+    times = [up["Initiated"].timestamp()]
+    for page in client.get_paginator("list_parts").paginate(Bucket=bucket, Key=up["Key"], UploadId=up["UploadId"]):
+        times.extend(part["LastModified"].timestamp() for part in page.get("Parts", []))
+    return max(times)
