@@ -14,7 +14,6 @@ travel as ``{"error", "message", "sandbox_id"}`` (see ``wire.py``).
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import hmac
 import logging
@@ -22,7 +21,7 @@ from pathlib import Path
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -32,7 +31,7 @@ from ..storage.limits import StorageLimits
 from ..storage.snapshots import SnapshotStore
 from . import files, sandboxes, snapshots
 from . import pools as pool_routes  # the name `pools` is create_app's argument
-from .metrics import storage_series
+from .metrics import storage_families
 from .quota import DEFAULT_QUOTA, TokenQuota
 from .deps import Hub
 from .hub import SandboxHub
@@ -66,18 +65,15 @@ async def healthz(hub: Hub) -> HealthOut:
 
 
 @pages.get("/metrics", dependencies=[Depends(auth)], responses={200: {"content": {"text/plain": {}}}})
-async def metrics(request: Request, hub: Hub) -> PlainTextResponse:
-    states = collections.Counter(e.state for e in hub.entries.values())
-    pools = [w.describe() for w in hub.pools.values()]
-    text = hub.metrics.render(states, hub.max_sandboxes, pools)
-    text += storage_series(request.app.state.quota, request.app.state.store)
-    return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+async def metrics(hub: Hub) -> Response:
+    body, content_type = hub.metrics.exposition()
+    return Response(body, media_type=content_type)
 
 
 # errors -------------------------------------------------------------------------
 async def on_sandbox_error(request: Request, exc: SandboxError) -> JSONResponse:
     status = 401 if isinstance(exc, AuthError) else status_of(exc)
-    request.app.state.hub.metrics.failures[type(exc).__name__] += 1
+    request.app.state.hub.metrics.failures.labels(type(exc).__name__).inc()
     headers = {}
     if isinstance(exc, CapacityError):
         headers["Retry-After"] = str(max(1, round(exc.retry_after)))
@@ -90,7 +86,7 @@ async def on_validation_error(request: Request, exc: RequestValidationError) -> 
     detail = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
               for e in exc.errors()]
     field = ".".join(str(p) for p in detail[0]["loc"][1:]) if detail else "body"
-    request.app.state.hub.metrics.failures["SpecError"] += 1
+    request.app.state.hub.metrics.failures.labels("SpecError").inc()
     return JSONResponse({"error": "SpecError", "field": field or "body",
                          "message": detail[0]["msg"] if detail else "invalid request",
                          "sandbox_id": None, "detail": detail}, status_code=422)
@@ -105,7 +101,7 @@ async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONRe
 async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     # Last resort only: every failure an input can cause should be a typed 4xx.
     log.exception("unexpected error in %s %s", request.method, request.url.path)
-    request.app.state.hub.metrics.failures["InternalError"] += 1
+    request.app.state.hub.metrics.failures.labels("InternalError").inc()
     return JSONResponse({"error": "InternalError", "message": f"{type(exc).__name__}: {exc}",
                          "sandbox_id": None}, status_code=500)
 
@@ -137,6 +133,7 @@ def create_app(token: str, *, backend: str = "local", max_sandboxes: int = 256,
     app.state.hub, app.state.token = hub, token.encode()
     app.state.store = SnapshotStore(current_run().home, limits)
     app.state.quota = TokenQuota(current_run().home / "service-quota", token_storage_quota)
+    hub.metrics.watch(lambda: storage_families(app.state.quota, app.state.store))
     app.add_exception_handler(SandboxError, on_sandbox_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)

@@ -20,7 +20,8 @@ from ..base import AsyncSandbox
 from ..deployment.reaper import current_run, reap_dead_runs
 from ..errors import CapacityError, SandboxClosed, SandboxError, SandboxNotFound
 from ..spec import SandboxSpec
-from .metrics import Metrics
+from ..storage.snapshots import SnapshotStore
+from .metrics import Metrics, service_families
 from .warm import WarmPool, pool_key
 from .wire import CommandOut, PoolIn, SandboxOut, StatsOut
 
@@ -75,6 +76,7 @@ class SandboxHub:
         self.tombstones: collections.OrderedDict[str, str] = collections.OrderedDict()
         self.creating = 0
         self.metrics = Metrics()
+        self.metrics.watch(lambda: service_families(self))
         self.pools: dict[str, WarmPool] = {}
         self._reaper: asyncio.Task | None = None
         self._fills: set[asyncio.Task] = set()
@@ -83,7 +85,10 @@ class SandboxHub:
     async def start(self, pools: list[PoolIn] = ()) -> None:
         # A previous server killed with -9 left a dead run: reap it now, not at first use.
         run = current_run()
-        await asyncio.to_thread(reap_dead_runs, run.home, keep=run.run_id)
+        reaped = await asyncio.to_thread(reap_dead_runs, run.home, keep=run.run_id)
+        swept = await asyncio.to_thread(SnapshotStore(run.home).sweep_temps)
+        self.metrics.reaped.labels("runs").inc(len(reaped))
+        self.metrics.reaped.labels("temps").inc(len(swept.removed))
         await asyncio.to_thread(run.ensure)
         self._reaper = asyncio.create_task(self._reap_forever())
         for body in pools:  # warmed in the background: the service answers meanwhile (as misses)
@@ -156,9 +161,15 @@ class SandboxHub:
                                 "close some or retry later", retry_after=1.0)
 
     async def create(self, spec: SandboxSpec, snapshot: str | None) -> Entry:
+        started = time.monotonic()
+        entry = await self._create(spec, snapshot)
+        self.metrics.create_seconds.observe(time.monotonic() - started)
+        return entry
+
+    async def _create(self, spec: SandboxSpec, snapshot: str | None) -> Entry:
         warm = self.pools.get(pool_key(spec, snapshot))
         if warm is None:
-            self.metrics.unpooled += 1
+            self.metrics.unpooled.inc()
         elif warm.pool.idle:  # a hit: acquire() hands out an idle one without awaiting a create
             warm.hits += 1
             sb = await warm.pool.acquire()
@@ -176,7 +187,7 @@ class SandboxHub:
     def adopt(self, sb: AsyncSandbox, warm: WarmPool | None = None) -> Entry:
         entry = Entry(sb, warm.lease_id(sb.id) if warm else None, warm)
         self.entries[entry.id] = entry
-        self.metrics.created += 1
+        self.metrics.created.inc()
         return entry
 
     def get(self, sandbox_id: str) -> Entry:
@@ -207,7 +218,7 @@ class SandboxHub:
         while len(self.tombstones) > TOMBSTONES:
             self.tombstones.popitem(last=False)
         entry.closed.set()
-        self.metrics.closed[reason] += 1
+        self.metrics.closed.labels(reason).inc()
         return entry
 
     @contextlib.asynccontextmanager
@@ -268,4 +279,6 @@ class SandboxHub:
                                        duration_s=round(took, 6), at=time.time(),
                                        error=type(error).__name__ if error else None))
         if result is not None:
-            self.metrics.observe(took)
+            self.metrics.command_seconds.observe(took)
+            if result.oom_killed:
+                self.metrics.oom_kills.inc()

@@ -1,92 +1,113 @@
-"""The service's Prometheus series, rendered by hand in the text format."""
+"""The service's Prometheus metrics, on ``prometheus_client``: the standard exposition
+(counters with ``_total``, histograms with ``_bucket``/``_sum``/``_count``), the process
+collector (CPU seconds, resident memory, open fds, start time) and what an operator of a
+sandbox fleet watches. Each service has its own registry, so two services in one process
+(tests) never share a series.
+
+Event counts are kept where they happen (``SandboxHub``, the routes); state that already
+lives elsewhere (sandboxes by state, pools, storage) is read at scrape time by one
+collector, never copied. ``docs/grafana-dashboard.json`` plots these names, and a test
+checks that every panel's expression names a series this module exports.
+"""
 
 from __future__ import annotations
 
-import bisect
 import collections
 import os
+from typing import Callable
 
-LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, disable_created_metrics
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+disable_created_metrics()  # no *_created series: they double every counter for nothing we plot
+
+# run() wall time: from a shell builtin (~1 ms) to a test suite (minutes)
+COMMAND_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# create wall time: a warm-pool hit (~1 ms) to a cold create of a big image under load (tens of s)
+CREATE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
 
 class Metrics:
-    """The few series the service exports, rendered by hand in Prometheus text format
-    (no client library: four metric families do not justify a dependency)."""
+    """Counters and histograms of one service, and its registry."""
 
     def __init__(self) -> None:
-        self.buckets = [0] * (len(LATENCY_BUCKETS) + 1)
-        self.latency_sum = 0.0
-        self.commands = 0
-        self.failures: collections.Counter[str] = collections.Counter()
-        self.created = 0
-        self.unpooled = 0  # creates whose spec no warm pool serves
-        self.closed: collections.Counter[str] = collections.Counter()
+        self.registry = CollectorRegistry()  # no auto_describe: a live collector is read at scrape time only
+        r = self.registry
+        ProcessCollector(registry=r)
+        self.created = Counter("rockroll_sandboxes_created", "Sandboxes created.", registry=r)
+        self.closed = Counter("rockroll_sandboxes_closed", "Sandboxes closed, by reason.", ["reason"], registry=r)
+        self.create_seconds = Histogram("rockroll_sandbox_create_duration_seconds",
+                                        "Wall time of a create, warm-pool hits included.",
+                                        buckets=CREATE_BUCKETS, registry=r)
+        self.command_seconds = Histogram("rockroll_command_duration_seconds", "Wall time of run() calls, server side.",
+                                         buckets=COMMAND_BUCKETS, registry=r)
+        self.failures = Counter("rockroll_failures", "Failed requests, by error kind.", ["kind"], registry=r)
+        self.unpooled = Counter("rockroll_pool_unpooled", "Creates whose spec no warm pool serves.", registry=r)
+        self.oom_kills = Counter("rockroll_oom_kills", "Commands the sandbox's memory limit killed.", registry=r)
+        self.reaped = Counter("rockroll_reaped", "Leftovers of dead owners removed at start: runs (their "
+                              "processes, cgroups, dirs) and temp files.", ["kind"], registry=r)
+        self.snapshot_bytes = Counter("rockroll_snapshot_bytes", "Snapshot tarball bytes through the service: "
+                                      "in (uploaded), out (downloaded).", ["direction"], registry=r)
 
-    def observe(self, seconds: float) -> None:
-        self.buckets[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
-        self.latency_sum += seconds
-        self.commands += 1
+    def watch(self, read: Callable[[], "collections.abc.Iterable"]) -> None:
+        """Add a collector whose families are read at every scrape (state kept elsewhere)."""
+        self.registry.register(_Live(read))
 
-    def render(self, states: collections.Counter[str], capacity: int, pools: list = ()) -> str:
-        """The exposition; ``pools`` are the warm pools' ``PoolOut``s."""
-        out: list[str] = []
-
-        def family(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
-            _family(out, name, kind, help_, samples)
-
-        family("rockroll_sandboxes", "gauge", "Sandboxes held by the service, by state.",
-               [(f'{{state="{s}"}}', states.get(s, 0)) for s in ("alive", "dead")])
-        family("rockroll_sandboxes_capacity", "gauge", "Most sandboxes the service holds at once.",
-               [("", capacity)])
-        family("rockroll_sandboxes_created_total", "counter", "Sandboxes created.", [("", self.created)])
-        family("rockroll_sandboxes_closed_total", "counter", "Sandboxes closed, by reason.",
-               [(f'{{reason="{r}"}}', n) for r, n in sorted(self.closed.items())])
-        cumulative, samples = 0, []
-        for bound, n in zip((*LATENCY_BUCKETS, "+Inf"), self.buckets):
-            cumulative += n
-            samples.append((f'{{le="{bound}"}}', cumulative))
-        out.append("# HELP rockroll_command_duration_seconds Wall time of run() calls, server side.")
-        out.append("# TYPE rockroll_command_duration_seconds histogram")
-        out.extend(f"rockroll_command_duration_seconds_bucket{labels} {v}" for labels, v in samples)
-        out.append(f"rockroll_command_duration_seconds_sum {self.latency_sum:.6f}")
-        out.append(f"rockroll_command_duration_seconds_count {self.commands}")
-        family("rockroll_failures_total", "counter", "Failed requests, by error kind.",
-               [(f'{{kind="{k}"}}', n) for k, n in sorted(self.failures.items())])
-        family("rockroll_pool_hits_total", "counter", "Creates served by a warm sandbox of a pool.",
-               [(f'{{pool="{p.id}"}}', p.hits) for p in pools])
-        family("rockroll_pool_misses_total", "counter",
-               "Creates of a pooled spec that found no warm sandbox (made on demand).",
-               [(f'{{pool="{p.id}"}}', p.misses) for p in pools])
-        family("rockroll_pool_unpooled_total", "counter", "Creates whose spec no warm pool serves.",
-               [("", self.unpooled)])
-        family("rockroll_pool_sandboxes", "gauge", "Sandboxes a warm pool owns, by state.",
-               [(f'{{pool="{p.id}",state="{k}"}}', getattr(p, k)) for p in pools for k in ("idle", "busy")])
-        family("rockroll_pool_size", "gauge", "Sandboxes a warm pool keeps (idle + handed out).",
-               [(f'{{pool="{p.id}"}}', p.size) for p in pools])
-        return "\n".join(out) + "\n"
+    def exposition(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
-def _family(out: list[str], name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
-    out.append(f"# HELP {name} {help_}")
-    out.append(f"# TYPE {name} {kind}")
-    out.extend(f"{name}{labels} {value:g}" if isinstance(value, float) else f"{name}{labels} {value}"
-               for labels, value in samples)
+class _Live:
+    def __init__(self, read):
+        self.read = read
+
+    def collect(self):
+        return list(self.read())
 
 
-def storage_series(quota, store) -> str:
-    """The storage plane's series: bytes each token holds against its quota, the unpack
-    limits, and the free space of the store's disk."""
-    out: list[str] = []
-    _family(out, "rockroll_storage_used_bytes", "gauge",
-            "Bytes of uploaded snapshots (tarball + unpacked layer) a token holds, by token key.",
-            [(f'{{token="{k}"}}', v) for k, v in quota.usage().items()])
-    _family(out, "rockroll_storage_quota_bytes", "gauge", "Bytes of snapshots one token may hold.",
-            [("", quota.quota)])
+def family(kind: str, name: str, help_: str, labels: tuple[str, ...] = (), samples=()):
+    """A gauge or counter family from ``[(label values, value), ...]``."""
+    f = (GaugeMetricFamily if kind == "gauge" else CounterMetricFamily)(name, help_, labels=list(labels))
+    for values, value in samples:
+        f.add_metric(list(values), value)
+    return f
+
+
+def service_families(hub) -> list:
+    """Sandboxes by state and the warm pools, read from the service's ``SandboxHub``."""
+    states = collections.Counter(e.state for e in hub.entries.values())
+    pools = [w.describe() for w in hub.pools.values()]
+    return [
+        family("gauge", "rockroll_sandboxes", "Sandboxes held by the service, by state.", ("state",),
+               [((s,), states.get(s, 0)) for s in ("alive", "dead")] + [(("creating",), hub.creating)]),
+        family("gauge", "rockroll_sandboxes_capacity", "Most sandboxes the service holds at once.",
+               samples=[((), hub.max_sandboxes)]),
+        family("counter", "rockroll_pool_hits", "Creates served by a warm sandbox of a pool.", ("pool",),
+               [((p.id,), p.hits) for p in pools]),
+        family("counter", "rockroll_pool_misses", "Creates of a pooled spec that found no warm sandbox "
+               "(made on demand).", ("pool",), [((p.id,), p.misses) for p in pools]),
+        family("gauge", "rockroll_pool_sandboxes", "Sandboxes a warm pool owns, by state.", ("pool", "state"),
+               [((p.id, k), getattr(p, k)) for p in pools for k in ("idle", "busy")]),
+        family("gauge", "rockroll_pool_size", "Sandboxes a warm pool keeps (idle + handed out).", ("pool",),
+               [((p.id,), p.size) for p in pools]),
+    ]
+
+
+def storage_families(quota, store) -> list:
+    """The storage plane: bytes each token holds against its quota, the unpack limits, and
+    the free space of the store's disk."""
     limits = store.limits
-    _family(out, "rockroll_storage_limit_bytes", "gauge", "Storage limits, by name.",
-            [(f'{{limit="{n}"}}', getattr(limits, n)) for n in ("max_layer_bytes", "max_chain_bytes",
-                                                               "min_free_bytes")])
     home = store.tar_root.parent
     st = os.statvfs(home if home.is_dir() else "/")
-    _family(out, "rockroll_storage_free_bytes", "gauge", "Free bytes on the disk of the snapshot store.",
-            [("", st.f_bavail * st.f_frsize)])
-    return "\n".join(out) + "\n"
+    return [
+        family("gauge", "rockroll_storage_used_bytes",
+               "Bytes of uploaded snapshots (tarball + unpacked layer) a token holds, by token key.", ("token",),
+               [((k,), v) for k, v in quota.usage().items()]),
+        family("gauge", "rockroll_storage_quota_bytes", "Bytes of snapshots one token may hold.",
+               samples=[((), quota.quota)]),
+        family("gauge", "rockroll_storage_limit_bytes", "Storage limits, by name.", ("limit",),
+               [((n,), getattr(limits, n)) for n in ("max_layer_bytes", "max_chain_bytes", "min_free_bytes")]),
+        family("gauge", "rockroll_storage_free_bytes", "Free bytes on the disk of the snapshot store.",
+               samples=[((), st.f_bavail * st.f_frsize)]),
+    ]

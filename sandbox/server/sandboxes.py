@@ -91,7 +91,7 @@ async def run_stream(body: RunIn, sandbox_id: str, hub: Hub) -> StreamingRespons
                         yield f"event: result\ndata: {ResultOut.of(item).model_dump_json()}\n\n"
             except SandboxError as e:
                 hub.record(entry, body.cmd, started, error=e)
-                hub.metrics.failures[type(e).__name__] += 1
+                hub.metrics.failures.labels(type(e).__name__).inc()
                 yield f"event: error\ndata: {json.dumps(error_body(entry.own(e)))}\n\n"
             finally:
                 await agen.aclose()

@@ -20,7 +20,7 @@ from ..errors import SandboxError, SnapshotError
 from ..storage.layers import digest_file, read_meta
 from ..storage.limits import Meter
 from ..storage.snapshots import SnapshotStore
-from .deps import Store
+from .deps import Hub, Store
 from .quota import token_key
 from .wire import DIGEST_PATTERN, SnapshotOut
 
@@ -72,13 +72,15 @@ async def upload_snapshot(request: Request, store: Store) -> SnapshotOut:
             raise
     finally:
         Path(tmp).unlink(missing_ok=True)
+    request.app.state.hub.metrics.snapshot_bytes.labels("in").inc(meter.used)
     return SnapshotOut.of(snap)
 
 
 @router.get("/snapshots/{digest}",
             responses={200: {"content": {"application/zstd": {}}, "description": "the layer tarball"}})
-async def download_snapshot(digest: str, store: Store) -> Response:
+async def download_snapshot(digest: str, store: Store, hub: Hub) -> Response:
     path = _known_tarball(store, digest)
+    hub.metrics.snapshot_bytes.labels("out").inc(path.stat().st_size)
     return FileResponse(path, media_type="application/zstd", filename=path.name)
 
 

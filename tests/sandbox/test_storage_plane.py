@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from rockroll.sandbox import SandboxSpec, SpecError, StorageFullError, StorageLimitError, open_sandbox
 from rockroll.sandbox.home import private_home
@@ -248,9 +249,11 @@ def test_upload_attacks_are_refused_or_defused(service, world_tmp, tmp_path):
     metrics = service.http.get("/metrics").text
     used = [line for line in metrics.splitlines() if line.startswith("rockroll_storage_used_bytes{token=")]
     assert len(used) == 1 and "test-token" not in used[0]
-    assert 4.5 * MiB < int(used[0].split()[-1]) <= 5 * MiB
-    assert f"rockroll_storage_quota_bytes {5 * MiB}" in metrics
-    assert f'rockroll_storage_limit_bytes{{limit="max_layer_bytes"}} {2 * MiB}' in metrics
+    assert 4.5 * MiB < float(used[0].split()[-1]) <= 5 * MiB
+    values = {(x.name, tuple(x.labels.items())): x.value for f in text_string_to_metric_families(metrics)
+              for x in f.samples}
+    assert values[("rockroll_storage_quota_bytes", ())] == 5 * MiB
+    assert values[("rockroll_storage_limit_bytes", (("limit", "max_layer_bytes"),))] == 2 * MiB
 
 
 def test_an_upload_below_the_free_space_reserve_gets_507(world_tmp, monkeypatch, tmp_path):
