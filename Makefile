@@ -15,15 +15,8 @@ help:  ## list the targets
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-demo: $(BIN)/python  ## create the virtualenv, install, run the demo on the local backend
-	$(PIP) install -c constraints.txt -e '.[train]'
-	bash scripts/services.sh --swe
-	$(BIN)/rockroll envs build-swe --default
-	$(BIN)/python examples/swe_demo.py
-	$(BIN)/python examples/sandbox_demo.py
-	rm -rf runs/demo
-	$(BIN)/rockroll train examples/frozenlake_cpu.yaml --steps 50 --set logging.dir=runs/demo --set checkpoint.dir=runs/demo/ckpt
-	$(BIN)/python examples/show_curve.py runs/demo
+demo: $(BIN)/python  ## create the virtualenv, install, run the demo on the local backend (phases timed)
+	VENV=$(VENV) bash scripts/demo.sh
 
 # CI=true (the default here, as in .ci/run) fails any skipped test, so `make test` by hand is
 # as strict as CI; `make test CI=false` lets missing services skip. test_vllm.py runs in its
