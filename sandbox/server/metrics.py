@@ -77,7 +77,7 @@ def storage_series(quota, store) -> str:
     limits, and the free space of the store's disk."""
     out: list[str] = []
     _family(out, "rockroll_storage_used_bytes", "gauge",
-            "Bytes of uploaded snapshots (tarball + unpacked layer) a token holds, by token key.",
+            "Bytes of snapshots uploaded or taken (tarball + unpacked layer) a token holds, by token key.",
             [(f'{{token="{k}"}}', v) for k, v in quota.usage().items()])
     _family(out, "rockroll_storage_quota_bytes", "gauge", "Bytes of snapshots one token may hold.",
             [("", quota.quota)])
