@@ -4,9 +4,10 @@ Each snapshot a token uploads or takes of a sandbox (``POST /v1/sandboxes/{id}/s
 is charged once to it, for what it takes on the host: the tarball plus its unpacked layer;
 a snapshot the token holds already costs nothing again. Uploads are bounded while they
 stream and unpack by what the quota has left; a snapshot of a sandbox is refused before it
-starts when nothing is left, and removed again (if it is new) when it does not fit. Charges live in ``<home>/service-quota/<key>.json``
-(``{digest: bytes}``), so a restart does not reset them; ``key`` is a short hash of the
-token, which is what ``/metrics`` shows (never the token).
+starts when nothing is left, and removed again (if it is new) when it does not fit.
+Charges live in ``<home>/service-quota/<key>.json`` (``{digest: bytes}``), so a restart
+does not reset them; ``key`` is a short hash of the token, which is what ``/metrics``
+shows (never the token).
 """
 
 from __future__ import annotations
