@@ -493,7 +493,11 @@ class AgentSandbox(AsyncSandbox):
 
     async def restore(self, snapshot: Snapshot | str | Path) -> None:
         self._ensure_open()
-        snap = await asyncio.to_thread(self.store.load, snapshot)
+        try:
+            snap = await asyncio.to_thread(self.store.load, snapshot)
+        except SandboxError as e:
+            e.sandbox_id = e.sandbox_id or self.id
+            raise
         self._check_image(snap)
         sessions = await asyncio.to_thread(self._sessions_of, snap)
         await self._restart(snap.layers, sessions)

@@ -28,15 +28,20 @@ from .limits import Bound, StorageLimits
 # Snapshot-ref schemes other packages plug in (``"hub:name@ver#snap"`` from
 # rockroll.envhub), registered rather than imported: the sandbox depends on nothing else.
 _SNAPSHOT_RESOLVERS: dict[str, Callable[[str, "SnapshotStore"], Snapshot]] = {}
+_SNAPSHOT_FORMS: dict[str, str] = {}  # scheme -> how to write such a ref, for error messages
 
 
-def register_snapshot_resolver(scheme: str, fn: Callable[[str, "SnapshotStore"], Snapshot]) -> None:
+def register_snapshot_resolver(scheme: str, fn: Callable[[str, "SnapshotStore"], Snapshot], *,
+                               form: str | None = None) -> None:
     """Make ``snapshot="<scheme>:<ref>"`` loadable: ``fn(ref, store)`` returns a ``Snapshot``
     whose ``layers`` (base first) are tarballs in ``store`` (it pulls them if needed) and whose
-    ``image`` is the image the snapshot runs on. ``sha256`` is reserved for digests."""
+    ``image`` is the image the snapshot runs on. ``sha256`` is reserved for digests. ``form``
+    shows how to write such a ref (``"hub:<name>@<version>#<snapshot>"``) where an unknown
+    snapshot is refused."""
     if not scheme or ":" in scheme or scheme == "sha256":
         raise ValueError(f"bad snapshot scheme {scheme!r}")
     _SNAPSHOT_RESOLVERS[scheme] = fn
+    _SNAPSHOT_FORMS[scheme] = form or f"{scheme}:<ref>"
 
 
 def _resolver_for(ref: str):
@@ -194,6 +199,11 @@ class SnapshotStore:
                     raise SnapshotError(f"snapshot file {ref.path} has digest {digest}, not {ref.digest}")
             digest = ref.digest
         elif isinstance(ref, Path) or (isinstance(ref, str) and not ref.startswith("sha256:")):
+            if not Path(ref).is_file():
+                forms = ["a Snapshot", "sha256:<digest>", "the path of a .tar.zst file",
+                         *(_SNAPSHOT_FORMS[s] for s in sorted(_SNAPSHOT_FORMS))]
+                raise SnapshotError(f"no snapshot {str(ref)!r} (a snapshot is given as "
+                                    f"{', '.join(forms[:-1])} or {forms[-1]})")
             digest = self.import_tarball(Path(ref))
         else:
             digest = ref

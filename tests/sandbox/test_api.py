@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from rockroll.sandbox import (AsyncSandbox, SandboxClosed, SandboxFileError, SandboxSpec, SpecError,
+from rockroll.sandbox import (AsyncSandbox, SandboxClosed, SandboxFileError, SandboxSpec, SnapshotError, SpecError,
                               open_async_sandbox, open_sandbox)
 
 
@@ -27,6 +27,21 @@ def test_exit_in_command_keeps_session_state(sb):
     r = sb.run("cd /tmp && export X=1 && exit 4")
     assert r.exit_code == 4
     assert sb.run("pwd; echo $X").stdout == "/tmp\n1\n"
+
+
+def test_a_failing_command_reads_as_in_any_shell(sb):
+    """Its message names no file of ours (the command once ran from /dev/.rr/s1/cmd), and
+    its line numbers are the command's own, as `bash -c` would say them."""
+    r = sb.run("echo a\nnosuchcmd --x\necho b")
+    assert (r.exit_code, r.stdout, r.stderr) == (0, "a\nb\n", "bash: line 2: nosuchcmd: command not found\n")
+    r = sb.run("nosuchcmd")
+    assert (r.exit_code, r.stderr) == (127, "bash: line 1: nosuchcmd: command not found\n")
+    r = sb.run("echo never", cwd="/nonexistent")
+    assert r.exit_code == 1 and r.stdout == ""
+    assert r.stderr == "bash: line 1: cd: /nonexistent: No such file or directory\n"
+    # the command runs inside a function of the session: `declare -x` still persists
+    sb.run("declare -x DECLARED=yes; cd /tmp")
+    assert sb.run('echo "$DECLARED $0"; pwd').stdout == "yes bash\n/tmp\n"
 
 
 def test_named_sessions_are_independent(sb):
@@ -162,10 +177,23 @@ def test_spec_validation_names_the_field():
     assert err.value.field == "colour"
 
 
-def test_image_unknown_is_a_spec_error():
+def test_image_unknown_is_a_spec_error_that_lists_the_accepted_forms():
     with pytest.raises(SpecError) as err:
-        open_sandbox(SandboxSpec(image="nope:1"))
+        open_sandbox(SandboxSpec(image="ubuntu:22.04"))
     assert err.value.field == "image"
+    for form in ("host", "docker:<image>", "hub:<name>@<version>", "debian:<suite>", "image='docker:ubuntu:22.04'"):
+        assert form in str(err.value), form
+
+
+def test_restore_of_an_unknown_snapshot_is_a_snapshot_error_naming_it(sb):
+    messages = []
+    for ref, named in (("no-such-snapshot", "'no-such-snapshot'"), ("sha256:" + "ab" * 32, "sha256:" + "ab" * 32)):
+        with pytest.raises(SnapshotError) as err:
+            sb.restore(ref)
+        assert named in str(err.value) and err.value.sandbox_id == sb.id
+        messages.append(str(err.value))
+    assert "sha256:<digest>" in messages[0] and "hub:<name>@<version>#<snapshot>" in messages[0]  # how to write one
+    assert sb.run("echo alive").stdout == "alive\n"
 
 
 async def test_async_twin_runs_many_sandboxes_on_one_loop():
