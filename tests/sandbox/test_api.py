@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from rockroll.sandbox import (AsyncSandbox, SandboxClosed, SandboxFileError, SandboxSpec, SnapshotError, SpecError,
-                              open_async_sandbox, open_sandbox)
+from rockroll.sandbox import (AsyncSandbox, SandboxClosed, SandboxFileError, SandboxFileNotFound, SandboxSpec,
+                              SnapshotError, SpecError, open_async_sandbox, open_sandbox)
 
 
 def test_stdout_stderr_exit_code_are_separate(sb):
@@ -129,8 +129,9 @@ def test_files_round_trip(sb, tmp_path):
     assert sb.read_file("/tmp/blob") == blob
     sb.write_file("run.sh", "#!/bin/sh\necho ran\n", mode=0o755)
     assert sb.run("./run.sh").stdout == "ran\n"
-    with pytest.raises(SandboxFileError):
+    with pytest.raises(SandboxFileNotFound, match="/workspace/missing") as err:
         sb.read_file("missing")
+    assert isinstance(err.value, FileNotFoundError) and err.value.sandbox_id == sb.id
 
 
 def test_upload_download_files_and_dirs(sb, tmp_path):
