@@ -1,11 +1,12 @@
 """The sandbox API contract (DESIGN.md), on the local backend."""
 
 import asyncio
+import inspect
 import os
 
 import pytest
 
-from rockroll.sandbox import (AsyncSandbox, SandboxClosed, SandboxFileError, SandboxFileNotFound, SandboxSpec,
+from rockroll.sandbox import (AsyncSandbox, Sandbox, SandboxClosed, SandboxFileError, SandboxFileNotFound, SandboxSpec,
                               SnapshotError, SpecError, open_async_sandbox, open_sandbox)
 
 
@@ -163,6 +164,37 @@ def test_reset_returns_to_image(sb):
     sb.reset()
     r = sb.run("ls /workspace; pwd; echo \"[$A]\"; test -f /etc/hosts && echo hosts")
     assert r.stdout == "/workspace\n[]\nhosts\n"
+
+
+def _public(cls: type) -> dict[str, object]:
+    return {name: inspect.getattr_static(cls, name) for name in dir(cls) if not name.startswith("_")}
+
+
+def test_every_public_method_states_its_contract():
+    """``help(sb.run)`` is not empty: each public method and property of both twins has a
+    docstring, and the sync twin's is its async original's (written once)."""
+    for cls in (AsyncSandbox, Sandbox):
+        for name, attr in _public(cls).items():
+            doc = (attr.__func__ if isinstance(attr, classmethod) else attr).__doc__
+            assert doc and len(doc.split()) >= 5, f"{cls.__name__}.{name} has no contract"
+    shared = set(_public(Sandbox)) & set(_public(AsyncSandbox))
+    assert {"run", "fork", "read_file", "restore", "create", "alive"} <= shared
+    for name in shared - {"id", "spec", "run_stream"}:
+        assert inspect.getdoc(getattr(Sandbox, name)) == inspect.getdoc(getattr(AsyncSandbox, name)), name
+    fork, read_file = (" ".join(getattr(Sandbox, n).__doc__.split()) for n in ("fork", "read_file"))
+    assert "CURRENT state" in fork and "not from any snapshot taken earlier" in fork
+    assert "always as ``bytes`` (also when ``write_file`` was given a ``str``" in read_file
+
+
+def test_fork_copies_the_current_state_and_read_file_gives_bytes(sb):
+    sb.write_file("state.txt", "at the snapshot")
+    sb.snapshot()
+    sb.write_file("state.txt", "now")  # a str in ...
+    (child,) = sb.fork()
+    with child:
+        assert child.read_file("state.txt") == b"now"  # ... bytes out, of the state at fork()
+        child.write_file("state.txt", "child")
+        assert sb.read_file("state.txt") == b"now"  # independent after
 
 
 def test_spec_validation_names_the_field():
