@@ -66,7 +66,7 @@ def _base_plan(kind: str):
 
 def install() -> None:
     """Register the schemes (idempotent: re-registering replaces)."""
-    register_image_resolver("hub", hub_image_plan)
-    register_image_resolver("debian", _base_plan("debian"))
-    register_image_resolver("docker", _base_plan("docker"))
-    register_snapshot_resolver("hub", hub_snapshot)
+    register_image_resolver("hub", hub_image_plan, form="hub:<name>@<version>")
+    register_image_resolver("debian", _base_plan("debian"), form="debian:<suite>")
+    register_image_resolver("docker", _base_plan("docker"), form="docker:<image>")
+    register_snapshot_resolver("hub", hub_snapshot, form="hub:<name>@<version>#<snapshot>")

@@ -12,8 +12,9 @@ backend name to its classes; ``runtime/`` holds the clients that talk to one san
 
 from .base import AsyncSandbox
 from .errors import (AgentDied, CapacityError, IsolationUnavailable, SandboxClosed, SandboxError,
-                     SandboxFileError, SandboxLost, SandboxNotFound, SandboxStartError, SessionError,
-                     SnapshotError, SpecError, StorageFullError, StorageLimitError, UnsafeArchiveError)
+                     SandboxFileError, SandboxFileNotFound, SandboxLost, SandboxNotFound, SandboxStartError,
+                     ServiceUnreachable, SessionError, SnapshotError, SpecError, StorageFullError,
+                     StorageLimitError, UnsafeArchiveError)
 from .factory import open_async_sandbox
 from .spec import CommandResult, SandboxSpec, Snapshot
 from .sync import Sandbox, open_sandbox
@@ -29,8 +30,8 @@ def configure(url: str | None = None, token: str | None = None) -> None:
 
 __all__ = [
     "AgentDied", "AsyncSandbox", "CapacityError", "CommandResult", "IsolationUnavailable",
-    "Sandbox", "SandboxClosed", "SandboxError", "SandboxFileError", "SandboxLost",
-    "SandboxNotFound", "SandboxSpec", "SandboxStartError", "SessionError", "Snapshot",
+    "Sandbox", "SandboxClosed", "SandboxError", "SandboxFileError", "SandboxFileNotFound", "SandboxLost",
+    "SandboxNotFound", "SandboxSpec", "SandboxStartError", "ServiceUnreachable", "SessionError", "Snapshot",
     "SnapshotError", "SpecError", "StorageFullError", "StorageLimitError", "UnsafeArchiveError",
     "configure", "open_async_sandbox", "open_sandbox",
 ]

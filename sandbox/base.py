@@ -37,6 +37,9 @@ class AsyncSandbox(abc.ABC):
     sessions (``session=None``: "default"), where cwd and exported variables survive between
     calls. Relative paths in file operations are relative to ``spec.workdir``. ``close()`` is
     idempotent; after it every call raises ``SandboxClosed``.
+
+    ``id`` is the sandbox's id (every error about it carries it) and ``spec`` the
+    ``SandboxSpec`` it was created with.
     """
 
     spec: SandboxSpec
@@ -50,7 +53,8 @@ class AsyncSandbox(abc.ABC):
     @classmethod
     async def create(cls, spec: SandboxSpec | None = None, *, snapshot: Any = None) -> "AsyncSandbox":
         """A new sandbox of ``spec`` (default ``SandboxSpec()``) on ``spec.backend``, started
-        from ``snapshot`` (a ``Snapshot``, a digest or a tarball path) if given.
+        from ``snapshot`` (a ``Snapshot``, a ``sha256:`` digest, a tarball path, or a
+        registered ref such as ``hub:<name>@<version>#<snapshot>``) if given.
 
         Raises ``SpecError`` for a bad spec, ``IsolationUnavailable`` where the backend cannot
         run here, ``SandboxStartError`` if it does not start, ``SnapshotError`` for a snapshot
@@ -125,8 +129,11 @@ class AsyncSandbox(abc.ABC):
     # ----------------------------------------------------------------- files
     @abc.abstractmethod
     async def read_file(self, path: str) -> bytes:
-        """The whole content of a file. Raises ``SandboxFileError`` if it is missing or unreadable,
-        ``StorageLimitError`` if it is larger than ``max_layer_bytes`` (``StorageLimits``)."""
+        """The whole content of a file, always as ``bytes`` (also when ``write_file`` was given
+        a ``str``: ``.decode()`` it). Raises ``SandboxFileNotFound`` (a ``SandboxFileError``
+        and a ``FileNotFoundError``) if it is missing, ``SandboxFileError`` if it is
+        unreadable, ``StorageLimitError`` if it is larger than ``max_layer_bytes``
+        (``StorageLimits``)."""
 
     @abc.abstractmethod
     async def stat(self, path: str) -> str | None:
@@ -146,7 +153,9 @@ class AsyncSandbox(abc.ABC):
         ``path``. Returns the bytes received. Raises ``SandboxFileError``."""
 
     async def write_file(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
-        """Write ``data`` (str: UTF-8) to a file, replacing it."""
+        """Write ``data`` to a file (created with ``mode``, parents made), replacing it. A
+        ``str`` is written as UTF-8; ``read_file`` gives ``bytes`` back either way. Raises
+        ``SandboxFileError``."""
         data = data.encode() if isinstance(data, str) else bytes(data)
         await self.write_stream(path, once(data), mode=mode)
 
@@ -155,7 +164,9 @@ class AsyncSandbox(abc.ABC):
         return await self.stat(path) is not None
 
     async def upload(self, local: str | os.PathLike, remote: str) -> None:
-        """Copy a local file (streamed) or directory (as a tar) into the sandbox."""
+        """Copy a local file (streamed, keeping its permission bits) or directory (as a tar)
+        to ``remote`` in the sandbox, replacing what is there. Raises ``SandboxFileError``;
+        ``FileNotFoundError`` if ``local`` does not exist."""
         self._ensure_open()
         local = Path(local)
         if local.is_dir():
@@ -197,17 +208,24 @@ class AsyncSandbox(abc.ABC):
     @abc.abstractmethod
     async def snapshot(self) -> Snapshot:
         """Save files and session state (cwd, exported variables) as a content-addressed
-        layer on top of the current chain. Raises ``SnapshotError``."""
+        layer on top of the current chain, and return it; the sandbox runs on, unchanged
+        (processes are not saved). The same state twice gives the same digest. Raises
+        ``SnapshotError``; ``StorageFullError`` below the free-space reserve."""
 
     @abc.abstractmethod
     async def restore(self, snapshot: Snapshot | str | Path) -> None:
-        """Return this sandbox, in place, to a snapshot's files and sessions. Raises
-        ``SnapshotError`` for one of another image or one that cannot be found."""
+        """Return this sandbox, in place, to a snapshot's files and sessions (a ``Snapshot``,
+        a ``sha256:`` digest, a tarball path or a registered ref); running processes end.
+        Raises ``SnapshotError`` naming the snapshot when it cannot be found (or is not
+        written in one of those forms) or was taken on another image."""
 
     @abc.abstractmethod
     async def fork(self, n: int = 1) -> list["AsyncSandbox"]:
-        """``n`` new sandboxes sharing this one's current state copy-on-write. Raises
-        ``SpecError`` unless ``n`` is a positive integer; on failure none is left open."""
+        """``n`` new sandboxes that start from this one's CURRENT state (its files and
+        sessions as they are at this call, through a fresh snapshot; not from any snapshot
+        taken earlier), sharing it copy-on-write; each child, and this sandbox, then goes
+        on independently. Close the children yourself (they are not closed with this one).
+        Raises ``SpecError`` unless ``n`` is a positive integer; on failure none is left open."""
 
     def _describe(self) -> str:
         """What the repr shows after the id and image (a backend adds where it runs)."""

@@ -56,12 +56,24 @@ class SandboxLost(AgentDied):
     """The sandbox's host (a node, a container, a server) is gone."""
 
 
+class ServiceUnreachable(SandboxLost):
+    """No connection to the ``rockroll serve`` service could be made (nothing was sent): it
+    is not running, or the SDK points elsewhere. The message names the URL, where it came
+    from and how to set it (``ROCKROLL_URL``, ``configure()``). A ``SandboxLost``, so code
+    that handles a lost sandbox's host handles this too."""
+
+
 class SessionError(SandboxError):
     """A session cannot be created or used."""
 
 
 class SandboxFileError(SandboxError, OSError):
     """A file operation inside the sandbox failed (missing file, not a directory, ...)."""
+
+
+class SandboxFileNotFound(SandboxFileError, FileNotFoundError):
+    """The path does not exist in the sandbox (the service answers 404). Also a
+    ``FileNotFoundError``, as a missing file is in Python."""
 
 
 class SnapshotError(SandboxError):

@@ -59,8 +59,9 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
 
 
 class Sandbox:
-    """An isolated Linux sandbox driven with bash. See ``AsyncSandbox`` for the contract
-    of each method; these block until done. Use as a context manager."""
+    """An isolated Linux sandbox driven with bash: the blocking twin of ``AsyncSandbox``,
+    with the same methods, arguments, errors and contracts (each method's docstring is its
+    async original's). Use as a context manager."""
 
     def __init__(self, inner: AsyncSandbox):
         self._inner = inner
@@ -72,10 +73,12 @@ class Sandbox:
 
     @property
     def id(self) -> str:
+        """The sandbox's id; every error about it carries it."""
         return self._inner.id
 
     @property
     def spec(self) -> SandboxSpec:
+        """The ``SandboxSpec`` the sandbox was created with."""
         return self._inner.spec
 
     @property
@@ -153,6 +156,26 @@ class Sandbox:
 
     def __repr__(self) -> str:
         return f"<Sandbox of {self._inner!r}>"
+
+
+def _share_contracts(cls: type) -> type:
+    """Give each public method and property of the sync twin that has no docstring of its
+    own its ``AsyncSandbox`` original's: each contract is written once, in ``base.py``, and
+    ``help(sb.run)`` shows it."""
+    for name, attr in list(vars(cls).items()):
+        original = getattr(AsyncSandbox, name, None)
+        if name.startswith("_") or original is None:
+            continue
+        if isinstance(attr, property) and not attr.__doc__:
+            setattr(cls, name, property(attr.fget, doc=original.__doc__))
+        elif isinstance(attr, classmethod) and not attr.__func__.__doc__:
+            attr.__func__.__doc__ = original.__doc__
+        elif callable(attr) and not attr.__doc__:
+            attr.__doc__ = original.__doc__
+    return cls
+
+
+_share_contracts(Sandbox)
 
 
 def open_sandbox(spec: SandboxSpec | None = None, *, snapshot: Any = None) -> Sandbox:

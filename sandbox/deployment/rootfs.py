@@ -183,19 +183,28 @@ def network_plan(folder: Path) -> RootfsPlan:
 # not import them (dependencies flow one way), so they register a resolver here instead.
 # Keyed by scheme, so registering twice replaces rather than stacks.
 _IMAGE_RESOLVERS: dict[str, Callable[[str, Path], RootfsPlan]] = {}
+_IMAGE_FORMS: dict[str, str] = {"host": "host"}  # scheme -> how to write it, for error messages
 
 
-def register_image_resolver(scheme: str, fn: Callable[[str, Path], RootfsPlan]) -> None:
+def register_image_resolver(scheme: str, fn: Callable[[str, Path], RootfsPlan], *, form: str | None = None) -> None:
     """Make ``image="<scheme>:<ref>"`` resolvable: ``fn(ref, home)`` returns the
     ``RootfsPlan`` (lower dirs top first, binds). It may do I/O (pull layers); it should
-    cache, since it runs on every sandbox start. Errors it raises reach the caller as is."""
+    cache, since it runs on every sandbox start. Errors it raises reach the caller as is.
+    ``form`` shows how to write such an image (``"hub:<name>@<version>"``) where an
+    unknown image is refused."""
     if not scheme or ":" in scheme or scheme == "host":
         raise ValueError(f"bad image scheme {scheme!r}")
     _IMAGE_RESOLVERS[scheme] = fn
+    _IMAGE_FORMS[scheme] = form or f"{scheme}:<ref>"
 
 
 def image_schemes() -> tuple[str, ...]:
     return ("host", *sorted(_IMAGE_RESOLVERS))
+
+
+def image_forms() -> tuple[str, ...]:
+    """How each image the local backend accepts is written (``host``, ``docker:<image>``, ...)."""
+    return tuple(_IMAGE_FORMS[s] for s in image_schemes())
 
 
 def plan_for_image(image: str, home: Path | None = None) -> RootfsPlan:
@@ -208,6 +217,9 @@ def plan_for_image(image: str, home: Path | None = None) -> RootfsPlan:
     scheme, sep, ref = image.partition(":")
     fn = _IMAGE_RESOLVERS.get(scheme) if sep else None
     if fn is None:
-        raise SpecError("image", f"unknown image {image!r} for the local backend "
-                                 f"(supported: {', '.join(repr(s) for s in image_schemes())})")
+        # a plain Docker reference ("ubuntu:22.04") is the likeliest slip: say how to write it
+        hint = (f"; a Docker image is image='docker:{image}' here, or backend='docker' with "
+                f"image={image!r}" if "docker" in _IMAGE_RESOLVERS else "; backend='docker' takes Docker images")
+        raise SpecError("image", f"unknown image {image!r} for the local backend: accepted forms are "
+                                 f"{', '.join(image_forms())}{hint}")
     return fn(ref, home or state_home())

@@ -417,8 +417,17 @@ def build_root(cfg: dict) -> None:
 
 # --------------------------------------------------------------------------- sessions
 
-SESSION_SCRIPT = r"""# rockroll session: reads one-word operations from stdin; see _agent.py
+# A session runs its script as ``bash bash <dir> <workdir>`` from inside STATE_DIR, and a
+# command is read and eval'ed by __rr_run (defined on line 1), never sourced from its file:
+# a shell names the script or sourced file a failing command is in, with a line number
+# counted from the eval's line, and "/dev/.rr/s1/cmd: line 1: x: command not found" showed
+# our path. This way it reads as `bash -c` would say it ("bash: line 3: x: command not
+# found"). __rr_run exits the command's subshell itself, so the EXIT trap saves the state
+# while the function's scope (a `declare -x` in the command) still holds.
+SESSION_SCRIPT = r"""__rr_run() { eval "$__rr_c"; exit; }; __rr_pre() { eval "$__rr_p"; }
+# rockroll session: reads one-word operations from stdin; see _agent.py
 __rr_d=$1
+cd -- "$2" || exit 127
 set -m
 echo 0 >/proc/self/oom_score_adj
 [ -f "$__rr_d/init" ] && . "$__rr_d/init"
@@ -429,7 +438,9 @@ while IFS= read -r __rr_op; do
     ( trap '{ export -p; printf "cd -- %q\n" "$PWD"; } >"$__rr_d/state"' EXIT
       printf 'pid %s\n' "$BASHPID" >&3
       exec 3>&-
-      if [ "$__rr_op" = runx ]; then ( . "$__rr_d/pre" && . "$__rr_d/cmd" ); else . "$__rr_d/cmd"; fi
+      IFS= read -r -d '' __rr_c <"$__rr_d/cmd"
+      if [ "$__rr_op" = runx ]; then IFS= read -r -d '' __rr_p <"$__rr_d/pre"; __rr_pre || exit; fi
+      __rr_run
     ) </dev/null >&5 2>&6
     __rr_rc=$?
     if [ "$__rr_op" = run ] && [ -s "$__rr_d/state" ]; then
@@ -456,12 +467,17 @@ done
 # cwd for us), no compgen/mapfile (exported names are parsed from export -p). Without a
 # tty these shells turn job control off, so a command is not its own process group: a
 # timeout kills its process tree instead (see Session.kill_current).
-SESSION_SCRIPT_SH = r"""# rockroll session (POSIX sh): reads one-word operations from stdin; see _agent.py
+SESSION_SCRIPT_SH = r"""__rr_run() { eval "$__rr_c"; exit; }; __rr_pre() { eval "$__rr_p"; }
+# rockroll session (POSIX sh): reads one-word operations from stdin; see _agent.py
 __rr_d=$1
+cd -- "$2" || exit 127
 echo 0 >/proc/self/oom_score_adj
 __rr_save() {
   __rr_pwd=$PWD; export __rr_pwd
   export -p; echo 'cd -- "$__rr_pwd"; unset __rr_pwd'
+}
+__rr_cat() {  # a file's text without cat, which a minimal image may lack
+  while IFS= read -r __rr_l; do printf '%s\n' "$__rr_l"; done <"$1"
 }
 __rr_unexport() {  # unset every exported variable; the state re-exports the survivors
   export -p >"$__rr_d/names"
@@ -481,7 +497,9 @@ while IFS= read -r __rr_op; do
       read -r __rr_st </proc/self/stat
       printf 'pid %s\n' "${__rr_st%% *}" >&3
       exec 3>&-
-      if [ "$__rr_op" = runx ]; then ( . "$__rr_d/pre" && . "$__rr_d/cmd" ); else . "$__rr_d/cmd"; fi
+      __rr_c=$(__rr_cat "$__rr_d/cmd")
+      if [ "$__rr_op" = runx ]; then __rr_p=$(__rr_cat "$__rr_d/pre"); __rr_pre || exit; fi
+      __rr_run
     ) </dev/null >&5 2>&6
     __rr_rc=$?
     if [ "$__rr_op" = run ] && [ -s "$__rr_d/state" ]; then
@@ -550,9 +568,9 @@ class Session:
                 pass
             try:
                 os.closerange(7, 65536)
-                os.chdir(agent.workdir)
-                os.execve(agent.shell, [agent.shell, *agent.shell_args, f"{STATE_DIR}/session.sh",
-                                        self.dir], agent.env)
+                os.chdir(STATE_DIR)  # the script's relative name is what a failed command shows
+                os.execve(agent.shell, [agent.shell, *agent.shell_args, agent.shell_name, self.dir,
+                                        agent.workdir], agent.env)
             finally:
                 os._exit(127)
         for fd in (ctl_r, st_w, out_w, err_w):
@@ -864,7 +882,8 @@ class Agent:
         # exports (a snapshot of another sandbox carries that sandbox's key).
         self.forced_exports = "".join(f"export {k}={shlex.quote(v)}\n"
                                       for k, v in (model.get("env") or {}).items())
-        with open(f"{STATE_DIR}/session.sh", "w") as f:
+        self.shell_name = "bash" if bash else "sh"
+        with open(f"{STATE_DIR}/{self.shell_name}", "w") as f:
             f.write(SESSION_SCRIPT if bash else SESSION_SCRIPT_SH)
         self.sel = selectors.DefaultSelector()
         self.sessions: dict[str, Session] = {}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import posixpath
 import shutil
@@ -21,7 +22,8 @@ from ..base import CHUNK, AsyncSandbox, once
 from ..deployment.base import Deployment
 from ..deployment.reaper import current_run, install_exit_handlers
 from ..errors import (AgentDied, IsolationUnavailable, SandboxClosed, SandboxError, SandboxFileError,
-                      SandboxStartError, SessionError, SnapshotError, SpecError, StorageLimitError)
+                      SandboxFileNotFound, SandboxStartError, SessionError, SnapshotError, SpecError,
+                      StorageLimitError)
 from ..spec import CommandResult, SandboxSpec, Snapshot
 from ..storage.layers import pack_layer, read_meta
 from ..storage.snapshots import SnapshotStore, copy_tree
@@ -165,6 +167,8 @@ class AgentConnection:
             self.streams.pop(req_id, None)
         if not reply.get("ok"):
             cls = _ERRORS.get(reply.get("error"), SandboxError)
+            if cls is SandboxFileError and reply.get("errno") == errno.ENOENT:
+                cls = SandboxFileNotFound
             raise cls(reply.get("message", "agent error"), sandbox_id=self.sandbox_id)
         return reply, body
 
@@ -426,7 +430,7 @@ class AgentSandbox(AsyncSandbox):
         target = self._path(path)
         header, _ = await self._request({"op": "stat", "path": target})
         if not header["exists"]:
-            raise SandboxFileError(f"no such file: {path}", sandbox_id=self.id)
+            raise SandboxFileNotFound(f"no such file: {path}", sandbox_id=self.id)
         if header["type"] == "dir":
             _, body = await self._request({"op": "tar_out", "path": target})
             return "dir", once(body)
@@ -493,7 +497,11 @@ class AgentSandbox(AsyncSandbox):
 
     async def restore(self, snapshot: Snapshot | str | Path) -> None:
         self._ensure_open()
-        snap = await asyncio.to_thread(self.store.load, snapshot)
+        try:
+            snap = await asyncio.to_thread(self.store.load, snapshot)
+        except SandboxError as e:
+            e.sandbox_id = e.sandbox_id or self.id
+            raise
         self._check_image(snap)
         sessions = await asyncio.to_thread(self._sessions_of, snap)
         await self._restart(snap.layers, sessions)

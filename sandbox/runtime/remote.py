@@ -26,7 +26,7 @@ import httpx
 
 from ..base import CHUNK, AsyncSandbox, file_chunks
 from ..errors import (AgentDied, SandboxClosed, SandboxError, SandboxLost, SandboxNotFound,
-                      SnapshotError, SpecError, StorageLimitError)
+                      ServiceUnreachable, SnapshotError, SpecError, StorageLimitError)
 from ..server.wire import API, AuthError, ResultOut, SandboxOut, SnapshotOut, error_from_body
 from ..spec import CommandResult, SandboxSpec, Snapshot
 from ..storage.limits import StorageLimits
@@ -44,6 +44,7 @@ __all__ = ["AuthError", "RemoteSandbox", "configure"]
 class Endpoint:
     url: str
     token: str | None
+    source: str = "url="  # where the url came from, for the error when nothing answers there
 
 
 _configured: Endpoint | None = None
@@ -53,13 +54,15 @@ _clients: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClien
 def configure(url: str | None = None, token: str | None = None) -> None:
     """Point every later ``RemoteSandbox`` at a service (overrides the environment)."""
     global _configured
-    _configured = Endpoint(url.rstrip("/"), token) if url else None
+    _configured = Endpoint(url.rstrip("/"), token, "configure()") if url else None
 
 
 def endpoint() -> Endpoint:
     if _configured is not None:
         return _configured
-    return Endpoint(os.environ.get("ROCKROLL_URL", DEFAULT_URL).rstrip("/"), os.environ.get("ROCKROLL_TOKEN"))
+    url = os.environ.get("ROCKROLL_URL")
+    return Endpoint((url or DEFAULT_URL).rstrip("/"), os.environ.get("ROCKROLL_TOKEN"),
+                    "$ROCKROLL_URL" if url else "the default: ROCKROLL_URL is not set and configure() was not called")
 
 
 def _client() -> httpx.AsyncClient:
@@ -268,6 +271,14 @@ class RemoteSandbox(AsyncSandbox):
 
 
 # --------------------------------------------------------------------------- HTTP
+def _unreachable(ep: Endpoint, e: Exception, sandbox_id: str | None) -> str:
+    if sandbox_id:  # it answered once: its host is gone, not misconfigured
+        return f"the rockroll service at {ep.url} that holds this sandbox does not answer: {e or type(e).__name__}"
+    return (f"cannot connect to a rockroll service at {ep.url} ({ep.source}): {e or type(e).__name__}. "
+            "Start one with `rockroll serve`, or point the SDK at yours: set ROCKROLL_URL (and "
+            "ROCKROLL_TOKEN), or call rockroll.sandbox.configure(url, token)")
+
+
 async def _request(ep: Endpoint, method: str, path: str, *, json_body: Any = None, params: dict | None = None,
                    content=None, stream: bool = False, sandbox_id: str | None = None,
                    on_error=None, headers: dict[str, str] | None = None) -> httpx.Response:
@@ -284,7 +295,7 @@ async def _request(ep: Endpoint, method: str, path: str, *, json_body: Any = Non
             resp = await client.send(req, stream=stream)
         except (httpx.ConnectError, httpx.ConnectTimeout) as e:  # nothing was sent: always safe to repeat
             if last:
-                raise SandboxLost(f"cannot reach the rockroll service at {ep.url}: {e}", sandbox_id=sandbox_id) from e
+                raise ServiceUnreachable(_unreachable(ep, e, sandbox_id), sandbox_id=sandbox_id) from e
         except httpx.TransportError as e:
             if last or method not in IDEMPOTENT:
                 raise SandboxLost(f"connection to {ep.url} failed during {method} {path}: {e}",

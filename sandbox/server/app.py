@@ -113,9 +113,10 @@ def create_app(token: str, *, backend: str = "local", max_sandboxes: int = 256,
                pools: list[PoolIn] = ()) -> FastAPI:
     """The service as an ASGI app. ``token`` guards everything but ``/``, ``/healthz``
     and the OpenAPI document. ``limits`` bound what snapshot uploads unpack to (default:
-    ``StorageLimits.from_env()``); ``token_storage_quota`` is how many bytes of uploaded
-    snapshots a token may hold. ``pools``: warm pools to keep from the start (filled in
-    the background once the service is up; ``POST /v1/pools`` adds more)."""
+    ``StorageLimits.from_env()``); ``token_storage_quota`` is how many bytes of snapshots
+    (uploaded or taken through the service) a token may hold. ``pools``: warm pools to
+    keep from the start (filled in the background once the service is up; ``POST
+    /v1/pools`` adds more)."""
     if backend == "remote":
         raise SandboxError("the service cannot use backend='remote' (it would call itself)")
     hub = SandboxHub(backend=backend, max_sandboxes=max_sandboxes, idle_ttl=idle_ttl,

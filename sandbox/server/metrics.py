@@ -102,7 +102,7 @@ def storage_families(quota, store) -> list:
     st = os.statvfs(home if home.is_dir() else "/")
     return [
         family("gauge", "rockroll_storage_used_bytes",
-               "Bytes of uploaded snapshots (tarball + unpacked layer) a token holds, by token key.", ("token",),
+               "Bytes of snapshots uploaded or taken (tarball + unpacked layer) a token holds, by token key.", ("token",),
                [((k,), v) for k, v in quota.usage().items()]),
         family("gauge", "rockroll_storage_quota_bytes", "Bytes of snapshots one token may hold.",
                samples=[((), quota.quota)]),

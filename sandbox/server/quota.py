@@ -1,9 +1,13 @@
 """The service's per-token storage quota: how many bytes of snapshots a token may hold.
 
-Each snapshot a token uploads is charged once to it, for what it takes on the host: the
-tarball plus its unpacked layer. Charges live in ``<home>/service-quota/<key>.json``
-(``{digest: bytes}``), so a restart does not reset them; ``key`` is a short hash of the
-token, which is what ``/metrics`` shows (never the token).
+Each snapshot a token uploads or takes of a sandbox (``POST /v1/sandboxes/{id}/snapshots``)
+is charged once to it, for what it takes on the host: the tarball plus its unpacked layer;
+a snapshot the token holds already costs nothing again. Uploads are bounded while they
+stream and unpack by what the quota has left; a snapshot of a sandbox is refused before it
+starts when nothing is left, and removed again (if it is new) when it does not fit.
+Charges live in ``<home>/service-quota/<key>.json`` (``{digest: bytes}``), so a restart
+does not reset them; ``key`` is a short hash of the token, which is what ``/metrics``
+shows (never the token).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import threading
 from pathlib import Path
 
 from ..errors import StorageFullError
+from ..storage.limits import Bound
 
 GiB = 1 << 30
 DEFAULT_QUOTA = 16 * GiB
@@ -46,6 +51,11 @@ class TokenQuota:
             raise StorageFullError("token_storage_quota", self.quota,
                                    f"this token holds {self.used(key)} bytes of snapshots")
         return left
+
+    def bound(self, left: int) -> Bound:
+        """``left`` bytes of this quota as a ``Meter`` bound: writing past it is refused
+        with ``StorageFullError`` (507) naming ``token_storage_quota``."""
+        return Bound(left, "token_storage_quota", self.quota, StorageFullError)
 
     def charge(self, key: str, digest: str, nbytes: int) -> None:
         """Record that ``key`` holds ``digest`` (``nbytes`` on disk); a digest it already

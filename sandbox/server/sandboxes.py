@@ -7,12 +7,13 @@ import json
 import time
 from typing import AsyncIterator
 
-from fastapi import APIRouter, Header, Response
+from fastapi import APIRouter, Header, Request, Response
 from fastapi.responses import StreamingResponse
 
 from ..errors import SandboxError
 from ..runtime.model_channel import admin_token
-from .deps import Hub
+from .deps import Hub, Store
+from .quota import token_key
 from .wire import ForkIn, OkOut, RestoreIn, ResultOut, RunIn, SandboxOut, SnapshotOut, SpecIn, error_body
 
 router = APIRouter()
@@ -142,6 +143,26 @@ async def restore(body: RestoreIn, sandbox_id: str, hub: Hub) -> Response:
 
 
 @router.post("/sandboxes/{sandbox_id}/snapshots", response_model=SnapshotOut, status_code=201)
-async def snapshot(sandbox_id: str, hub: Hub) -> SnapshotOut:
+async def snapshot(sandbox_id: str, hub: Hub, store: Store, request: Request) -> SnapshotOut:
+    """Snapshot the sandbox into the service's store, charged to the token's quota like an
+    upload: 507 (``limit`` token_storage_quota) before anything is copied when the quota is
+    used up, or after packing when the new layer does not fit (it is removed again)."""
     entry = hub.get(sandbox_id)
-    return SnapshotOut.of(await hub.call(entry, entry.sb.snapshot()))
+    quota, key = request.app.state.quota, token_key(request.app.state.token)
+    try:
+        quota.left(key)
+    except SandboxError as e:
+        e.sandbox_id = entry.id  # as every error of a sandbox carries its id
+        raise
+    known = await asyncio.to_thread(store.digests)
+    snap = await hub.call(entry, entry.sb.snapshot())
+    # a backend that keeps its layers elsewhere (a Ray host) is charged the tarball it reports
+    here = store.tarball(snap.digest).is_file()
+    try:
+        quota.charge(key, snap.digest, await asyncio.to_thread(store.stored_bytes, snap.digest) if here else snap.size)
+    except SandboxError as e:
+        if here and snap.digest not in known:  # written by this call: nothing stays uncharged
+            await asyncio.to_thread(store.remove, snap.digest)
+        e.sandbox_id = entry.id
+        raise
+    return SnapshotOut.of(snap)

@@ -2,7 +2,8 @@
 
 An upload is bounded while it streams (``max_layer_bytes`` of compressed bytes, the
 free-space reserve, what the token's quota has left), then unpacked under the store's
-``StorageLimits``; any refusal leaves no temp file, tarball or layer behind.
+``StorageLimits`` and what the quota still has left; any refusal leaves no temp file,
+tarball or layer behind.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from fastapi.responses import FileResponse
 
 from ..errors import SandboxError, SnapshotError
 from ..storage.layers import digest_file, read_meta
-from ..storage.limits import Meter
 from ..storage.snapshots import SnapshotStore
 from .deps import Hub, Store
 from .quota import token_key
@@ -38,14 +38,12 @@ async def list_snapshots(store: Store) -> list[SnapshotOut]:
 async def upload_snapshot(request: Request, store: Store) -> SnapshotOut:
     """Import a snapshot tarball (``.tar.zst``); its parents must already be here.
     413 past ``max_layer_bytes``/``max_chain_bytes``, 507 below the free-space reserve or
-    past the token's quota (the body's ``limit`` names which)."""
+    past the token's quota (the body's ``limit`` names which). The quota bounds the stream
+    and then the unpacking (tarball and layer together), so a refused upload never wrote
+    more than the quota had left."""
     quota, key = request.app.state.quota, token_key(request.app.state.token)
-    limits = store.limits
-    left = quota.left(key)
-    bound = (("max_layer_bytes", limits.max_layer_bytes) if limits.max_layer_bytes <= left
-             else ("token_storage_quota", quota.quota))
-    meter = Meter(min(left, limits.max_layer_bytes), *bound, store.tar_root.parent,
-                  limits.min_free_bytes, "snapshot upload")
+    left = quota.left(key)  # used up: 507 before a byte is read
+    meter = store.limits.meter(store.tar_root.parent, what="snapshot upload", bound=quota.bound(left))
     announced = request.headers.get("content-length", "")
     if announced.isdigit():  # refused before a byte is read
         meter.check(int(announced))
@@ -61,9 +59,11 @@ async def upload_snapshot(request: Request, store: Store) -> SnapshotOut:
         unpacked = store.layer_root.joinpath(digest[7:]).is_dir()
         await asyncio.to_thread(store.import_tarball, Path(tmp))
         try:  # unpacks and checks the whole chain: a crafted tarball is refused here
-            snap = await asyncio.to_thread(store.load, digest)
-            nbytes = store.tarball(digest).stat().st_size + store.layer_bytes(digest)
-            quota.charge(key, digest, nbytes)
+            # the layer may unpack to what the quota has left besides its tarball
+            # (unbounded by it if the token holds this snapshot already: it costs nothing)
+            room = None if digest in quota.held(key) else quota.bound(left - meter.used)
+            snap = await asyncio.to_thread(store.load, digest, bound=room)
+            quota.charge(key, digest, await asyncio.to_thread(store.stored_bytes, digest))
         except SandboxError:
             if not existed:
                 store.tarball(digest).unlink(missing_ok=True)

@@ -33,6 +33,7 @@ _STATUS: tuple[tuple[type[SandboxError], int], ...] = (
     (StorageFullError, 507),          # the disk's reserve or the token's quota is used up
     (StorageLimitError, 413),         # one layer or chain larger than allowed
     (errors.SnapshotError, 400),
+    (errors.SandboxFileNotFound, 404),
     (errors.SandboxFileError, 400),
     (errors.SessionError, 400),
     (SandboxError, 400),

@@ -69,12 +69,18 @@ class StorageLimits:
         given = {f.name: environ[env_name(f.name)] for f in fields(cls) if environ.get(env_name(f.name))}
         return cls(**given)
 
-    def meter(self, where: Path, *, room: int | None = None, what: str = "layer") -> "Meter":
+    def meter(self, where: Path, *, room: int | None = None, what: str = "layer",
+              bound: "Bound | None" = None) -> "Meter":
         """A meter for one layer written under ``where``: bounded by ``max_layer_bytes``,
-        or by ``room`` (what the chain has left) when that is smaller."""
-        if room is not None and room < self.max_layer_bytes:
-            return Meter(max(room, 0), "max_chain_bytes", self.max_chain_bytes, where, self.min_free_bytes, what)
-        return Meter(self.max_layer_bytes, "max_layer_bytes", self.max_layer_bytes, where, self.min_free_bytes, what)
+        by ``room`` (what the chain has left) and by ``bound`` (the caller's own, such as
+        what a token's quota has left), whichever is smallest."""
+        bounds = [Bound(self.max_layer_bytes, "max_layer_bytes", self.max_layer_bytes)]
+        if room is not None:
+            bounds.append(Bound(room, "max_chain_bytes", self.max_chain_bytes))
+        if bound is not None:
+            bounds.append(bound)
+        # bytes only grow, so the smallest bound is the one that refuses (ties: the first named)
+        return Meter(min(bounds, key=lambda b: b.left), where, self.min_free_bytes, what)
 
     def check_free(self, where: Path, incoming: int = 0, what: str = "data") -> None:
         check_free(where, self.min_free_bytes, incoming, what)
@@ -101,15 +107,30 @@ def env_name(field: str) -> str:
     return f"ROCKROLL_{field.upper()}"
 
 
+@dataclass(frozen=True)
+class Bound:
+    """One ceiling of a ``Meter``: at most ``left`` bytes, refused with ``error`` naming the
+    setting ``name`` (whose value is ``value``): ``StorageLimitError`` (413) for a size
+    limit, ``StorageFullError`` (507) for a quota that is used up."""
+
+    left: int
+    name: str
+    value: int
+    error: type[StorageLimitError] = StorageLimitError
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "left", max(self.left, 0))
+
+
 class Meter:
-    """Counts bytes written against a limit; ``charge(n)`` before writing ``n`` bytes raises
-    ``StorageLimitError`` if they would pass it (so nothing beyond the limit is written), and
+    """Counts bytes written against a ``Bound``; ``charge(n)`` before writing ``n`` bytes
+    raises the bound's error if they would pass it (so nothing beyond it is written), and
     ``StorageFullError`` if the disk would go below its reserve: the free space is read
     every few MiB and what was charged since is taken off it, so our own writes never
     cross the reserve."""
 
-    def __init__(self, limit: int, name: str, value: int, where: Path, min_free: int, what: str):
-        self.limit, self.name, self.value, self.where, self.what = limit, name, value, where, what
+    def __init__(self, bound: Bound, where: Path, min_free: int, what: str):
+        self.bound, self.limit, self.where, self.what = bound, bound.left, where, what
         self.min_free = min_free
         self.used = 0
         self._free: int | None = None  # free bytes at the last look
@@ -118,9 +139,9 @@ class Meter:
     def check(self, n: int) -> None:
         """Refuse ``n`` more bytes if they would pass the limit (without charging them)."""
         if self.used + n > self.limit:
-            raise StorageLimitError(self.name, self.value,
-                                    f"{self.what} is larger than allowed: {self.used + n} bytes "
-                                    f"would pass the {self.limit} left")
+            b = self.bound
+            raise b.error(b.name, b.value, f"{self.what} is larger than allowed: {self.used + n} bytes "
+                                           f"would pass the {self.limit} left")
 
     def charge(self, n: int) -> None:
         self.check(n)

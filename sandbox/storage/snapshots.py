@@ -20,22 +20,27 @@ from ..errors import SnapshotError, StorageLimitError
 from ..home import private_home
 from ..spec import Snapshot
 from .layers import MEMBER_BYTES, digest_file, read_meta, unpack_layer
-from .limits import StorageLimits
+from .limits import Bound, StorageLimits
 from .temps import Swept, sweep, temp_dir, temp_name
 
 
 # Snapshot-ref schemes other packages plug in (``"hub:name@ver#snap"`` from
 # rockroll.envhub), registered rather than imported: the sandbox depends on nothing else.
 _SNAPSHOT_RESOLVERS: dict[str, Callable[[str, "SnapshotStore"], Snapshot]] = {}
+_SNAPSHOT_FORMS: dict[str, str] = {}  # scheme -> how to write such a ref, for error messages
 
 
-def register_snapshot_resolver(scheme: str, fn: Callable[[str, "SnapshotStore"], Snapshot]) -> None:
+def register_snapshot_resolver(scheme: str, fn: Callable[[str, "SnapshotStore"], Snapshot], *,
+                               form: str | None = None) -> None:
     """Make ``snapshot="<scheme>:<ref>"`` loadable: ``fn(ref, store)`` returns a ``Snapshot``
     whose ``layers`` (base first) are tarballs in ``store`` (it pulls them if needed) and whose
-    ``image`` is the image the snapshot runs on. ``sha256`` is reserved for digests."""
+    ``image`` is the image the snapshot runs on. ``sha256`` is reserved for digests. ``form``
+    shows how to write such a ref (``"hub:<name>@<version>#<snapshot>"``) where an unknown
+    snapshot is refused."""
     if not scheme or ":" in scheme or scheme == "sha256":
         raise ValueError(f"bad snapshot scheme {scheme!r}")
     _SNAPSHOT_RESOLVERS[scheme] = fn
+    _SNAPSHOT_FORMS[scheme] = form or f"{scheme}:<ref>"
 
 
 def _resolver_for(ref: str):
@@ -57,9 +62,10 @@ class SnapshotStore:
     def tarball(self, digest: str) -> Path:
         return self.tar_root / "sha256" / f"{_hex(digest)}.tar.zst"
 
-    def layer_dir(self, digest: str, *, room: int | None = None) -> Path:
+    def layer_dir(self, digest: str, *, room: int | None = None, bound: Bound | None = None) -> Path:
         """The unpacked layer, unpacking it (safely, atomically) on first use, bounded by
-        ``max_layer_bytes`` or by ``room`` (what its chain has left) if smaller."""
+        ``max_layer_bytes``, by ``room`` (what its chain has left) and by ``bound`` (the
+        caller's, e.g. what a token's quota has left), whichever is smallest."""
         dest = self.layer_root / _hex(digest)
         if dest.is_dir():
             return dest
@@ -67,7 +73,7 @@ class SnapshotStore:
         if not src.is_file():
             raise SnapshotError(f"layer {digest} is not in the local store ({src})")
         self.layer_root.mkdir(parents=True, exist_ok=True)
-        meter = self.limits.meter(self.layer_root, room=room, what=f"layer {digest}")
+        meter = self.limits.meter(self.layer_root, room=room, what=f"layer {digest}", bound=bound)
         try:
             unpack_layer(src, dest, meter=meter)
         except (FileExistsError, OSError) as e:
@@ -77,16 +83,17 @@ class SnapshotStore:
         _write_int(self._bytes_file(digest), meter.used)
         return dest
 
-    def unpack_chain(self, digests: "tuple[str, ...] | list[str]") -> list[Path]:
+    def unpack_chain(self, digests: "tuple[str, ...] | list[str]", *, bound: Bound | None = None) -> list[Path]:
         """Unpack every layer of a chain (base first; already unpacked ones are kept), so
-        that together they stay within ``max_chain_bytes``; return their dirs, base first."""
+        that together they stay within ``max_chain_bytes``; return their dirs, base first.
+        ``bound`` bounds the top layer's unpacking too (see ``load``)."""
         dirs, used = [], 0
-        for digest in digests:
+        for i, digest in enumerate(digests):
             room = self.limits.max_chain_bytes - used
             if room <= 0:
                 raise StorageLimitError("max_chain_bytes", self.limits.max_chain_bytes,
                                         f"the chain up to layer {digest} unpacks to {used} bytes")
-            dirs.append(self.layer_dir(digest, room=room))
+            dirs.append(self.layer_dir(digest, room=room, bound=bound if i == len(digests) - 1 else None))
             used += self.layer_bytes(digest)
         if used > self.limits.max_chain_bytes:
             raise StorageLimitError("max_chain_bytes", self.limits.max_chain_bytes,
@@ -109,10 +116,25 @@ class SnapshotStore:
         _write_int(path, total)
         return total
 
+    def digests(self) -> set[str]:
+        """The digests of every tarball in the store."""
+        folder = self.tar_root / "sha256"
+        names = os.listdir(folder) if folder.is_dir() else ()
+        return {f"sha256:{n[:64]}" for n in names if n.endswith(".tar.zst") and len(n) == 72}
+
+    def stored_bytes(self, digest: str) -> int:
+        """What a layer takes in this store: its tarball plus its unpacked files."""
+        return self.tarball(digest).stat().st_size + self.layer_bytes(digest)
+
     def drop_layer(self, digest: str) -> None:
         """Remove an unpacked layer (one refused after unpacking); its tarball stays."""
         shutil.rmtree(self.layer_root / _hex(digest), ignore_errors=True)
         self._bytes_file(digest).unlink(missing_ok=True)
+
+    def remove(self, digest: str) -> None:
+        """Remove a layer whole, tarball and unpacked dir (one refused after it was written)."""
+        self.tarball(digest).unlink(missing_ok=True)
+        self.drop_layer(digest)
 
     def _bytes_file(self, digest: str) -> Path:
         return self.layer_root / f"{_hex(digest)}.bytes"
@@ -160,17 +182,19 @@ class SnapshotStore:
                 tmp.unlink(missing_ok=True)
         return digest
 
-    def load(self, ref: "Snapshot | str | Path") -> Snapshot:
+    def load(self, ref: "Snapshot | str | Path", *, bound: Bound | None = None) -> Snapshot:
         """A ``Snapshot`` from a Snapshot, a digest (``sha256:...``), a tarball path, or a
         ``<scheme>:<ref>`` string of a registered resolver (``hub:name@1.0.0#warm``).
 
         Every layer of the chain is unpacked before this returns, so a crafted tarball
         is refused here (``UnsafeArchiveError``, or ``StorageLimitError`` past a limit)
-        before anything is mounted.
+        before anything is mounted. ``bound`` is one more ceiling on unpacking the top
+        layer (the one ``ref`` names, if it is not unpacked yet): the service passes what the
+        token's quota has left, so an upload stops as soon as it passes it.
         """
         if isinstance(ref, str) and (fn := _resolver_for(ref)) is not None:
             snap = fn(ref.partition(":")[2], self)
-            self.unpack_chain(snap.layers)  # same guarantee as below: unpacked (and checked) first
+            self.unpack_chain(snap.layers, bound=bound)  # same guarantee as below: unpacked (and checked) first
             return snap
         if isinstance(ref, Snapshot):
             if ref.path is not None and not self.tarball(ref.digest).exists():
@@ -179,6 +203,11 @@ class SnapshotStore:
                     raise SnapshotError(f"snapshot file {ref.path} has digest {digest}, not {ref.digest}")
             digest = ref.digest
         elif isinstance(ref, Path) or (isinstance(ref, str) and not ref.startswith("sha256:")):
+            if not Path(ref).is_file():
+                forms = ["a Snapshot", "sha256:<digest>", "the path of a .tar.zst file",
+                         *(_SNAPSHOT_FORMS[s] for s in sorted(_SNAPSHOT_FORMS))]
+                raise SnapshotError(f"no snapshot {str(ref)!r} (a snapshot is given as "
+                                    f"{', '.join(forms[:-1])} or {forms[-1]})")
             digest = self.import_tarball(Path(ref))
         else:
             digest = ref
@@ -186,7 +215,7 @@ class SnapshotStore:
             self.layer_dir(digest)  # raises: not in the store
         meta = read_meta(self.tarball(digest))
         parents = tuple(meta.get("parents", ()))
-        self.unpack_chain(parents + (digest,))
+        self.unpack_chain(parents + (digest,), bound=bound)
         path = self.tarball(digest)
         return Snapshot(id=_hex(digest)[:12], digest=digest, size=path.stat().st_size,
                         layers=parents + (digest,), image=meta.get("image", "host"), path=path)

@@ -1,12 +1,13 @@
 """The sandbox API contract (DESIGN.md), on the local backend."""
 
 import asyncio
+import inspect
 import os
 
 import pytest
 
-from rockroll.sandbox import (AsyncSandbox, SandboxClosed, SandboxFileError, SandboxSpec, SpecError,
-                              open_async_sandbox, open_sandbox)
+from rockroll.sandbox import (AsyncSandbox, Sandbox, SandboxClosed, SandboxFileError, SandboxFileNotFound, SandboxSpec,
+                              SnapshotError, SpecError, open_async_sandbox, open_sandbox)
 
 
 def test_stdout_stderr_exit_code_are_separate(sb):
@@ -27,6 +28,21 @@ def test_exit_in_command_keeps_session_state(sb):
     r = sb.run("cd /tmp && export X=1 && exit 4")
     assert r.exit_code == 4
     assert sb.run("pwd; echo $X").stdout == "/tmp\n1\n"
+
+
+def test_a_failing_command_reads_as_in_any_shell(sb):
+    """Its message names no file of ours (the command once ran from /dev/.rr/s1/cmd), and
+    its line numbers are the command's own, as `bash -c` would say them."""
+    r = sb.run("echo a\nnosuchcmd --x\necho b")
+    assert (r.exit_code, r.stdout, r.stderr) == (0, "a\nb\n", "bash: line 2: nosuchcmd: command not found\n")
+    r = sb.run("nosuchcmd")
+    assert (r.exit_code, r.stderr) == (127, "bash: line 1: nosuchcmd: command not found\n")
+    r = sb.run("echo never", cwd="/nonexistent")
+    assert r.exit_code == 1 and r.stdout == ""
+    assert r.stderr == "bash: line 1: cd: /nonexistent: No such file or directory\n"
+    # the command runs inside a function of the session: `declare -x` still persists
+    sb.run("declare -x DECLARED=yes; cd /tmp")
+    assert sb.run('echo "$DECLARED $0"; pwd').stdout == "yes bash\n/tmp\n"
 
 
 def test_named_sessions_are_independent(sb):
@@ -114,8 +130,9 @@ def test_files_round_trip(sb, tmp_path):
     assert sb.read_file("/tmp/blob") == blob
     sb.write_file("run.sh", "#!/bin/sh\necho ran\n", mode=0o755)
     assert sb.run("./run.sh").stdout == "ran\n"
-    with pytest.raises(SandboxFileError):
+    with pytest.raises(SandboxFileNotFound, match="/workspace/missing") as err:
         sb.read_file("missing")
+    assert isinstance(err.value, FileNotFoundError) and err.value.sandbox_id == sb.id
 
 
 def test_upload_download_files_and_dirs(sb, tmp_path):
@@ -149,6 +166,37 @@ def test_reset_returns_to_image(sb):
     assert r.stdout == "/workspace\n[]\nhosts\n"
 
 
+def _public(cls: type) -> dict[str, object]:
+    return {name: inspect.getattr_static(cls, name) for name in dir(cls) if not name.startswith("_")}
+
+
+def test_every_public_method_states_its_contract():
+    """``help(sb.run)`` is not empty: each public method and property of both twins has a
+    docstring, and the sync twin's is its async original's (written once)."""
+    for cls in (AsyncSandbox, Sandbox):
+        for name, attr in _public(cls).items():
+            doc = (attr.__func__ if isinstance(attr, classmethod) else attr).__doc__
+            assert doc and len(doc.split()) >= 5, f"{cls.__name__}.{name} has no contract"
+    shared = set(_public(Sandbox)) & set(_public(AsyncSandbox))
+    assert {"run", "fork", "read_file", "restore", "create", "alive"} <= shared
+    for name in shared - {"id", "spec", "run_stream"}:
+        assert inspect.getdoc(getattr(Sandbox, name)) == inspect.getdoc(getattr(AsyncSandbox, name)), name
+    fork, read_file = (" ".join(getattr(Sandbox, n).__doc__.split()) for n in ("fork", "read_file"))
+    assert "CURRENT state" in fork and "not from any snapshot taken earlier" in fork
+    assert "always as ``bytes`` (also when ``write_file`` was given a ``str``" in read_file
+
+
+def test_fork_copies_the_current_state_and_read_file_gives_bytes(sb):
+    sb.write_file("state.txt", "at the snapshot")
+    sb.snapshot()
+    sb.write_file("state.txt", "now")  # a str in ...
+    (child,) = sb.fork()
+    with child:
+        assert child.read_file("state.txt") == b"now"  # ... bytes out, of the state at fork()
+        child.write_file("state.txt", "child")
+        assert sb.read_file("state.txt") == b"now"  # independent after
+
+
 def test_spec_validation_names_the_field():
     for kwargs, field in [({"memory_mb": 1}, "memory_mb"), ({"cpus": 0}, "cpus"), ({"pids": "x"}, "pids"),
                           ({"pids": (1 << 22) + 1}, "pids"), ({"cpus": 3.6e16}, "cpus"), ({"backend": "vm"}, "backend"),
@@ -162,10 +210,23 @@ def test_spec_validation_names_the_field():
     assert err.value.field == "colour"
 
 
-def test_image_unknown_is_a_spec_error():
+def test_image_unknown_is_a_spec_error_that_lists_the_accepted_forms():
     with pytest.raises(SpecError) as err:
-        open_sandbox(SandboxSpec(image="nope:1"))
+        open_sandbox(SandboxSpec(image="ubuntu:22.04"))
     assert err.value.field == "image"
+    for form in ("host", "docker:<image>", "hub:<name>@<version>", "debian:<suite>", "image='docker:ubuntu:22.04'"):
+        assert form in str(err.value), form
+
+
+def test_restore_of_an_unknown_snapshot_is_a_snapshot_error_naming_it(sb):
+    messages = []
+    for ref, named in (("no-such-snapshot", "'no-such-snapshot'"), ("sha256:" + "ab" * 32, "sha256:" + "ab" * 32)):
+        with pytest.raises(SnapshotError) as err:
+            sb.restore(ref)
+        assert named in str(err.value) and err.value.sandbox_id == sb.id
+        messages.append(str(err.value))
+    assert "sha256:<digest>" in messages[0] and "hub:<name>@<version>#<snapshot>" in messages[0]  # how to write one
+    assert sb.run("echo alive").stdout == "alive\n"
 
 
 async def test_async_twin_runs_many_sandboxes_on_one_loop():

@@ -260,6 +260,10 @@ def test_image_without_bash(sh_image):
         assert sb.run("test -e /bin/bash || echo sh-only").stdout == "sh-only\n"
         r = sb.run("echo out; echo err >&2; exit 4")
         assert (r.exit_code, r.stdout, r.stderr) == (4, "out\n", "err\n")
+        r = sb.run("true\nnosuchcmd")
+        assert r.exit_code == 127 and "nosuchcmd" in r.stderr and "/dev/.rr" not in r.stderr, r.stderr
+        r = sb.run("echo never", cwd="/nonexistent")
+        assert r.exit_code != 0 and "/nonexistent" in r.stderr and "/dev/.rr" not in r.stderr, r.stderr
         sb.run("mkdir -p '/tmp/it'\"'\"'s' && cd '/tmp/it'\"'\"'s' && export X='a b' Y=2")
         sb.run("unset Y")
         assert sb.run('pwd; echo "$X-${Y:-unset}"').stdout == "/tmp/it's\na b-unset\n"

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from rockroll.sandbox import (AgentDied, AsyncSandbox, SandboxClosed, SandboxError, SandboxFileError,
-                              SandboxNotFound, SandboxSpec, SpecError, open_async_sandbox, open_sandbox)
+                              SandboxFileNotFound, SandboxNotFound, SandboxSpec, SpecError, open_async_sandbox,
+                              open_sandbox)
 from rockroll.sandbox.runtime import remote
 from rockroll.sandbox.runtime.remote import AuthError, RemoteSandbox
 
@@ -100,7 +101,7 @@ def test_files_round_trip_including_10mb(rsb, tmp_path):
     assert rsb.read_file("/tmp/blob") == blob
     rsb.write_file("empty", b"")
     assert rsb.read_file("empty") == b""
-    with pytest.raises(SandboxFileError):
+    with pytest.raises(SandboxFileNotFound, match="no such file: does/not/exist"):  # the service's 404
         rsb.read_file("does/not/exist")
 
 
@@ -197,12 +198,33 @@ def test_wrong_token_is_a_typed_auth_error(server):
     assert isinstance(err.value, SandboxError) and "token" in str(err.value)
 
 
-def test_unreachable_service_is_sandbox_lost():
+def test_an_unreachable_service_says_how_to_point_the_sdk_at_one(monkeypatch):
+    """Nothing listens where the SDK points: a ``ServiceUnreachable`` (still a ``SandboxLost``
+    for code that handles lost hosts) that names the URL, where it came from and the fix."""
     from _server import free_port
-    from rockroll.sandbox import SandboxLost
+    from rockroll.sandbox import SandboxLost, ServiceUnreachable
 
-    with pytest.raises(SandboxLost):
-        remote_call(RemoteSandbox.create(SPEC, url=f"http://127.0.0.1:{free_port()}", token="x"))
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    monkeypatch.delenv("ROCKROLL_URL", raising=False)
+    monkeypatch.setattr(remote, "DEFAULT_URL", nowhere)  # the default port may be taken on a shared host
+    before = remote._configured
+    remote.configure(None)
+    try:
+        cases = {"the default": lambda: open_sandbox(SandboxSpec(backend="remote"))}
+        cases["$ROCKROLL_URL"] = lambda: (monkeypatch.setenv("ROCKROLL_URL", nowhere),
+                                          open_sandbox(SandboxSpec(backend="remote")))
+        cases["configure()"] = lambda: (remote.configure(nowhere, "x"), open_sandbox(SandboxSpec(backend="remote")))
+        cases["url="] = lambda: remote_call(RemoteSandbox.create(SPEC, url=nowhere, token="x"))
+        for source, call in cases.items():
+            with pytest.raises(ServiceUnreachable) as err:
+                call()
+            message = str(err.value)
+            assert isinstance(err.value, SandboxLost) and err.value.sandbox_id is None
+            assert nowhere in message and f"({source}" in message, message
+            assert "ROCKROLL_URL" in message and "configure(url, token)" in message and "rockroll serve" in message
+            assert "lost" not in message.lower()
+    finally:
+        remote._configured = before
 
 
 def remote_call(coro):

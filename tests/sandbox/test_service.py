@@ -76,6 +76,18 @@ def test_unknown_sandbox_is_a_typed_404(server):
         assert r.json() == {"error": "SandboxNotFound", "message": "no such sandbox", "sandbox_id": "sb-nope"}
 
 
+def test_a_missing_file_is_a_typed_404_naming_it(server):
+    sid = server.create()
+    try:
+        r = server.http.get(f"/v1/sandboxes/{sid}/files", params={"path": "/workspace/nope.txt"})
+        assert r.status_code == 404, r.text
+        assert r.json() == {"error": "SandboxFileNotFound", "message": "no such file: /workspace/nope.txt",
+                            "sandbox_id": sid}
+        assert server.http.get(f"/v1/sandboxes/{sid}/ping").json() == {"ok": True}  # the sandbox is fine
+    finally:
+        server.http.delete(f"/v1/sandboxes/{sid}")
+
+
 @pytest.mark.parametrize("body, field", [
     ({"memory_mb": 1}, "memory_mb"),            # SandboxSpec's own check
     ({"image": "no-such-image"}, "image"),      # the backend's check

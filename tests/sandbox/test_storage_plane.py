@@ -8,6 +8,7 @@ disk, what a made-up local uid can reach, and that nothing was left behind.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -266,6 +267,139 @@ def test_an_upload_below_the_free_space_reserve_gets_507(world_tmp, monkeypatch,
         assert leftovers(world_tmp / "home") == []
     finally:
         server.stop()
+
+
+def token_used(server: Server) -> int:
+    """What ``/metrics`` says the server's token holds."""
+    used = [line for line in server.http.get("/metrics").text.splitlines()
+            if line.startswith("rockroll_storage_used_bytes{token=")]
+    assert len(used) <= 1
+    return int(used[0].split()[-1]) if used else 0
+
+
+def quota_record(home: Path) -> dict[str, int]:
+    """The quota's charges as stored on disk: ``{digest: bytes}`` of the one token."""
+    files = list((home / "service-quota").glob("*.json"))
+    assert len(files) <= 1
+    return json.loads(files[0].read_text()) if files else {}
+
+
+def stored(home: Path) -> dict[str, tuple[bool, bool]]:
+    """Every layer in the store on disk: digest -> (its tarball is there, its unpacked dir is)."""
+    tars = {f"sha256:{p.name[:64]}" for p in (home / "snapshots" / "sha256").glob("*.tar.zst")}
+    dirs = {f"sha256:{p.name}" for p in (home / "layers" / "sha256").glob("*") if p.is_dir()}
+    return {d: (d in tars, d in dirs) for d in tars | dirs}
+
+
+def measured(home: Path, digest: str) -> int:
+    """What a layer takes, measured on disk as the quota counts it: its tarball, and per
+    entry of its unpacked dir a member's cost plus a regular file's bytes."""
+    total = (home / "snapshots" / "sha256" / f"{digest[7:]}.tar.zst").stat().st_size
+    for root, dirnames, filenames in os.walk(home / "layers" / "sha256" / digest[7:]):
+        for name in dirnames + filenames:
+            st = os.lstat(os.path.join(root, name))
+            total += MEMBER_BYTES + (st.st_size if stat.S_ISREG(st.st_mode) else 0)
+    return total
+
+
+def assert_charged_exactly(server: Server, home: Path) -> None:
+    """The token is charged for each layer it holds what that layer takes on disk (the
+    unpacked root entry aside), and every layer it holds is in the store whole."""
+    record = quota_record(home)
+    on_disk = stored(home)
+    for digest, nbytes in record.items():
+        assert on_disk[digest] == (True, True), digest
+        assert 0 <= nbytes - measured(home, digest) <= MEMBER_BYTES, digest
+    assert token_used(server) == sum(record.values())
+
+
+def test_a_snapshot_through_the_service_is_charged_to_the_quota(service, world_tmp):
+    """Snapshots taken through the service cost the token what they store; one that does
+    not fit is refused with 507 and removed; a quota already used up refuses before the
+    sandbox is copied at all."""
+    home = world_tmp / "home"
+    sid = service.create()
+    r = service.http.post(f"/v1/sandboxes/{sid}/run", json={"cmd": "head -c 1048576 /dev/urandom > /workspace/a"})
+    assert r.json()["exit_code"] == 0, r.text
+    r = service.http.post(f"/v1/sandboxes/{sid}/snapshots")
+    assert r.status_code == 201, r.text
+    first = r.json()["digest"]
+    assert list(quota_record(home)) == [first]
+    assert quota_record(home)[first] > 2 * MiB  # the random MiB, packed and unpacked
+    assert_charged_exactly(service, home)
+    used = token_used(service)
+
+    # the same state again: the same layer, which the token holds already, costs nothing
+    r = service.http.post(f"/v1/sandboxes/{sid}/snapshots")
+    assert r.status_code == 201 and r.json()["digest"] == first, r.text
+    assert token_used(service) == used
+
+    # filled past the quota: 3 MiB of random bytes pack and unpack to ~6 MiB, ~3 MiB are left
+    r = service.http.post(f"/v1/sandboxes/{sid}/run", json={"cmd": "head -c 2097152 /dev/urandom > /workspace/b"})
+    assert r.json()["exit_code"] == 0, r.text
+    before = stored(home)
+    r = service.http.post(f"/v1/sandboxes/{sid}/snapshots")
+    assert r.status_code == 507, r.text
+    body = r.json()
+    assert (body["error"], body["limit"], body["value"], body["sandbox_id"]) == (
+        "StorageFullError", "token_storage_quota", 5 * MiB, sid)
+    assert "token_storage_quota" in body["message"]
+    assert stored(home) == before and leftovers(home) == []  # the refused layer is gone, tarball and dir
+    assert token_used(service) == used and list(quota_record(home)) == [first]
+    assert_charged_exactly(service, home)
+    r = service.http.post(f"/v1/sandboxes/{sid}/run", json={"cmd": "cat /workspace/a /workspace/b | wc -c"})
+    assert r.json()["stdout"] == f"{3 * MiB}\n"  # the sandbox lost nothing
+
+    # the operator lowers the quota below what the token holds: refused before any copy
+    service.stop()
+    lowered = Server("--max-layer-bytes", "2M", "--max-chain-bytes", "3M", "--min-free-bytes", "0",
+                     "--token-storage-quota", "1M")
+    try:
+        sid = lowered.create()
+        r = lowered.http.post(f"/v1/sandboxes/{sid}/run", json={"cmd": "head -c 1048576 /dev/urandom > /workspace/a"})
+        assert r.json()["exit_code"] == 0, r.text
+        io_file = f"/proc/{lowered.proc.pid}/io"
+        written = thread_wchar(io_file)
+        r = lowered.http.post(f"/v1/sandboxes/{sid}/snapshots")
+        assert thread_wchar(io_file) - written < 64 << 10  # nothing was packed: the MiB never moved
+        assert r.status_code == 507 and r.json()["limit"] == "token_storage_quota", r.text
+        assert r.json()["sandbox_id"] == sid and f"holds {used} bytes" in r.json()["message"]
+        assert stored(home) == before and leftovers(home) == []
+        assert_charged_exactly(lowered, home)
+    finally:
+        lowered.stop()
+
+
+def test_an_upload_unpacks_no_further_than_the_quota_has_left(service, world_tmp, tmp_path):
+    """A layer whose unpacked size passes what the token has left (but no size limit)
+    stops there: the server wrote at most what was left, and nothing stays."""
+    home = world_tmp / "home"
+    r = upload(service, crafted_layer(tmp_path / "r.tar.zst", {"r": (0o644, os.urandom(int(1.75 * MiB)))}))
+    assert r.status_code == 201, r.text
+    assert_charged_exactly(service, home)
+    left = 5 * MiB - token_used(service)
+    assert MiB < left < int(1.6 * MiB)
+
+    bomb = crafted_layer(tmp_path / "bomb.tar.zst", {"zeros": (0o644, int(1.9 * MiB))})  # < max_layer_bytes
+    before, used = stored(home), token_used(service)
+    io_file = f"/proc/{service.proc.pid}/io"
+    written = thread_wchar(io_file)
+    r = upload(service, bomb)
+    # the upload's temp file and its copy, the part unpacked until the quota stopped it
+    assert thread_wchar(io_file) - written <= left + 2 * bomb.stat().st_size + (64 << 10)
+    assert r.status_code == 507, r.text
+    assert (r.json()["error"], r.json()["limit"], r.json()["value"]) == ("StorageFullError", "token_storage_quota",
+                                                                        5 * MiB)
+    assert stored(home) == before and leftovers(home) == []
+    assert token_used(service) == used
+    assert_charged_exactly(service, home)
+
+    # what fits is still taken, and charged exactly; the same layer again costs nothing
+    small = crafted_layer(tmp_path / "s.tar.zst", {"s": (0o644, os.urandom(256 << 10))})
+    for _ in range(2):
+        assert upload(service, small).status_code == 201
+        assert_charged_exactly(service, home)
+    assert len(quota_record(home)) == 2
 
 
 # ------------------------------------------------------------------ what a sandbox hands the host

@@ -92,6 +92,7 @@ STATUSES = [
     (errors.IsolationUnavailable("x"), 503),
     (errors.UnsafeArchiveError("../a", "escapes"), 400),
     (errors.SnapshotError("x"), 400),
+    (errors.SandboxFileNotFound("no such file: x"), 404),  # before its base, SandboxFileError
     (errors.SandboxFileError("x"), 400),
     (errors.SessionError("x"), 400),
     (errors.SandboxError("x"), 400),
@@ -110,6 +111,12 @@ def test_error_body_plain_and_round_trip():
     back = error_from_body(404, body)
     assert type(back) is errors.SandboxNotFound
     assert back.args == ("no such sandbox",) and back.sandbox_id == "sb-1"
+
+
+def test_a_missing_file_crosses_the_wire_as_itself():
+    back = error_from_body(404, error_body(errors.SandboxFileNotFound("no such file: a", sandbox_id="sb-1")))
+    assert type(back) is errors.SandboxFileNotFound and isinstance(back, FileNotFoundError)
+    assert (back.args, back.sandbox_id) == (("no such file: a",), "sb-1")
 
 
 def test_error_body_spec_error_names_the_field():
