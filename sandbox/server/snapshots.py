@@ -20,6 +20,7 @@ from fastapi.responses import FileResponse
 from ..errors import SandboxError, SnapshotError
 from ..storage.layers import digest_file, read_meta
 from ..storage.snapshots import SnapshotStore
+from ..storage.temps import temp_prefix
 from .deps import Hub, Store
 from .quota import token_key
 from .wire import DIGEST_PATTERN, SnapshotOut
@@ -48,7 +49,7 @@ async def upload_snapshot(request: Request, store: Store) -> SnapshotOut:
     if announced.isdigit():  # refused before a byte is read
         meter.check(int(announced))
     store.tar_root.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=store.tar_root, prefix=".upload-")
+    fd, tmp = tempfile.mkstemp(dir=store.tar_root, prefix=temp_prefix("upload"))  # a kill -9 leaves it to gc
     try:
         with os.fdopen(fd, "wb") as f:
             async for chunk in request.stream():

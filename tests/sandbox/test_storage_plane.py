@@ -274,7 +274,7 @@ def token_used(server: Server) -> int:
     used = [line for line in server.http.get("/metrics").text.splitlines()
             if line.startswith("rockroll_storage_used_bytes{token=")]
     assert len(used) <= 1
-    return int(used[0].split()[-1]) if used else 0
+    return int(float(used[0].split()[-1])) if used else 0
 
 
 def quota_record(home: Path) -> dict[str, int]:
