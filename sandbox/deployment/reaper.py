@@ -30,14 +30,14 @@ from pathlib import Path
 from typing import Callable
 
 from ..home import private_home, state_home
-from ..owner import proc_start_time
+from ..owner import alive, proc_start_time
 from ..storage.snapshots import SnapshotStore
 from .disk import detach_loops, drop_spares
 
 
 def owner_alive(info: dict) -> bool:
     pid, start = info.get("pid"), info.get("start")
-    return isinstance(pid, int) and proc_start_time(pid) == start
+    return isinstance(pid, int) and alive(pid, start)
 
 
 @dataclass
