@@ -11,6 +11,14 @@ from pathlib import Path
 
 import pytest
 
+# The checkout's root holds the folder gem/ (installed as rockroll.gem). `python -m pytest` puts
+# the root first on sys.path, where that folder would shadow gem-llm's top-level `gem` package
+# (tests/gem/test_gemllm.py uses the real one). Nothing imports from the root itself: rockroll
+# comes from the editable install, test helpers from their own folders (pytest's rootdir-less
+# "prepend" import mode puts each test file's folder on sys.path).
+_ROOT = Path(__file__).resolve().parents[1]
+sys.path[:] = [p for p in sys.path if Path(p or os.curdir).resolve() != _ROOT]
+
 _USER_ENV = dict(os.environ)  # before the test home: where the user's default hub is
 _home = tempfile.mkdtemp(prefix="rockroll-test-home-")
 os.environ.setdefault("ROCKROLL_HOME", _home)
