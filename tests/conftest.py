@@ -30,6 +30,23 @@ if os.environ.get("ROCKROLL_TEST_KEEP_HOME") != "1":
     atexit.register(shutil.rmtree, _home, ignore_errors=True)
 
 
+def _import_rockroll() -> None:
+    """Import rockroll from the editable install, with the test folders off sys.path: there the
+    folder tests/rockroll/ (no __init__.py) would be found first, as a namespace package
+    ``rockroll`` (the editable install's finder comes after the path search), and rockroll's
+    __init__ (the rock/ ids, the hub, gem-llm's rock: ids) would never run."""
+    tests = Path(__file__).resolve().parent
+    saved = list(sys.path)
+    sys.path[:] = [p for p in sys.path if not Path(p or os.curdir).resolve().is_relative_to(tests)]
+    try:
+        import rockroll  # noqa: F401
+    finally:
+        sys.path[:] = saved
+
+
+_import_rockroll()
+
+
 @pytest.fixture(scope="session")
 def swe_hub() -> str:
     """The hub holding the default SWE task set: the user's default hub, where `make test`
