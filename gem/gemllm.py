@@ -21,7 +21,7 @@ so the trainer, the vector env and evaluation use it like any ``rock/`` env:
   without terminating.
 - ``wrappers``: names of gem-llm's ``WRAPPER_FACTORY`` (``"python_tool"``, ...) applied in
   order, and their sandboxed twins (``"sandbox_python_tool"``, ...: the same wrapper with
-  :class:`~rockroll.gem.gemllm_plugin.SandboxPythonTool`, the model's code runs in a rockroll
+  :class:`~rockroll.gem.gemllm_tool.SandboxPythonTool`, the model's code runs in a rockroll
   sandbox instead of on the host).
 
 Families that need what is not there fail at construction with :class:`GemLLMUnavailable`,
@@ -32,9 +32,8 @@ a search server (``SEARCH_URL``), entry points whose module cannot be imported.
 The other direction (rockroll's envs under ``gem.make``) is :mod:`rockroll.gem.gemllm_plugin`,
 registered by :mod:`rockroll.registry.gemllm`.
 
-gem-llm and this folder share the top-level name ``gem``: from a source checkout's root,
-``python -m``/``-c`` put the root first on ``sys.path`` and ``import gem`` finds this folder.
-:func:`load_gem_llm` says so instead of failing obscurely (docs/gem.md).
+gem-llm is imported through :func:`rockroll.gem.gemllm_load.load_gem_llm` (it names the
+shadowing of a source checkout).
 """
 
 from __future__ import annotations
@@ -42,7 +41,6 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.util
-import logging
 import os
 import sys
 import threading
@@ -52,63 +50,13 @@ from typing import Any, Callable, Sequence
 from gymnasium.error import NameNotFound
 
 from .core import GemEnv
+from .gemllm_load import GemLLMUnavailable, is_gem_llm_env, load_gem_llm
 
-__all__ = ["GEM_PREFIX", "GemLLMEnv", "GemLLMUnavailable", "gem_llm_ids",
-           "is_gem_llm_env", "load_gem_llm", "unavailable_reason"]
+__all__ = ["GEM_PREFIX", "GemLLMEnv", "GemLLMUnavailable", "gem_llm_ids", "unavailable_reason"]
 
 GEM_PREFIX = "gem:"  # rockroll's id of gem-llm's "game:GuessTheNumber-v0-easy" is "gem:game:GuessTheNumber-v0-easy"
 SUCCESS_REWARD = 1.0  # gem-llm's LanguageGameReward.success_reward; a solved rg/math task also scores 1.0
-_HERE = Path(__file__).resolve().parent
 _RESET_LOCK = threading.RLock()  # gem-llm's reset seeds the process-global RNGs
-
-
-class GemLLMUnavailable(RuntimeError):
-    """gem-llm (or what one of its env families needs) is not available here; the message says what."""
-
-
-# ---------------------------------------------------------------------------------------- loading
-def _shadowed(origin: str | None) -> bool:
-    return origin is not None and Path(origin).resolve().parent == _HERE
-
-
-def _shadow_error() -> GemLLMUnavailable:
-    return GemLLMUnavailable(
-        f"`import gem` finds rockroll's own source folder {_HERE} instead of gem-llm: the source "
-        "checkout's root is on sys.path (python -m, python -c or a REPL started there). Start Python "
-        "from another folder, or with `python -P` (PYTHONSAFEPATH=1); the `rockroll` command is not affected")
-
-
-def load_gem_llm():
-    """gem-llm's package ``gem``, imported (its registry filled). Raises
-    :class:`GemLLMUnavailable` if gem-llm is not installed or this folder shadows it.
-
-    gem-llm's ``__init__`` calls ``logging.basicConfig(level=INFO)``; importing it on a user's
-    behalf leaves the root logger as it was."""
-    module = sys.modules.get("gem")
-    if module is None:
-        spec = importlib.util.find_spec("gem")
-        if spec is None:
-            raise GemLLMUnavailable("gem-llm is not installed: pip install 'rockroll[gem-llm]' (gem-llm==0.1.0)")
-        if _shadowed(spec.origin):
-            raise _shadow_error()
-        root = logging.getLogger()
-        handlers, level = list(root.handlers), root.level
-        try:
-            module = importlib.import_module("gem")
-        finally:
-            root.handlers[:], root.level = handlers, level
-    elif _shadowed(getattr(module, "__file__", None)):
-        raise _shadow_error()
-    return module
-
-
-def is_gem_llm_env(obj: Any) -> bool:
-    """Whether ``obj`` is a gem-llm ``Env`` (instance or class), without importing gem-llm."""
-    core = sys.modules.get("gem.core")
-    base = getattr(core, "Env", None) if core is not None and not _shadowed(getattr(core, "__file__", None)) else None
-    if base is None:
-        return False
-    return issubclass(obj, base) if isinstance(obj, type) else isinstance(obj, base)
 
 
 # ------------------------------------------------------------------------------ registry and families
@@ -166,7 +114,7 @@ def _wrapper(name: str) -> Callable[[Any], Any]:
                                 "and SEARCH_URL is not set")
     if name == base_name:
         return factory
-    from .gemllm_plugin import SandboxPythonTool
+    from .gemllm_tool import SandboxPythonTool
 
     keywords = dict(factory.keywords)
     host_tool = keywords.pop("tools")[0]

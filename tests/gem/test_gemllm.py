@@ -20,7 +20,8 @@ from gymnasium.error import NameNotFound
 import rockroll  # noqa: F401 - registers the rock/ ids (and, gem-llm being imported, the rock: ones)
 from rockroll.gem.factory import make_env
 from rockroll.gem.gemllm import GemLLMEnv, GemLLMUnavailable
-from rockroll.gem.gemllm_plugin import RockEnv, SandboxPythonTool
+from rockroll.gem.gemllm_plugin import RockEnv
+from rockroll.gem.gemllm_tool import SandboxPythonTool
 from rockroll.gem.vector import make_vec
 from rockroll.trainer.config import EnvConfig
 from rockroll.trainer.envs import make_env as trainer_make_env
@@ -56,7 +57,7 @@ def test_the_suite_imports_gem_llm_not_the_checkouts_gem_folder():
 
 
 def test_from_the_checkout_root_the_shadowing_is_named_and_python_P_avoids_it():
-    code = ("from rockroll.gem.gemllm import load_gem_llm\n"
+    code = ("from rockroll.gem.gemllm_load import load_gem_llm\n"
             "env = load_gem_llm().make('game:GuessTheNumber-v0-easy'); print(type(env).__name__)")
     shadowed = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert shadowed.returncode != 0
