@@ -4,6 +4,7 @@ its python tool in a rockroll sandbox (attacked), and rockroll's envs under ``ge
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -178,17 +179,22 @@ def test_rockroll_train_and_evaluation_on_a_gem_llm_game(tmp_path):
 
     from rockroll.trainer.controller import train
 
+    guesses = [boxed(n) for n in range(1, 11)]  # each one token (tokenizer.add_tokens), the only replies
     cfg = run_config(tmp_path, steps=2, envs=[{"id": GUESS, "task_ids": [0, 1]}],
-                     tokenizer__build_dir=str(tmp_path / "tok"), generation__max_new_tokens=4,
-                     rollout__max_turns=2, eval__every=2, eval__episodes=2)
+                     tokenizer__build_dir=str(tmp_path / "tok"), tokenizer__add_tokens=guesses,
+                     generation__allowed_tokens=guesses, rollout__max_turns=4, eval__every=2, eval__episodes=4)
     out = train(cfg)
     assert [h["step"] for h in out["history"]] == [0, 1]
-    assert all(h["rollout/samples"] == 6 for h in out["history"])
+    assert all(h["rollout/samples"] == 6 and h["rollout/format_errors"] == 0 for h in out["history"])
     run = tmp_path / "run"
-    first = (run / "transcripts" / "step_000000.jsonl").read_text().splitlines()[0]
-    assert "Guess The Number" in first
-    evals = [line for line in (run / "eval.jsonl").read_text().splitlines()]
-    assert evals and all('"eval/episodes": 2.0' in e for e in evals)
+    sample = json.loads((run / "transcripts" / "step_000000.jsonl").read_text().splitlines()[0])
+    assert "Guess The Number" in sample["transcript"][0][1]
+    replies = [text for role, text in sample["transcript"] if role == "agent"]
+    assert replies and all(r in guesses for r in replies)  # gem-llm read every one as a guess
+    assert all(text.startswith(("At turn", "Congratulations", "You have reached"))
+               for role, text in sample["transcript"][1:] if role == "env")
+    evals = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in evals] == [0, 2] and all(e["eval/episodes"] == 4 for e in evals)
 
 
 # ----------------------------------------------------------------------- the sandboxed python tool
