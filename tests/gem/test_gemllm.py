@@ -361,3 +361,17 @@ def test_rock_ids_are_registered_whichever_is_imported_first(first, second, tmp_
     assert made == "RockEnv Solve thi" or made.startswith("RockEnv ")
     # import rockroll alone imports neither gem-llm nor its own env code
     assert imported == ("['gem']" if first == "gem" else "[]")
+
+
+def test_rockroll_envs_lists_gem_llm_ids_with_why_some_cannot_run(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([str(Path(sys.executable).parent / "rockroll"), "envs", "--gem-llm", "--json"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = {row["id"]: row for row in json.loads(r.stdout)}
+    assert "rock/FrozenLake-v0" in rows  # rockroll's own ids still come first
+    assert rows[GUESS]["source"] == "gem-llm 0.1.0" and rows[GUESS]["description"] == ""
+    assert rows["gem:rg:simple_equations"]["description"] == ""
+    assert "cannot run here" in rows["gem:math:GSM8K"]["description"]
+    assert "axon-rl/GSM-8k" in rows["gem:math:GSM8K"]["description"]
+
