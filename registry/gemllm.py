@@ -3,8 +3,8 @@
 gem-llm has no plugin mechanism, and ``import rockroll`` must not import gem-llm (a second of
 imports and a ``logging.basicConfig``; and registering ids must not import the sandbox
 engine). So :func:`install_registration` registers now if gem-llm is imported already, and
-otherwise leaves a finder on ``sys.meta_path`` that waits for the first ``import gem`` and
-registers right after gem-llm's package has run (its registry is filled then). The ids are
+otherwise leaves a one-shot finder on ``sys.meta_path`` that waits for the first ``import gem``
+and registers right after gem-llm's package has run (its registry is filled then). The ids are
 :func:`rockroll.gem.gemllm_plugin.register_rock_envs`'s.
 """
 
@@ -56,13 +56,17 @@ class _ThenRegister(importlib.abc.Loader):
 
 
 class _OnGemLLMImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: at the first ``import gem`` it removes itself and hooks the
-    registration behind the loader the normal path search finds (unless that is rockroll's folder)."""
+    """Finds nothing itself: at the first ``import gem`` it hooks the registration behind the
+    loader the normal path search finds (unless that is rockroll's folder), then stays inert
+    (it is not removed: the import system may be iterating over ``sys.meta_path``)."""
+
+    def __init__(self) -> None:
+        self.done = False
 
     def find_spec(self, name, path=None, target=None):
-        if name != "gem":
+        if name != "gem" or self.done:
             return None
-        sys.meta_path.remove(self)
+        self.done = True
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is not None and spec.loader is not None and not _is_rockroll_folder(spec.origin):
             spec.loader = _ThenRegister(spec.loader)
@@ -75,5 +79,5 @@ def install_registration() -> None:
     if module is not None:
         if "gem.envs.registration" in sys.modules and not _is_rockroll_folder(getattr(module, "__file__", None)):
             _register_quietly()
-    elif not any(isinstance(f, _OnGemLLMImport) for f in sys.meta_path):
+    elif not any(isinstance(f, _OnGemLLMImport) and not f.done for f in sys.meta_path):
         sys.meta_path.insert(0, _OnGemLLMImport())
