@@ -56,14 +56,21 @@ def test_the_suite_imports_gem_llm_not_the_checkouts_gem_folder():
     assert Path(gem.__file__).resolve().parent != ROOT / "gem"
 
 
-def test_from_the_checkout_root_the_shadowing_is_named_and_python_P_avoids_it():
-    code = ("from rockroll.gem.gemllm_load import load_gem_llm\n"
-            "env = load_gem_llm().make('game:GuessTheNumber-v0-easy'); print(type(env).__name__)")
-    shadowed = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+def test_from_the_checkout_root_rockroll_imports_gem_llm_past_the_folder_and_names_a_shadowing():
+    """`python -c` in the checkout's root puts the root first on sys.path, where gem/ is a
+    package named gem: rockroll still gets gem-llm (and so does every later `import gem`);
+    a user's own `import gem` there gets the folder, and rockroll then says so."""
+    use = "from rockroll.gem.gemllm_load import load_gem_llm\nprint(type(load_gem_llm().make('game:GuessTheNumber-v0-easy')).__name__)"
+    run = lambda code, *flags: subprocess.run([sys.executable, *flags, "-c", code], cwd=ROOT,  # noqa: E731
+                                              capture_output=True, text=True, timeout=120)
+    r = run(use + "\nimport gem\nprint(gem.__file__)")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines()[0] == "GuessTheNumberEnv" and "site-packages" in r.stdout.splitlines()[1]
+    shadowed = run("import gem\n" + use)
     assert shadowed.returncode != 0
     assert "GemLLMUnavailable" in shadowed.stderr and str(ROOT / "gem") in shadowed.stderr
     assert "python -P" in shadowed.stderr
-    safe = subprocess.run([sys.executable, "-P", "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    safe = run("import gem\n" + use, "-P")
     assert safe.returncode == 0, safe.stderr[-2000:]
     assert safe.stdout.strip() == "GuessTheNumberEnv"
 
