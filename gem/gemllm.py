@@ -32,8 +32,8 @@ a search server (``SEARCH_URL``), entry points whose module cannot be imported.
 The other direction (rockroll's envs under ``gem.make``) is :mod:`rockroll.gem.gemllm_plugin`,
 registered by :mod:`rockroll.registry.gemllm`.
 
-gem-llm is imported through :func:`rockroll.gem.gemllm_load.load_gem_llm` (it names the
-shadowing of a source checkout).
+gem-llm is imported through :func:`rockroll.gem.gemllm_load.load_gem_llm` (past a source
+checkout's gem/ folder on ``sys.path``).
 """
 
 from __future__ import annotations
