@@ -169,14 +169,17 @@ class GemVectorEnv(VectorEnv):
 
 
 def make_vec(env_id: str, num_envs: int, *, autoreset: bool = True, **kwargs: Any) -> GemVectorEnv:
-    """``num_envs`` envs of ``env_id`` (made with ``kwargs``) as one :class:`GemVectorEnv`.
+    """``num_envs`` envs of ``env_id`` (any id form of :func:`rockroll.gem.factory.make_env`,
+    ``gem:`` ids included; made with ``kwargs``) as one :class:`GemVectorEnv`.
 
     Sandbox envs share one warm pool, grown to ``num_envs`` so that every autoreset finds a
     ready sandbox.
     """
     if num_envs < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}")
-    envs = [gymnasium.make(env_id, **kwargs).unwrapped for _ in range(num_envs)]
+    from .factory import make_env
+
+    envs = [make_env(env_id, **kwargs) for _ in range(num_envs)]
     for env in envs:
         if hasattr(env, "pool_size"):
             env.pool_size = max(env.pool_size, num_envs)

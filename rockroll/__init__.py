@@ -3,7 +3,8 @@
 ``import rockroll`` registers the built-in Gymnasium ids (``rock/...``), so
 ``gymnasium.make("rock/FrozenLake-v0")`` works, then the envs of the default hub
 (``$ROCKROLL_HUB``, else a folder in the state home; see ``rockroll.registry.hub``), and
-the hub's image schemes (``SandboxSpec(image="hub:name@1.0.0")``). The sandbox API lives
+the hub's image schemes (``SandboxSpec(image="hub:name@1.0.0")``); with gem-llm installed,
+every ``rock/`` id is also ``gem.make("rock:...")``-able (docs/gem.md). The sandbox API lives
 in ``rockroll.sandbox``; heavy parts are imported only when used.
 """
 
@@ -30,3 +31,13 @@ def _install_hub() -> None:
 
 
 _install_hub()
+
+
+def _install_gem_llm() -> None:
+    # rock/ ids as gem-llm's rock: ids (gem.make), once gem-llm is imported; never imports it here
+    from rockroll.registry.gemllm import install_registration
+
+    install_registration()
+
+
+_install_gem_llm()

@@ -423,9 +423,12 @@ def hub_gc(evict, dry_run, hub_url, grace, s3_endpoint):
 
 @main.group("envs", invoke_without_command=True)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--gem-llm", "with_gem_llm", is_flag=True,
+              help="Also list gem-llm's ids (gem:...), each with why it cannot run here if it cannot.")
 @click.pass_context
-def envs(ctx, as_json):
-    """List the gymnasium ids rockroll registers, with source, version and description.
+def envs(ctx, as_json, with_gem_llm):
+    """List the gymnasium ids rockroll registers, with source, version and description;
+    with --gem-llm also the ids of gem-llm's registry (train them as gem:<id>, docs/gem.md).
 
     \b
     Subcommands:
@@ -438,12 +441,25 @@ def envs(ctx, as_json):
     from rockroll.registry.hub import list_envs
 
     rows = list_envs()
+    if with_gem_llm:
+        from importlib.metadata import version
+
+        from rockroll.gem.gemllm import GemLLMUnavailable, gem_llm_ids
+        from rockroll.registry.hub import HubEnvInfo
+
+        try:
+            found = gem_llm_ids()
+        except GemLLMUnavailable as e:
+            raise click.ClickException(str(e)) from None
+        source = f"gem-llm {version('gem-llm')}"
+        rows += [HubEnvInfo(gem_id, source, "-", f"cannot run here: {why}" if why else "") for gem_id, why in found]
     if as_json:
         click.echo(json.dumps([r.__dict__ for r in rows], indent=2))
         return
-    click.echo(f"{'ID':<28} {'SOURCE':<36} {'VERSION':<10} DESCRIPTION")
+    width = max([28] + [len(r.id) + 1 for r in rows])
+    click.echo(f"{'ID':<{width}} {'SOURCE':<36} {'VERSION':<10} DESCRIPTION")
     for r in rows:
-        click.echo(f"{r.id:<28} {r.source:<36} {r.version:<10} {r.description}")
+        click.echo(f"{r.id:<{width}} {r.source:<36} {r.version:<10} {r.description}")
 
 
 @envs.command("build-swe")

@@ -11,6 +11,14 @@ from pathlib import Path
 
 import pytest
 
+# The checkout's root holds the folder gem/ (installed as rockroll.gem). `python -m pytest` puts
+# the root first on sys.path, where that folder would shadow gem-llm's top-level `gem` package
+# (tests/gem/test_gemllm.py uses the real one). Nothing imports from the root itself: rockroll
+# comes from the editable install, test helpers from their own folders (pytest's rootdir-less
+# "prepend" import mode puts each test file's folder on sys.path).
+_ROOT = Path(__file__).resolve().parents[1]
+sys.path[:] = [p for p in sys.path if Path(p or os.curdir).resolve() != _ROOT]
+
 _USER_ENV = dict(os.environ)  # before the test home: where the user's default hub is
 _home = tempfile.mkdtemp(prefix="rockroll-test-home-")
 os.environ.setdefault("ROCKROLL_HOME", _home)
@@ -20,6 +28,23 @@ os.environ.setdefault("ROCKROLL_CGROUP_PARENT", "rockroll-test")
 # and reaped the session's sandboxes. ROCKROLL_TEST_KEEP_HOME=1 keeps it, to look into.
 if os.environ.get("ROCKROLL_TEST_KEEP_HOME") != "1":
     atexit.register(shutil.rmtree, _home, ignore_errors=True)
+
+
+def _import_rockroll() -> None:
+    """Import rockroll from the editable install, with the test folders off sys.path: there the
+    folder tests/rockroll/ (no __init__.py) would be found first, as a namespace package
+    ``rockroll`` (the editable install's finder comes after the path search), and rockroll's
+    __init__ (the rock/ ids, the hub, gem-llm's rock: ids) would never run."""
+    tests = Path(__file__).resolve().parent
+    saved = list(sys.path)
+    sys.path[:] = [p for p in sys.path if not Path(p or os.curdir).resolve().is_relative_to(tests)]
+    try:
+        import rockroll  # noqa: F401
+    finally:
+        sys.path[:] = saved
+
+
+_import_rockroll()
 
 
 @pytest.fixture(scope="session")

@@ -70,7 +70,9 @@ class TokenizerConfig:
     as the system message (none when empty); a built word tokenizer's chat template is made
     from ``user_prefix``, ``user_suffix``, ``assistant_prefix`` and ``stop``. ``template:
     prefixes`` joins those strings by hand (``system`` then is raw text before the first
-    turn), for tokenizers without a chat template. The policy's replies end with ``stop``."""
+    turn), for tokenizers without a chat template. The policy's replies end with ``stop``.
+    ``add_tokens``: strings a built word tokenizer keeps whole, one token each (a whole answer
+    such as ``\\boxed{7}``, so ``generation.allowed_tokens`` can name it)."""
 
     name_or_path: str | None = None
     build_dir: str | None = None
@@ -80,10 +82,14 @@ class TokenizerConfig:
     user_suffix: str = "<|end|>"
     assistant_prefix: str = "<|assistant|>"
     stop: str = "<|end|>"
+    add_tokens: list[str] = field(default_factory=list)
 
     def validate(self, p: str) -> None:
         _check(self.template in ("chat", "prefixes"), f"{p}.template", "must be chat or prefixes")
         _check(bool(self.stop), f"{p}.stop", "must be a non-empty token")
+        _check(not (self.add_tokens and self.name_or_path), f"{p}.add_tokens",
+               "only for a built word tokenizer (a pretrained model's embeddings have no rows for them)")
+        _check(all(isinstance(t, str) and t for t in self.add_tokens), f"{p}.add_tokens", "must be non-empty strings")
 
 
 @dataclass

@@ -1,21 +1,18 @@
-"""Making an env from an :class:`EnvConfig`: a registered gymnasium id or an entry point."""
+"""Making an env from an :class:`EnvConfig`, through the one factory (:func:`rockroll.gem.factory.make_env`)."""
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
+
+from rockroll.gem.factory import make_env as _make
 
 from .config import EnvConfig
 
 
 def make_env(spec: EnvConfig, format_penalty: float | None = None) -> Any:
-    """A fresh env: a gymnasium id (``rock/FrozenLake-v0``) or an entry point ``module:Class``."""
+    """A fresh env for ``spec``: a gymnasium id (``rock/FrozenLake-v0``), a gem-llm id
+    (``gem:game:GuessTheNumber-v0-easy``) or an entry point ``module:Class``."""
     kwargs = dict(spec.kwargs)
     if format_penalty is not None:
         kwargs["format_penalty"] = format_penalty
-    if ":" in spec.id and "/" not in spec.id.split(":")[0]:
-        module, name = spec.id.split(":", 1)
-        return getattr(importlib.import_module(module), name)(**kwargs)
-    import gymnasium  # the rock/* ids: registered by rockroll/__init__, run by any rockroll.* import
-
-    return gymnasium.make(spec.id, **kwargs).unwrapped  # GEM envs truncate themselves
+    return _make(spec.id, **kwargs)

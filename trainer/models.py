@@ -106,6 +106,7 @@ def load_tokenizer(cfg: TokenizerConfig, envs: list[EnvConfig], default_dir: str
             build_word_tokenizer(envs, folder)
         tok = AutoTokenizer.from_pretrained(folder)
         tok.chat_template = word_chat_template(cfg)  # from this config, not from when it was built
+        tok.add_tokens(list(cfg.add_tokens))  # matched before the word split: each one token
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
