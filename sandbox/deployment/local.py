@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -18,7 +17,7 @@ from ..errors import IsolationUnavailable, SandboxStartError
 from ..spec import SandboxSpec
 from .cgroups import Cgroup, Limits, cgroup_mode, rlimit_fallback
 from .disk import SandboxDisk
-from .process import AgentProcess
+from .process import AgentHandle, AgentProcess
 from .rootfs import RootfsPlan, network_plan, plan_for_image
 
 if TYPE_CHECKING:
@@ -77,7 +76,7 @@ class LocalDeployment:
         return self.disk.upper or self.dir / f"upper{self.gen}"
 
     def spawn(self, layers: list[Path], sessions: dict[str, str],
-              model: dict | None = None) -> subprocess.Popen:
+              model: dict | None = None) -> AgentHandle:
         """Start a fresh agent over ``layers`` (top first) + the image, with an empty upper:
         on a disk of its own, ``disk_mb`` big (``disk.py``), or a host directory (no limit)."""
         self.gen += 1
