@@ -82,9 +82,9 @@ def test_a_second_sandbox_inherits_nothing_of_the_first():
             assert memory_holds(first_init, secret.encode())  # the check can see one
             # fds: the outer process keeps none (its pipes went to init), init only its own
             # pipes, /dev/null and its selector; nothing of the first sandbox or the zygote
-            mine = fd_targets(init)
-            assert not first_pipes & set(mine)
-            assert not [t for t in fd_targets(outer) + mine if t.startswith("socket:")]
+            theirs = fd_targets(outer) + fd_targets(init)
+            assert not first_pipes & set(theirs)
+            assert not [t for t in theirs if t.startswith("socket:")]
             assert [t for t in fd_targets(outer) if not t.startswith("/dev/null")] == []
             # environment: empty (sessions get theirs from the config); cgroup: its own
             assert Path(f"/proc/{init}/environ").read_bytes() == b""
