@@ -25,7 +25,7 @@ Create-time cost, measured on the 2-core dev host: ``mke2fs`` 6-12 ms (once per 
 template), a sparse copy of its ~150 KiB of metadata 0.7-1.8 ms, ``LOOP_CONFIGURE`` ~1 ms
 idle and up to 140 ms loaded (a queue freeze), the ext4 mount ~1 ms, the first writes to
 the fresh filesystem tens of ms loaded (bitmap reads through the loop worker). All of it
-is done ahead of time on a background thread (``_SpareDisks``, like the spare agents): a
+is done ahead of time on a background thread (``_SpareDisks``, like the zygote's spare agents): a
 create takes a spare, a formatted image on an attached loop device, already mounted as a
 *detached* mount (``fsmount``) with its upper and work dirs made, and the agent moves
 that mount into the sandbox's namespace (``move_mount``): 0.2 ms on the create path.
@@ -149,7 +149,7 @@ def new_disk(disk_mb: int, folder: Path, home: Path | None = None) -> Disk:
 
 
 class _SpareDisks:
-    """Disks made ahead of time, per (size, run directory), like the spare agents
+    """Disks made ahead of time, per (size, run directory), like the zygote's spare agents
     (``process.py``): attaching a loop device waits on the kernel (a queue freeze, an RCU
     grace period) and mounting reads the filesystem: 3 ms on an idle host, 100 ms and more
     on a loaded one, so a create should not. Spares sit in the run's directory

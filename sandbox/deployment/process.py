@@ -5,6 +5,7 @@ namespace with it."""
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import errno
@@ -80,20 +81,45 @@ class Zygote:
     (the service's token, $ROCKROLL_MODEL_TOKEN, cloud credentials); sessions get their own.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, keep: int = 2) -> None:
+        self.keep = keep
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self.proc: subprocess.Popen | None = None
-        self._spawner: concurrent.futures.ThreadPoolExecutor | None = None
+        self._spawner: concurrent.futures.ThreadPoolExecutor | None = None  # starts the zygote
+        self._refiller = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rockroll-spares")
+        self._ready: collections.deque[AgentHandle] = collections.deque()
 
-    def fork(self) -> AgentHandle:
-        """A new agent process, blocked reading its config frame on stdin."""
+    def take(self) -> AgentHandle:
+        """An agent process blocked reading its config frame on stdin: one forked ahead
+        of time (``keep`` wait, generic, holding nothing of any sandbox; the round trip
+        to the zygote is then off the create path), else a fresh fork."""
         with self._lock:
-            try:
-                return self._fork()
-            except OSError:
-                self._stop()  # dead or confused: one retry with a fresh zygote
-                return self._fork()
+            proc = None
+            while self._ready and proc is None:
+                candidate = self._ready.popleft()
+                proc = candidate if candidate.poll() is None else None
+            if proc is None:
+                proc = self._fork_or_retry()
+        self._refiller.submit(self._refill)
+        return proc
+
+    def _refill(self) -> None:
+        while True:
+            with self._lock:
+                if len(self._ready) >= self.keep:
+                    return
+                try:
+                    self._ready.append(self._fork_or_retry())
+                except OSError:
+                    return  # the next take forks its own, and says why
+
+    def _fork_or_retry(self) -> AgentHandle:
+        try:
+            return self._fork()
+        except OSError:
+            self._stop()  # dead or confused: one retry with a fresh zygote
+            return self._fork()
 
     def _fork(self) -> AgentHandle:
         if self._sock is None:
@@ -132,6 +158,7 @@ class Zygote:
         self._sock = ours
 
     def _stop(self) -> None:
+        self._ready.clear()  # their pipes close with them: they exit
         sock, proc, self._sock, self.proc = self._sock, self.proc, None, None
         if sock is not None:
             sock.close()  # EOF: the zygote exits (its agents run on)
@@ -152,7 +179,7 @@ def zygote_pid() -> int | None:
 def start_agent(cfg: dict) -> AgentHandle:
     """An agent process configured by ``cfg``: its stdin/stdout carry the protocol.
     Every agent gets the syscall filter here, whatever its deployment."""
-    proc = _zygote.fork()
+    proc = _zygote.take()
     # The config travels as the first frame, not argv: argv is readable in the sandbox.
     proc.stdin.write(_agent.encode_frame({**cfg, "seccomp": bpf_program().hex()}))
     proc.stdin.flush()
