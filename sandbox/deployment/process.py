@@ -176,10 +176,16 @@ def zygote_pid() -> int | None:
     return proc.pid if proc is not None and proc.poll() is None else None
 
 
-def start_agent(cfg: dict) -> AgentHandle:
-    """An agent process configured by ``cfg``: its stdin/stdout carry the protocol.
-    Every agent gets the syscall filter here, whatever its deployment."""
-    proc = _zygote.take()
+def fork_agent() -> AgentHandle:
+    """A generic agent process, waiting for its config (``start_agent``)."""
+    return _zygote.take()
+
+
+def start_agent(cfg: dict, proc: AgentHandle | None = None) -> AgentHandle:
+    """An agent process configured by ``cfg`` (``proc``, from ``fork_agent``, or a new
+    one): its stdin/stdout carry the protocol. Every agent gets the syscall filter here,
+    whatever its deployment."""
+    proc = proc or _zygote.take()
     # The config travels as the first frame, not argv: argv is readable in the sandbox.
     proc.stdin.write(_agent.encode_frame({**cfg, "seccomp": bpf_program().hex()}))
     proc.stdin.flush()
@@ -198,9 +204,10 @@ class AgentProcess:
         self.init_pid: int | None = None
         self.init_start: int | None = None
 
-    def start(self, cfg: dict, model: dict | None = None) -> AgentHandle:
-        """Start the agent with ``cfg`` (and the model channel's settings, if any)."""
-        self.proc = start_agent({**cfg, "model": model} if model else cfg)
+    def start(self, cfg: dict, model: dict | None = None, proc: AgentHandle | None = None) -> AgentHandle:
+        """Start the agent with ``cfg`` (and the model channel's settings, if any), in
+        ``proc`` (from ``fork_agent``) if given."""
+        self.proc = start_agent({**cfg, "model": model} if model else cfg, proc)
         return self.proc
 
     def record(self, init_pid: int) -> None:
