@@ -101,27 +101,38 @@ def attach_loop(image: Path) -> tuple[str, int]:
     ctl = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
     backing = os.open(image, os.O_RDWR | os.O_CLOEXEC)
     try:
-        for _ in range(64):  # another process may take the free device first: try the next
-            n = fcntl.ioctl(ctl, LOOP_CTL_GET_FREE)
-            dev = f"/dev/loop{n}"
-            try:
-                fd = os.open(dev, os.O_RDWR | os.O_CLOEXEC)
-            except FileNotFoundError:  # no devtmpfs or udev made the node
-                os.mknod(dev, stat.S_IFBLK | 0o600, os.makedev(7, n))
-                fd = os.open(dev, os.O_RDWR | os.O_CLOEXEC)
-            info = bytearray(LOOP_INFO64_SIZE)
-            struct.pack_into("I", info, LO_FLAGS_OFFSET, LO_FLAGS_AUTOCLEAR)
-            try:  # struct loop_config: backing fd, block size (0: default), loop_info64, reserved
-                fcntl.ioctl(fd, LOOP_CONFIGURE, struct.pack("II", backing, 0) + bytes(info) + bytes(64))
-                return dev, fd
-            except OSError as e:
-                os.close(fd)
-                if e.errno != errno.EBUSY:
-                    raise
-        raise OSError(errno.EBUSY, "no free loop device")
+        with _ATTACHING:
+            return _claim_free(ctl, backing)
     finally:
         os.close(ctl)
         os.close(backing)
+
+
+# Threads of one process asking for a free device at once are all handed the same one, and
+# all but one retry: a burst of creates ran out of tries. The kernel serializes attaching
+# anyway (loop_ctl_mutex); we do too. Other processes still race us, hence the retries.
+_ATTACHING = threading.Lock()
+
+
+def _claim_free(ctl: int, backing: int) -> tuple[str, int]:
+    for _ in range(64):  # another process may take the free device first: try the next
+        n = fcntl.ioctl(ctl, LOOP_CTL_GET_FREE)
+        dev = f"/dev/loop{n}"
+        try:
+            fd = os.open(dev, os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:  # no devtmpfs or udev made the node
+            os.mknod(dev, stat.S_IFBLK | 0o600, os.makedev(7, n))
+            fd = os.open(dev, os.O_RDWR | os.O_CLOEXEC)
+        info = bytearray(LOOP_INFO64_SIZE)
+        struct.pack_into("I", info, LO_FLAGS_OFFSET, LO_FLAGS_AUTOCLEAR)
+        try:  # struct loop_config: backing fd, block size (0: default), loop_info64, reserved
+            fcntl.ioctl(fd, LOOP_CONFIGURE, struct.pack("II", backing, 0) + bytes(info) + bytes(64))
+            return dev, fd
+        except OSError as e:
+            os.close(fd)
+            if e.errno != errno.EBUSY:
+                raise
+    raise OSError(errno.EBUSY, "no free loop device")
 
 
 def new_disk(disk_mb: int, folder: Path, home: Path | None = None) -> Disk:
