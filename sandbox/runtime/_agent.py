@@ -1031,14 +1031,7 @@ class Agent:
             self.reap()
 
     def reap(self) -> None:
-        # pid 1 inherits every orphan in the sandbox: reap them so none stay zombies.
-        while True:
-            try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        reap_children()  # pid 1 inherits every orphan in the sandbox: none may stay a zombie
 
 
 def _setup_outer(cfg: dict) -> None:
@@ -1125,7 +1118,7 @@ def zygote() -> None:
     os.dup2(null, 0)
     os.close(null)
     os.chdir("/")
-    signal.signal(signal.SIGCHLD, _reap_children)
+    signal.signal(signal.SIGCHLD, reap_children)
     gc.freeze()  # the imported modules' objects stay shared with every child (no GC writes)
     while True:
         try:
@@ -1169,7 +1162,8 @@ def zygote() -> None:
             os.close(pidfd)
 
 
-def _reap_children(_sig, _frame) -> None:
+def reap_children(*_signal) -> None:
+    """Reap every child that has exited (also a SIGCHLD handler: the zygote's)."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
