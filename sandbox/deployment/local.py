@@ -11,7 +11,6 @@ import concurrent.futures
 import contextlib
 import os
 import shutil
-import signal
 import sys
 import threading
 import uuid
@@ -121,8 +120,7 @@ class _JoinedAgents:
 
 def _discard(group: Cgroup, agent: AgentHandle | None) -> None:
     if agent is not None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(agent.pid, signal.SIGKILL)  # still ours: the pidfd holds its pid
+        agent.kill()
     with contextlib.suppress(SandboxError):
         group.remove()
 

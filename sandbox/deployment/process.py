@@ -48,6 +48,13 @@ class AgentHandle:
         self.stdout = os.fdopen(stdout_r, "rb", buffering=0)
         self.returncode: int | None = None
 
+    def kill(self) -> None:
+        """SIGKILL it, through the pidfd: the zygote reaps it at once, so its bare pid
+        may already name another process."""
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+
     def poll(self) -> int | None:
         return self.wait(0) if self.returncode is None and self._exited(0) else self.returncode
 
@@ -225,13 +232,11 @@ class AgentProcess:
         self.proc, self.init_pid = None, None
         if proc is None:
             return None
-        for pid, start in ((init_pid, init_start), (proc.pid, None)):
-            # A dead init's pid may already belong to someone else: check before killing.
-            if pid and (start is None or proc_start_time(pid) == start):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        # A dead init's pid may already belong to someone else: check before killing.
+        if init_pid and proc_start_time(init_pid) == init_start:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(init_pid, signal.SIGKILL)
+        proc.kill()
         for f in (proc.stdin, proc.stdout):
             try:
                 f.close()
