@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import IsolationUnavailable, SandboxError, SandboxStartError
+from ..runtime._agent import encode_frame
 from ..spec import SandboxSpec
 from .cgroups import Cgroup, Limits, cgroup_mode, rlimit_fallback
 from .disk import SandboxDisk
@@ -52,10 +53,11 @@ def _userns_allowed() -> bool:
 
 class _JoinedAgents:
     """Agents forked ahead of time (``fork_agent``) and already in a cgroup of their own,
-    ``<run tag>.spare-<hex>``, with no limits yet. Moving a process into a cgroup is most
-    of a local create's wall time when done on the way: the kernel's migration lock waits
-    for an RCU grace period (cgroup v1, and v2 without ``favordynmods``): 9 of 15 ms on
-    the dev host. A create takes one, renames its group to the sandbox's and writes the
+    ``<run tag>.spare-<hex>``, with no limits yet, and in a network namespace of their own
+    (loopback up; ``_agent.read_config``). Moving a process into a cgroup is most of a
+    local create's wall time when done on the way: the kernel's migration lock waits for
+    an RCU grace period (cgroup v1, and v2 without ``favordynmods``): 9 of 15 ms on the
+    dev host; making a network namespace waits on the kernel's rtnl_lock. A create takes one, renames its group to the sandbox's and writes the
     limits (no wait); a background thread makes the next. Per run: a run that closes
     kills and removes its own, and a crashed run's are reaped with its cgroups (same tag)."""
 
@@ -101,6 +103,8 @@ class _JoinedAgents:
             try:
                 agent = fork_agent()
                 group.add(agent.pid)
+                agent.stdin.write(encode_frame({"prepare": "net"}))  # in its cgroup, charged there
+                agent.stdin.flush()
             except (OSError, SandboxError):
                 _discard(group, agent)
                 return
@@ -148,7 +152,8 @@ class LocalDeployment:
         self._joined: AgentHandle | None = None  # an agent already in self.cgroup
         if cgroup_mode() != "none":
             name = f"{run.cgroup_tag}.{sandbox_id}"
-            taken = None if self.userns else _joined.take(run, name, self.limits)
+            # a spare has its own network namespace already: only for network=False
+            taken = None if self.userns or spec.network else _joined.take(run, name, self.limits)
             try:
                 if taken is not None:
                     self.cgroup, self._joined = taken

@@ -1044,7 +1044,7 @@ def _setup_outer(cfg: dict) -> None:
     for res, soft, hard in cfg.get("rlimits", []):
         resource.setrlimit(res, (soft, hard))
     flags = CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWPID
-    if not cfg.get("network"):
+    if not cfg.get("network") and not cfg.get("net_ready"):
         flags |= CLONE_NEWNET
     if cfg.get("userns"):
         uid, gid = os.geteuid(), os.getegid()
@@ -1085,14 +1085,28 @@ def _enter_init() -> None:
 
 
 def read_config() -> dict:
+    """The configuration frame from stdin. A spare agent (``deployment/local.py``) may be
+    told ``{"prepare": "net"}`` first: it makes its network namespace, loopback up, while
+    it waits (creating one waits on the kernel's rtnl_lock), and the config says
+    ``net_ready``. A failure here is not final: the usual path makes it later."""
     reader = FrameReader()
+    net_ready = False
     while True:
         data = os.read(0, 1 << 16)
         if not data:
             os._exit(1)
         reader.feed(data)
         for header, _ in reader.frames():
-            return header
+            if header.get("prepare") == "net":
+                if not net_ready:
+                    try:
+                        unshare(CLONE_NEWNET)
+                        loopback_up()
+                        net_ready = True
+                    except OSError:
+                        pass
+                continue
+            return {**header, "net_ready": net_ready}
 
 
 def zygote() -> None:
@@ -1218,7 +1232,7 @@ def main() -> None:
         else:
             build_root(cfg)
             socket.sethostname(cfg.get("hostname", "sandbox"))
-            if not cfg.get("network"):
+            if not cfg.get("network") and not cfg.get("net_ready"):
                 loopback_up()
         try:
             with open("/proc/self/oom_score_adj", "w") as f:
