@@ -57,6 +57,69 @@ def mem_available_mb() -> int:
     raise RuntimeError("no MemAvailable in /proc/meminfo")
 
 
+def _stat_fields(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/stat") as f:
+        data = f.read()
+    return data[data.rindex(")") + 2:].split()
+
+
+def children_map() -> dict[int, list[int]]:
+    """Every process's children (``ppid -> [pid]``), read from /proc once."""
+    kids: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                kids.setdefault(int(_stat_fields(int(name))[1]), []).append(int(name))
+            except (OSError, IndexError, ValueError):
+                continue  # exited meanwhile
+    return kids
+
+
+def descendants(pid: int, kids: dict[int, list[int]] | None = None) -> list[int]:
+    """``pid`` and every live process below it."""
+    kids = children_map() if kids is None else kids
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += kids.get(p, [])
+    return out
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` and everything it started: the live
+    processes below it, and (through the kernel's cutime/cstime) the ones already reaped."""
+    tick, total = os.sysconf("SC_CLK_TCK"), 0
+    for p in descendants(pid):
+        try:
+            total += sum(int(v) for v in _stat_fields(p)[11:15])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / tick
+
+
+def pss_kb(pid: int) -> int:
+    """Proportional set size of ``pid`` (``/proc/PID/smaps_rollup``), in KiB; 0 if gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def swap_used_mb() -> int:
+    """SwapTotal - SwapFree from /proc/meminfo, in MiB."""
+    info = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            key, value = line.split(":", 1)
+            info[key] = int(value.split()[0])
+    return (info.get("SwapTotal", 0) - info.get("SwapFree", 0)) // 1024
+
+
 def sigterm_as_exit() -> None:
     """Make SIGTERM unwind like Ctrl-C (``finally`` blocks run: servers, clusters and
     containers a benchmark started get stopped) instead of killing the process cold."""

@@ -6,9 +6,11 @@ through this interface; the agent and its protocol are the same everywhere.
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from .process import AgentHandle
 
 
 class Deployment(Protocol):
@@ -17,7 +19,7 @@ class Deployment(Protocol):
     upper: Path  # the sandbox's writable layer, as a host path (snapshots pack it)
 
     def spawn(self, layers: list[Path], sessions: dict[str, str],
-              model: dict | None = None) -> subprocess.Popen:
+              model: dict | None = None) -> AgentHandle:
         """Start a fresh agent over snapshot ``layers`` (top first); its stdin/stdout
         carry the protocol and its first frame was the config. ``model`` (``{"port",
         "env"}``) turns on the in-sandbox model endpoint (``runtime/model_channel.py``)."""

@@ -233,6 +233,17 @@ class Cgroup:
         self._write("cpu", "cpu.cfs_period_us", CPU_PERIOD_US)
         self._write("cpu", "cpu.cfs_quota_us", quota if quota is not None else -1)
 
+    def renamed(self, name: str, limits: Limits) -> Cgroup:
+        """This group under ``name`` (its processes stay in it), with ``limits`` written:
+        a group made ahead of time becomes a sandbox's. ``OSError`` if the kernel refuses."""
+        mode, dirs = self._layout(name)
+        new = {old: dirs[key] for key, old in self.dirs.items()}
+        for old in self._unique_dirs():
+            os.rename(old, new[old])
+        group = Cgroup(name, mode, dirs)
+        group._write_limits(limits)
+        return group
+
     @classmethod
     def attach(cls, name: str) -> Cgroup:
         """A handle on existing group ``name`` without touching its limits;

@@ -25,7 +25,7 @@ Create-time cost, measured on the 2-core dev host: ``mke2fs`` 6-12 ms (once per 
 template), a sparse copy of its ~150 KiB of metadata 0.7-1.8 ms, ``LOOP_CONFIGURE`` ~1 ms
 idle and up to 140 ms loaded (a queue freeze), the ext4 mount ~1 ms, the first writes to
 the fresh filesystem tens of ms loaded (bitmap reads through the loop worker). All of it
-is done ahead of time on a background thread (``_SpareDisks``, like the spare agents): a
+is done ahead of time on a background thread (``_SpareDisks``, like the zygote's spare agents): a
 create takes a spare, a formatted image on an attached loop device, already mounted as a
 *detached* mount (``fsmount``) with its upper and work dirs made, and the agent moves
 that mount into the sandbox's namespace (``move_mount``): 0.2 ms on the create path.
@@ -101,27 +101,38 @@ def attach_loop(image: Path) -> tuple[str, int]:
     ctl = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
     backing = os.open(image, os.O_RDWR | os.O_CLOEXEC)
     try:
-        for _ in range(64):  # another process may take the free device first: try the next
-            n = fcntl.ioctl(ctl, LOOP_CTL_GET_FREE)
-            dev = f"/dev/loop{n}"
-            try:
-                fd = os.open(dev, os.O_RDWR | os.O_CLOEXEC)
-            except FileNotFoundError:  # no devtmpfs or udev made the node
-                os.mknod(dev, stat.S_IFBLK | 0o600, os.makedev(7, n))
-                fd = os.open(dev, os.O_RDWR | os.O_CLOEXEC)
-            info = bytearray(LOOP_INFO64_SIZE)
-            struct.pack_into("I", info, LO_FLAGS_OFFSET, LO_FLAGS_AUTOCLEAR)
-            try:  # struct loop_config: backing fd, block size (0: default), loop_info64, reserved
-                fcntl.ioctl(fd, LOOP_CONFIGURE, struct.pack("II", backing, 0) + bytes(info) + bytes(64))
-                return dev, fd
-            except OSError as e:
-                os.close(fd)
-                if e.errno != errno.EBUSY:
-                    raise
-        raise OSError(errno.EBUSY, "no free loop device")
+        with _ATTACHING:
+            return _claim_free(ctl, backing)
     finally:
         os.close(ctl)
         os.close(backing)
+
+
+# Threads of one process asking for a free device at once are all handed the same one, and
+# all but one retry: a burst of creates ran out of tries. The kernel serializes attaching
+# anyway (loop_ctl_mutex); we do too. Other processes still race us, hence the retries.
+_ATTACHING = threading.Lock()
+
+
+def _claim_free(ctl: int, backing: int) -> tuple[str, int]:
+    for _ in range(64):  # another process may take the free device first: try the next
+        n = fcntl.ioctl(ctl, LOOP_CTL_GET_FREE)
+        dev = f"/dev/loop{n}"
+        try:
+            fd = os.open(dev, os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:  # no devtmpfs or udev made the node
+            os.mknod(dev, stat.S_IFBLK | 0o600, os.makedev(7, n))
+            fd = os.open(dev, os.O_RDWR | os.O_CLOEXEC)
+        info = bytearray(LOOP_INFO64_SIZE)
+        struct.pack_into("I", info, LO_FLAGS_OFFSET, LO_FLAGS_AUTOCLEAR)
+        try:  # struct loop_config: backing fd, block size (0: default), loop_info64, reserved
+            fcntl.ioctl(fd, LOOP_CONFIGURE, struct.pack("II", backing, 0) + bytes(info) + bytes(64))
+            return dev, fd
+        except OSError as e:
+            os.close(fd)
+            if e.errno != errno.EBUSY:
+                raise
+    raise OSError(errno.EBUSY, "no free loop device")
 
 
 def new_disk(disk_mb: int, folder: Path, home: Path | None = None) -> Disk:
@@ -149,7 +160,7 @@ def new_disk(disk_mb: int, folder: Path, home: Path | None = None) -> Disk:
 
 
 class _SpareDisks:
-    """Disks made ahead of time, per (size, run directory), like the spare agents
+    """Disks made ahead of time, per (size, run directory), like the zygote's spare agents
     (``process.py``): attaching a loop device waits on the kernel (a queue freeze, an RCU
     grace period) and mounting reads the filesystem: 3 ms on an idle host, 100 ms and more
     on a loaded one, so a create should not. Spares sit in the run's directory

@@ -56,7 +56,7 @@ from ..spec import SandboxSpec
 from ..storage.whiteouts import apply_layer
 from .cgroups import Cgroup
 from .disk import SandboxDisk
-from .process import AgentProcess
+from .process import AgentHandle, AgentProcess
 from .rootfs import NO_NETWORK_ETC
 from .seccomp import docker_security_opt
 
@@ -208,7 +208,7 @@ class DockerDeployment:
             raise SandboxStartError(f"cannot create the container: {e}", sandbox_id=self.id) from e
 
     def spawn(self, layers: list[Path], sessions: dict[str, str],
-              model: dict | None = None) -> subprocess.Popen:
+              model: dict | None = None) -> AgentHandle:
         """Start a fresh container over snapshot ``layers`` (top first), and an agent in it."""
         import docker  # noqa: PLC0415
 

@@ -1,14 +1,20 @@
 """The agent process on the host, shared by every deployment that runs our agent
-(local namespaces, docker): spare interpreters started ahead of time, the pids recorded
-for crash reaping, and the kill that takes the sandbox's pid namespace with it."""
+(local namespaces, docker): forked by a zygote (a fork server started once per owner
+process), the pids recorded for crash reaping, and the kill that takes the sandbox's pid
+namespace with it."""
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
+import errno
 import json
 import os
+import select
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -22,62 +28,162 @@ from .seccomp import bpf_program
 AGENT_PATH = _agent.__file__
 
 
-class _SpareAgents:
-    """Agent interpreters started ahead of time, blocked reading their config frame.
+class AgentHandle:
+    """A running agent as the host holds it (the part of ``subprocess.Popen`` we use):
+    ``pid``, ``stdin``/``stdout`` (the protocol's pipes), ``poll``/``wait``. The agent is
+    the zygote's child, not ours: we wait on a pidfd (the zygote reaps it)."""
 
-    Starting Python and importing the agent is most of a sandbox's start-up; a spare
-    makes create, restore, reset and fork skip it. Spares are generic (the config, sent
-    later, says what to become). Every agent is started on one long-lived thread, because
-    PR_SET_PDEATHSIG fires when the *thread* that forked a process exits, and callers
-    may be short-lived worker threads.
+    def __init__(self, pid: int, pidfd: int, stdin_w: int, stdout_r: int):
+        self.pid, self._pidfd = pid, pidfd
+        self.stdin = os.fdopen(stdin_w, "wb")
+        self.stdout = os.fdopen(stdout_r, "rb", buffering=0)
+        self.returncode: int | None = None
+
+    def kill(self) -> None:
+        """SIGKILL it, through the pidfd: the zygote reaps it at once, so its bare pid
+        may already name another process."""
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+
+    def poll(self) -> int | None:
+        return self.wait(0) if self.returncode is None and self._exited(0) else self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            if not self._exited(timeout):
+                raise subprocess.TimeoutExpired(f"agent {self.pid}", timeout)
+            self.returncode = -1  # its status went to the zygote, which reaped it
+        return self.returncode
+
+    def _exited(self, timeout: float | None) -> bool:
+        poller = select.poll()
+        poller.register(self._pidfd, select.POLLIN)
+        return bool(poller.poll(None if timeout is None else int(timeout * 1000)))
+
+    def __del__(self) -> None:  # not in wait: a stop's reaper thread and a kill may both wait
+        if getattr(self, "_pidfd", -1) >= 0:
+            os.close(self._pidfd)
+
+
+class Zygote:
+    """The fork server of this process (``_agent.zygote``): one interpreter, started
+    once, that has imported the agent and forks one per sandbox. Requests are serialized
+    (a fork is about a millisecond); a zygote that died is replaced on the next request.
+
+    It is started on one long-lived thread, because PR_SET_PDEATHSIG fires when the
+    *thread* that forked a process exits, and callers may be short-lived worker threads.
+    Its environment is empty: the agents' children inside the sandbox (its pid 1, in
+    docker the process that entered the container) keep the environment they were started
+    with, and the sandbox's root reads it in /proc/*/environ. The host's holds secrets
+    (the service's token, $ROCKROLL_MODEL_TOKEN, cloud credentials); sessions get their own.
     """
 
-    def __init__(self, keep: int = 2):
+    def __init__(self, keep: int = 2) -> None:
         self.keep = keep
-        self._ready: collections.deque[subprocess.Popen] = collections.deque()
         self._lock = threading.Lock()
-        self._spawner: concurrent.futures.ThreadPoolExecutor | None = None
+        self._sock: socket.socket | None = None
+        self.proc: subprocess.Popen | None = None
+        self._spawner: concurrent.futures.ThreadPoolExecutor | None = None  # starts the zygote
+        self._refiller = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rockroll-spares")
+        self._ready: collections.deque[AgentHandle] = collections.deque()
 
-    def take(self) -> subprocess.Popen:
+    def take(self) -> AgentHandle:
+        """An agent process blocked reading its config frame on stdin: one forked ahead
+        of time (``keep`` wait, generic, holding nothing of any sandbox; the round trip
+        to the zygote is then off the create path), else a fresh fork."""
         with self._lock:
-            if self._spawner is None:
-                self._spawner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rockroll-spawn")
-            spawner = self._spawner
             proc = None
             while self._ready and proc is None:
                 candidate = self._ready.popleft()
                 proc = candidate if candidate.poll() is None else None
-        if proc is None:
-            proc = spawner.submit(_popen_agent).result()
-        for _ in range(self.keep):
-            spawner.submit(self._refill)
+            if proc is None:
+                proc = self._fork_or_retry()
+        self._refiller.submit(self._refill)
         return proc
 
     def _refill(self) -> None:
-        with self._lock:
-            if len(self._ready) >= self.keep:
-                return
-        proc = _popen_agent()
-        with self._lock:
-            self._ready.append(proc)
+        while True:
+            with self._lock:
+                if len(self._ready) >= self.keep:
+                    return
+                try:
+                    self._ready.append(self._fork_or_retry())
+                except OSError:
+                    return  # the next take forks its own, and says why
+
+    def _fork_or_retry(self) -> AgentHandle:
+        try:
+            return self._fork()
+        except OSError:
+            self._stop()  # dead or confused: one retry with a fresh zygote
+            return self._fork()
+
+    def _fork(self) -> AgentHandle:
+        if self._sock is None:
+            self._start()
+        stdin_r, stdin_w = os.pipe()
+        stdout_r, stdout_w = os.pipe()
+        try:
+            socket.send_fds(self._sock, [b"f"], [stdin_r, stdout_w])
+            msg, fds, _, _ = socket.recv_fds(self._sock, 16, 1)
+        except BaseException:
+            os.close(stdin_w)
+            os.close(stdout_r)
+            raise
+        finally:
+            os.close(stdin_r)
+            os.close(stdout_w)
+        if len(msg) != 4 or len(fds) != 1:
+            for fd in (*fds, stdin_w, stdout_r):
+                os.close(fd)
+            raise OSError(errno.ECHILD, "the agent zygote could not fork")
+        return AgentHandle(struct.unpack("i", msg)[0], fds[0], stdin_w, stdout_r)
+
+    def _start(self) -> None:
+        if self._spawner is None:
+            self._spawner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rockroll-zygote")
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.proc = self._spawner.submit(
+                subprocess.Popen, [sys.executable, "-S", "-E", AGENT_PATH, "zygote"], stdin=theirs, env={},
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True, cwd="/").result()
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self._sock = ours
+
+    def _stop(self) -> None:
+        self._ready.clear()  # their pipes close with them: they exit
+        sock, proc, self._sock, self.proc = self._sock, self.proc, None, None
+        if sock is not None:
+            sock.close()  # EOF: the zygote exits (its agents run on)
+        if proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
 
 
-def _popen_agent() -> subprocess.Popen:
-    # An empty environment: the agent's children inside the sandbox (its pid 1, in docker
-    # the process that entered the container) keep the environment they were started with,
-    # and the sandbox's root reads it in /proc/*/environ. The host's holds secrets (the
-    # service's token, $ROCKROLL_MODEL_TOKEN, cloud credentials); sessions get their own.
-    return subprocess.Popen([sys.executable, "-S", "-E", AGENT_PATH], stdin=subprocess.PIPE, env={},
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True)
+_zygote = Zygote()
 
 
-_spares = _SpareAgents()
+def zygote_pid() -> int | None:
+    """The pid of this process's zygote, if one runs (tests check it dies with us)."""
+    proc = _zygote.proc
+    return proc.pid if proc is not None and proc.poll() is None else None
 
 
-def start_agent(cfg: dict) -> subprocess.Popen:
-    """An agent process configured by ``cfg``: its stdin/stdout carry the protocol.
-    Every agent gets the syscall filter here, whatever its deployment."""
-    proc = _spares.take()
+def fork_agent() -> AgentHandle:
+    """A generic agent process, waiting for its config (``start_agent``)."""
+    return _zygote.take()
+
+
+def start_agent(cfg: dict, proc: AgentHandle | None = None) -> AgentHandle:
+    """An agent process configured by ``cfg`` (``proc``, from ``fork_agent``, or a new
+    one): its stdin/stdout carry the protocol. Every agent gets the syscall filter here,
+    whatever its deployment."""
+    proc = proc or _zygote.take()
     # The config travels as the first frame, not argv: argv is readable in the sandbox.
     proc.stdin.write(_agent.encode_frame({**cfg, "seccomp": bpf_program().hex()}))
     proc.stdin.flush()
@@ -92,13 +198,14 @@ class AgentProcess:
 
     def __init__(self, record_dir: Path):
         self.dir = record_dir
-        self.proc: subprocess.Popen | None = None
+        self.proc: AgentHandle | None = None
         self.init_pid: int | None = None
         self.init_start: int | None = None
 
-    def start(self, cfg: dict, model: dict | None = None) -> subprocess.Popen:
-        """Start the agent with ``cfg`` (and the model channel's settings, if any)."""
-        self.proc = start_agent({**cfg, "model": model} if model else cfg)
+    def start(self, cfg: dict, model: dict | None = None, proc: AgentHandle | None = None) -> AgentHandle:
+        """Start the agent with ``cfg`` (and the model channel's settings, if any), in
+        ``proc`` (from ``fork_agent``) if given."""
+        self.proc = start_agent({**cfg, "model": model} if model else cfg, proc)
         return self.proc
 
     def record(self, init_pid: int) -> None:
@@ -109,20 +216,18 @@ class AgentProcess:
                 "init_pid": init_pid, "init_start": proc_start_time(init_pid)}
         (self.dir / "agent.json").write_text(json.dumps(pids))
 
-    def stop(self, then: Callable[[], None] | None = None) -> subprocess.Popen | None:
+    def stop(self, then: Callable[[], None] | None = None) -> AgentHandle | None:
         """Kill the current agent (and with it its pid namespace) without blocking; reap
         it in the background, then run ``then``. Returns the process stopped, if any."""
         proc, init_pid, init_start = self.proc, self.init_pid, self.init_start
         self.proc, self.init_pid = None, None
         if proc is None:
             return None
-        for pid, start in ((init_pid, init_start), (proc.pid, None)):
-            # A dead init's pid may already belong to someone else: check before killing.
-            if pid and (start is None or proc_start_time(pid) == start):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        # A dead init's pid may already belong to someone else: check before killing.
+        if init_pid and proc_start_time(init_pid) == init_start:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(init_pid, signal.SIGKILL)
+        proc.kill()
         for f in (proc.stdin, proc.stdout):
             try:
                 f.close()
@@ -141,7 +246,7 @@ class AgentProcess:
                 pass
 
 
-def _reap(proc: subprocess.Popen, then: Callable[[], None] | None) -> None:
+def _reap(proc: AgentHandle, then: Callable[[], None] | None) -> None:
     try:
         proc.wait(timeout=30)
     except subprocess.TimeoutExpired:

@@ -141,8 +141,10 @@ class RunRegistry:
         pid = os.getpid()
         self.cgroup_tag = f"{self.run_id}-{pid}-{proc_start_time(pid)}"
         self._closers: dict[str, Callable[[], None]] = {}
+        self._at_close: list[Callable[[], None]] = []
         self._lock = threading.Lock()
         self._started = False
+        self.closed = False
 
     def ensure(self) -> None:
         """Create the run directory; the first call also reaps dead runs and hooks exit."""
@@ -172,6 +174,11 @@ class RunRegistry:
             self._closers.pop(sandbox_id, None)
         shutil.rmtree(self.dir / sandbox_id, ignore_errors=True)
 
+    def at_close(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` when the run closes (after its sandboxes): what it made ahead of time."""
+        with self._lock:
+            self._at_close.append(fn)
+
     def live(self) -> list[str]:
         with self._lock:
             return sorted(self._closers)
@@ -179,8 +186,10 @@ class RunRegistry:
     def close_all(self) -> None:
         """Kill every sandbox of this run and remove the run's directory. Idempotent."""
         with self._lock:
-            closers = list(self._closers.values())
+            self.closed = True
+            closers = list(self._closers.values()) + self._at_close
             self._closers.clear()
+            self._at_close = []
         for close in closers:
             try:
                 close()

@@ -56,6 +56,24 @@ def _alive(pid):
         return False
 
 
+def _parent(pid):
+    data = Path(f"/proc/{pid}/stat").read_text()
+    return int(data[data.rindex(")") + 2:].split()[1])
+
+
+def _children(pid):
+    """Live processes whose parent is ``pid``."""
+    found = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if _parent(int(p.name)) == pid and _alive(int(p.name)):
+                    found.append(int(p.name))
+            except (OSError, ValueError):
+                continue
+    return found
+
+
 # Set to 1 to watch the leak checks below fail: the reap that the next start runs is skipped.
 BREAK_REAP = os.environ.get("ROCKROLL_TEST_SKIP_REAP") == "1"
 
@@ -64,12 +82,14 @@ def test_kill_9_of_owner_leaves_nothing_after_next_start(tmp_path):
     script = textwrap.dedent("""
         import json, sys, time
         from rockroll.sandbox import open_sandbox, SandboxSpec
+        from rockroll.sandbox.deployment.process import zygote_pid
         from rockroll.sandbox.deployment.reaper import current_run
         boxes = [open_sandbox(SandboxSpec(memory_mb=128)) for _ in range(3)]
         for b in boxes:
             b.run("sleep 1000 &")
         info = [json.loads((current_run().dir / b.id / "agent.json").read_text()) for b in boxes]
-        print(json.dumps({"run": current_run().run_id, "dir": str(current_run().dir), "agents": info}), flush=True)
+        print(json.dumps({"run": current_run().run_id, "dir": str(current_run().dir), "agents": info,
+                          "zygote": zygote_pid()}), flush=True)
         time.sleep(1000)
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=os.environ)
@@ -78,13 +98,19 @@ def test_kill_9_of_owner_leaves_nothing_after_next_start(tmp_path):
     run_id, run_dir = data["run"], Path(data["dir"])
     live = leftovers(run_id, run_dir)  # the checks see a live run's traces, of every kind
     assert {item.split()[0] for item in live} >= {"path", "dir", "process", "loop"} | ({"cgroup"} if cgroup_mode() != "none" else set())
+    zygote = data["zygote"]  # the agents' parent, a process of the owner's
+    assert zygote and all(_parent(a["outer_pid"]) == zygote for a in data["agents"])
+    forked = _children(zygote)  # the agents' outer processes, and spares waiting for a config
+    assert len(forked) > len(data["agents"])
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    # the agents die with their owner: their control pipe closed, pid 1 exits, the pid namespace goes
+    # the agents die with their owner: their control pipe closed, pid 1 exits, the pid namespace
+    # goes; so does the zygote that forked them (PR_SET_PDEATHSIG, and EOF on its socket)
     deadline = time.time() + 20
-    while time.time() < deadline and any(_alive(a["init_pid"]) for a in data["agents"]):
+    while time.time() < deadline and any(_alive(p) for a in data["agents"] for p in (a["init_pid"], zygote)):
         time.sleep(0.1)
     assert not any(_alive(a["init_pid"]) or _alive(a["outer_pid"]) for a in data["agents"])
+    assert not _alive(zygote) and not [p for p in forked if _alive(p)]
     dead = [r for r in list_runs() if r.run_id == run_id]
     assert dead and not dead[0].alive  # its directory is still there until the next start ...
     if not BREAK_REAP:
