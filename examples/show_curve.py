@@ -32,4 +32,10 @@ def main(run_dir: str, buckets: int = 10) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "runs/demo")
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Print a training run's success/reward curve in the terminal.")
+    parser.add_argument("run_dir", nargs="?", default="runs/demo", help="the run's logging.dir (default: runs/demo)")
+    parser.add_argument("--buckets", type=int, default=10, help="rows of the table (default: 10)")
+    args = parser.parse_args()
+    main(args.run_dir, args.buckets)

@@ -554,7 +554,9 @@ def envs_build_agent(agent, version, hub_url, s3_endpoint):
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a config key, e.g. --set rollout.group_size=4 (YAML value; repeatable).")
 @click.option("--steps", type=click.IntRange(min=0), default=None, help="Shortcut for --set steps=N.")
-def train_cmd(config_path, overrides, steps):
+@click.option("--fresh", is_flag=True,
+              help="Start over: delete the run's checkpoint dir and logging dir first (else it resumes).")
+def train_cmd(config_path, overrides, steps, fresh):
     """Train a policy with RL as CONFIG.yaml says (resumes from its checkpoint dir).
 
     \b
@@ -578,12 +580,23 @@ def train_cmd(config_path, overrides, steps):
     try:
         cfg = load_config(config_path, values)
     except ConfigError as e:
-        click.echo(f"error: {config_path}: {e}", err=True)
+        # an override's fault is named as the override, not as the file's
+        where = next((f"--set {k}" for k in values if e.key == k or e.key.startswith(k + ".")), config_path)
+        click.echo(f"error: {where}: {e}", err=True)
         sys.exit(2)
     from rockroll.trainer.controller import train
 
+    if fresh:
+        import shutil
+
+        for d in {cfg.checkpoint.dir, cfg.logging.dir} - {None, ""}:
+            shutil.rmtree(d, ignore_errors=True)
     out = train(cfg)
     hist = out["history"]
+    if out["start_step"] >= out["steps"]:
+        click.echo(f"nothing to do: the run in {out['run_dir']} has finished its {out['steps']} steps "
+                   "(resumed from its checkpoint); set a new logging.dir and checkpoint.dir, raise --steps, "
+                   "or pass --fresh to start over", err=True)
     if hist:
         first, last = hist[0], hist[-1]
         click.echo(f"steps {out['start_step']}..{out['steps']}: reward {first.get('rollout/reward', 0):.3f} -> "

@@ -16,7 +16,16 @@ def test_train_cli_bad_key(tmp_path):
     assert res.exit_code == 2 and "rollout.group_size: must be >= 1" in res.output
 
 
-def test_train_cli_one_step(tmp_path):
+def test_train_cli_set_errors_name_the_override(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("steps: 1\n")
+    res = CliRunner().invoke(main, ["train", str(p), "--set", "rollout.group_size=0"])
+    assert res.exit_code == 2 and "error: --set rollout.group_size: rollout.group_size: must be >= 1" in res.output
+    res = CliRunner().invoke(main, ["train", str(p), "--set", "rollout.nope=1"])
+    assert res.exit_code == 2 and "error: --set rollout.nope: rollout.nope: unknown key" in res.output
+
+
+def test_train_cli_one_step_then_nothing_to_do_then_fresh(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text(f"""
 steps: 1
@@ -25,10 +34,35 @@ envs: [{{id: rock/FrozenLake-v0, kwargs: {{max_actions_per_turn: 1}}, task_ids: 
 rollout: {{group_size: 2, batch_groups: 1, max_turns: 2}}
 generation: {{max_new_tokens: 1}}
 logging: {{dir: {tmp_path / 'run'}, tensorboard: false, progress: false}}
+checkpoint: {{dir: {tmp_path / 'ckpt'}}}
 """)
+    metrics = tmp_path / "run" / "metrics.jsonl"
     res = CliRunner().invoke(main, ["train", str(p), "--set", "seed=5"])
     assert res.exit_code == 0, res.output
-    assert "steps 0..1" in res.output and (tmp_path / "run" / "metrics.jsonl").exists()
+    assert "steps 0..1" in res.output and len(metrics.read_text().splitlines()) == 1
+    # the same config again: a finished run, said so with the ways out, and nothing trained
+    again = CliRunner().invoke(main, ["train", str(p), "--set", "seed=5"])
+    assert again.exit_code == 0, again.output
+    assert "nothing to do" in again.output and "--fresh" in again.output and "logging.dir" in again.output
+    assert len(metrics.read_text().splitlines()) == 1
+    # --fresh starts over: step 0 again, in an emptied run folder
+    fresh = CliRunner().invoke(main, ["train", str(p), "--set", "seed=5", "--fresh"])
+    assert fresh.exit_code == 0, fresh.output
+    assert "steps 0..1" in fresh.output and "nothing to do" not in fresh.output
+    assert len(metrics.read_text().splitlines()) == 1
+
+
+def test_show_curve_help_and_run(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "examples" / "show_curve.py"
+    helped = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True)
+    assert helped.returncode == 0 and "run_dir" in helped.stdout
+    (tmp_path / "metrics.jsonl").write_text('{"rollout/success": 0.5, "rollout/reward": 0.5}\n')
+    shown = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True)
+    assert shown.returncode == 0 and "0.50" in shown.stdout, shown.stderr
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm installed")
