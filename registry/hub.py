@@ -163,6 +163,8 @@ def _doc_line(entry_point) -> str:
         else:
             module, _, attr = str(entry_point).partition(":")
             obj = getattr(importlib.import_module(module), attr)
-        return (obj.__doc__ or "").strip().splitlines()[0] if obj.__doc__ else ""
+        line = obj.__doc__.strip().splitlines()[0] if obj.__doc__ else ""
+        # name the module, so the pointer can be followed: help(rockroll.gem.swe)
+        return line.replace("see the module docstring", f"see help({obj.__module__})")
     except Exception:
         return ""

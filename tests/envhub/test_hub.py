@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import importlib
 import os
 import subprocess
 import sys
@@ -145,6 +146,10 @@ def test_gymnasium_make_through_the_registry(s3_hub, counter):
         env.close()
     row = next(r for r in list_envs() if r.id == "rock/counter-v1")
     assert (row.source, row.version) == (s3_hub, "1.0.0") and "Count the lines" in row.description
+    # a built-in's pointer to its docs names a module that help() can open
+    swe = next(r for r in list_envs() if r.id == "rock/SWE-v0")
+    module = swe.description.split("see help(", 1)[1].rstrip(").")
+    assert "module docstring" not in swe.description and importlib.import_module(module).__doc__
     del gymnasium.registry["rock/counter-v1"]
 
 
