@@ -70,6 +70,7 @@ def build(folder: str | Path, *, cache: LocalCache | None = None, hub: str | Non
                 return BuildResult(old, record, True, time.perf_counter() - t0)
         except HubError:
             pass  # unreadable record: build again
+    check_entry_point(pkg)
     base, system, base_layers, image = _base(pkg, cache, hub)
     say = log or (lambda msg: None)
     throwaway: list[Snapshot] = []
@@ -134,6 +135,40 @@ def _forward_ca(sb) -> dict[str, str]:
         return {}
     sb.write_file(_BUILD_CA, Path(host).read_bytes())
     return dict.fromkeys(CA_VARS, _BUILD_CA)
+
+
+_IMPORT_CHECK = """
+import importlib, sys
+entry, python = sys.argv[1], sys.argv[2]
+if python:
+    sys.path.insert(0, python)
+module, _, attr = entry.partition(":")
+getattr(importlib.import_module(module), attr)
+"""
+
+
+def check_entry_point(pkg: Package) -> None:
+    """The entry point must import as ``gymnasium.make`` will import it: from the package's
+    ``python`` folder (put on ``sys.path`` then) or from what is installed, never from the
+    folder the build happens to run in. Checked before the build, in a fresh interpreter
+    run from an empty folder, so a missing ``python`` key fails here, not at make time."""
+    import subprocess
+    import sys
+    import tempfile
+
+    python = str(pkg.root / pkg.python) if pkg.python else ""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    with tempfile.TemporaryDirectory() as empty:
+        r = subprocess.run([sys.executable, "-P", "-c", _IMPORT_CHECK, pkg.entry_point, python],
+                           capture_output=True, text=True, cwd=empty, env=env, timeout=300)
+    if r.returncode:
+        why = (r.stderr.strip().splitlines() or ["(no output)"])[-1]
+        module = pkg.entry_point.partition(":")[0]
+        where = (f"the package's python folder {pkg.python!r} or the installed packages" if pkg.python else
+                 f'the installed packages; to ship it, set python = "<folder holding {module.replace(".", "/")}.py>" '
+                 "in rockenv.toml")
+        raise BuildError(f"{pkg.name}@{pkg.version}: entry_point {pkg.entry_point!r} does not import from {where}: "
+                         f"{why}")
 
 
 def _base(pkg: Package, cache: LocalCache, hub: str | None) -> tuple[str, str, tuple[LayerRef, ...], str]:

@@ -373,3 +373,21 @@ def test_a_large_blob_that_does_not_match_its_digest_is_never_published(moto_s3,
     bucket, key = store._bucket_key(store.blob_path(layer.digest))
     assert not store.has_blob(layer)
     assert moto_s3.client().list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []  # aborted
+
+
+@pytest.mark.parametrize("change, words", [
+    (('python = "python"\n', ""), ['python = "<folder holding counter_env.py>"', "ModuleNotFoundError"]),
+    (("counter_env:CounterEnv", "counter_env:CountrEnv"), ["'counter_env:CountrEnv'", "AttributeError"]),
+])
+def test_build_refuses_an_entry_point_that_would_not_import(pkg, change, words):
+    """A package whose entry point cannot be imported as ``gymnasium.make`` will import it
+    fails at build time, saying what to set, not later with a bare ModuleNotFoundError."""
+    from rockroll.envhub.errors import BuildError
+
+    folder = pkg(version="8.0.0")
+    toml = folder / "rockenv.toml"
+    toml.write_text(toml.read_text().replace(*change))
+    with pytest.raises(BuildError) as err:
+        build(folder)
+    assert all(w in str(err.value) for w in words), str(err.value)
+    assert not LocalCache().build_file("counter", "8.0.0").exists()  # nothing recorded as built
