@@ -153,13 +153,16 @@ def sandbox_gc(everything):
                    "Env ROCKROLL_MIN_FREE_BYTES.")
 @click.option("--token-storage-quota", envvar="ROCKROLL_TOKEN_STORAGE_QUOTA", default="16G", show_default=True,
               help="Bytes of uploaded snapshots (tarball + unpacked) one token may hold; past it: 507.")
+@click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
+              help="Also serve /metrics WITHOUT the token on this port (same --host), for a Prometheus "
+                   "scraper that holds no secret.")
 @click.option("--pool", "pool_opts", multiple=True, metavar="size=N,KEY=VALUE,...",
               help="A warm pool: N sandboxes of the spec the other keys give (fields of POST /v1/sandboxes, "
                    "e.g. size=4,image=hub:counter@1.0.0,memory_mb=512). Repeatable.")
 @click.option("--pools", "pools_file", type=click.Path(exists=True, dir_okay=False), default=None,
               help="A TOML file of [[pool]] tables, each size = N plus the fields of POST /v1/sandboxes.")
 def serve(host, port, token_env, max_sandboxes, idle_ttl, backend, max_layer_bytes, max_chain_bytes,
-          min_free_bytes, token_storage_quota, pool_opts, pools_file):
+          min_free_bytes, token_storage_quota, metrics_port, pool_opts, pools_file):
     """Serve sandboxes over HTTP: REST under /v1, /metrics, a dashboard at /.
 
     A create whose spec equals a warm pool's (every field, after defaults) is served from
@@ -196,7 +199,7 @@ def serve(host, port, token_env, max_sandboxes, idle_ttl, backend, max_layer_byt
     token = os.environ.get(token_env) or secrets.token_urlsafe(32)
     app = create_app(token, backend=backend, max_sandboxes=max_sandboxes,
                      idle_ttl=idle_ttl if idle_ttl > 0 else None, limits=limits, token_storage_quota=quota,
-                     pools=pools)
+                     pools=pools, metrics_address=(host, metrics_port) if metrics_port else None)
     url = f"http://{host}:{port}"
     shown = f"${token_env}" if os.environ.get(token_env) else token
     click.echo(f"rockroll serve: {url}  token: {shown}\n  dashboard: {url}/#token="

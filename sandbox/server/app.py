@@ -110,13 +110,14 @@ async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
 def create_app(token: str, *, backend: str = "local", max_sandboxes: int = 256,
                idle_ttl: float | None = 3600.0, reap_interval: float = 1.0,
                limits: StorageLimits | None = None, token_storage_quota: int = DEFAULT_QUOTA,
-               pools: list[PoolIn] = ()) -> FastAPI:
+               pools: list[PoolIn] = (), metrics_address: tuple[str, int] | None = None) -> FastAPI:
     """The service as an ASGI app. ``token`` guards everything but ``/``, ``/healthz``
     and the OpenAPI document. ``limits`` bound what snapshot uploads unpack to (default:
     ``StorageLimits.from_env()``); ``token_storage_quota`` is how many bytes of snapshots
     (uploaded or taken through the service) a token may hold. ``pools``: warm pools to
     keep from the start (filled in the background once the service is up; ``POST
-    /v1/pools`` adds more)."""
+    /v1/pools`` adds more). ``metrics_address``: ``(host, port)`` where ``/metrics`` is
+    also served without the token (a scraper's port)."""
     if backend == "remote":
         raise SandboxError("the service cannot use backend='remote' (it would call itself)")
     hub = SandboxHub(backend=backend, max_sandboxes=max_sandboxes, idle_ttl=idle_ttl,
@@ -125,9 +126,12 @@ def create_app(token: str, *, backend: str = "local", max_sandboxes: int = 256,
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         await hub.start(list(pools))
+        exporter = hub.metrics.serve(*metrics_address) if metrics_address else None
         try:
             yield
         finally:
+            if exporter is not None:
+                exporter.shutdown()
             await hub.stop()
 
     app = FastAPI(title="rockroll sandbox service", version="1", lifespan=lifespan, responses=ERRORS)

@@ -16,7 +16,8 @@ import collections
 import os
 from typing import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, disable_created_metrics
+from prometheus_client import (CollectorRegistry, Counter, Histogram, ProcessCollector, disable_created_metrics,
+                               start_http_server)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
@@ -56,6 +57,13 @@ class Metrics:
 
     def exposition(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    def serve(self, host: str, port: int):
+        """This registry on ``http://host:port/metrics`` without auth (prometheus_client's own
+        exporter, on a thread), as exporters usually are: counts only, no sandbox content.
+        Returns the server; ``shutdown()`` stops it."""
+        server, _ = start_http_server(port, addr=host, registry=self.registry)
+        return server
 
 
 class _Live:

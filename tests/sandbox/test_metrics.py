@@ -122,3 +122,28 @@ def test_the_grafana_dashboard_plots_exported_series(restarted):
             assert names, target["expr"]
             missing = [n for n in names if n not in exported]
             assert not missing, f"panel {panel['title']!r} plots {missing}, which /metrics does not export"
+
+
+def test_a_metrics_port_serves_the_same_series_without_the_token():
+    """``--metrics-port``: the scraper's port answers without a token (and nothing but the
+    metrics); the service's own /metrics still wants one."""
+    import httpx
+
+    from _server import free_port
+
+    port = free_port()
+    srv = Server("--metrics-port", str(port))
+    try:
+        srv.create()
+        plain = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10)
+        assert plain.status_code == 200
+        values = {(x.name, tuple(sorted(x.labels.items()))): x.value
+                  for f in text_string_to_metric_families(plain.text) for x in f.samples}
+        assert values[("rockroll_sandboxes_created_total", ())] == 1
+        assert values[("rockroll_sandboxes", (("state", "alive"),))] == 1
+        assert httpx.get(f"{srv.url}/metrics", timeout=10).status_code == 401
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/sandboxes", timeout=10).text.count("sb-") == 0
+    finally:
+        srv.stop()
+    with pytest.raises(httpx.ConnectError):  # stopped with the service
+        httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
