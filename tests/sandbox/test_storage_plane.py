@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rockroll.sandbox import SandboxSpec, SpecError, StorageFullError, StorageLimitError, open_sandbox
 from rockroll.sandbox.home import private_home
 from rockroll.sandbox.storage.layers import digest_file, unpack_layer, unpack_plain_tar
-from rockroll.sandbox.storage.limits import MEMBER_BYTES, StorageLimits, free_bytes
+from rockroll.sandbox.storage.limits import MEMBER_BYTES, Bound, StorageLimits, free_bytes
 from rockroll.sandbox.storage.snapshots import SnapshotStore
 
 from _server import Server
@@ -453,6 +453,23 @@ def test_remote_reads_and_downloads_are_bounded_on_the_client(world_tmp, monkeyp
 
 
 # ------------------------------------------------------------------ settings and the wire
+
+
+def test_a_meter_stops_at_its_smallest_bound_with_that_bound_s_error(tmp_path):
+    limits = StorageLimits(max_layer_bytes=4 * MiB, max_chain_bytes=16 * MiB, min_free_bytes=0)
+    quota = Bound(MiB, "token_storage_quota", 5 * MiB, StorageFullError)
+    cases = [(None, None, 4 * MiB, "max_layer_bytes", StorageLimitError),
+             (2 * MiB, None, 2 * MiB, "max_chain_bytes", StorageLimitError),
+             (4 * MiB, None, 4 * MiB, "max_layer_bytes", StorageLimitError),  # a tie: the layer limit
+             (2 * MiB, quota, MiB, "token_storage_quota", StorageFullError),
+             (-5, quota, 0, "max_chain_bytes", StorageLimitError)]  # a chain already past its limit
+    for room, bound, fits, name, error in cases:
+        meter = limits.meter(tmp_path, room=room, bound=bound)
+        meter.charge(fits)  # exactly the bound fits
+        with pytest.raises(StorageLimitError) as info:
+            meter.charge(1)
+        assert type(info.value) is error and info.value.limit == name, (room, bound)
+        assert meter.used == fits
 
 
 def test_limits_read_sizes_and_name_a_bad_one():
