@@ -30,7 +30,7 @@ from ..deployment.reaper import current_run
 from ..errors import CapacityError, SandboxError
 from ..storage.limits import StorageLimits
 from ..storage.snapshots import SnapshotStore
-from . import files, sandboxes, snapshots
+from . import files, rock, sandboxes, snapshots, swerex
 from . import pools as pool_routes  # the name `pools` is create_app's argument
 from .metrics import storage_series
 from .quota import DEFAULT_QUOTA, TokenQuota
@@ -144,4 +144,8 @@ def create_app(token: str, *, backend: str = "local", max_sandboxes: int = 256,
     app.include_router(pages)
     for routes in (sandboxes.router, files.router, snapshots.router, pool_routes.router):
         app.include_router(routes, prefix=API, dependencies=[Depends(auth)])
+    # ROCK's admin API and SWE-ReX's runtime API (docs/compat.md): their clients' own
+    # shapes and headers, so each checks the token itself; documented there, not in OpenAPI.
+    for routes in (rock.router, swerex.router):
+        app.include_router(routes, include_in_schema=False)
     return app
