@@ -180,3 +180,45 @@ async def test_32_concurrent_clients(server):
     outputs = await asyncio.gather(*(client(i) for i in range(32)))
     assert outputs == [f"{i}\nmine\n" for i in range(32)]
     assert server.http.get("/v1/sandboxes").json() == []
+
+
+# --------------------------------------------------------------------------- GEM envs (rock.make)
+@pytest.fixture
+def rock_env_url(server, monkeypatch):
+    # ROCK's env client sends no auth header: the token rides in the URL's userinfo
+    monkeypatch.setenv("ROCK_BASE_URL", f"http://rock:{server.token}@127.0.0.1:{server.port}")
+
+
+def test_gem_make_reset_step_close_through_rock_make(server, rock_env_url):
+    from rock.sdk.envs import make
+
+    env = make("rock/FrozenLake-v0")
+    observation, info = env.reset(seed=0)
+    assert "FrozenLake" in observation and info["turn"] == 0
+    observation, reward, terminated, truncated, info = env.step("<answer>Right || Right || Right</answer>")
+    assert (reward, terminated, info["moves"]) == (0.0, False, ["Right", "Right", "Right"])
+    observation, reward, terminated, truncated, info = env.step("<answer>Down || Down || Down</answer>")
+    assert (reward, terminated, truncated, info["success"]) == (1.0, True, False, True)
+    made = env._sandbox_id
+    env.close()
+    r = httpx.post(f"{server.url}/apis/v1/envs/gem/step", json={"sandbox_id": made, "action": "Up"},
+                   auth=("rock", server.token))
+    assert r.status_code == 404 and "closed" in r.json()["detail"]
+
+
+def test_gem_errors_name_what_is_wrong(server, rock_env_url):
+    from rock.sdk.envs import make
+
+    with pytest.raises(Exception, match="404.*no env 'rock/Nope-v0'.*rock/FrozenLake-v0"):
+        make("rock/Nope-v0")
+    with pytest.raises(Exception, match="404"):
+        make("CartPole-v1")  # registered in gymnasium, but not one of rockroll's
+    env = make("rock/Math-v0")
+    with pytest.raises(Exception, match="400.*step"):
+        env.step("\\boxed{1}")  # before reset
+    env.close()
+    r = httpx.post(f"{server.url}/apis/v1/envs/gem/list", json={}, auth=("rock", server.token))
+    assert "rock/SWE-v0" in r.json()["env_id"] and all(i.startswith("rock/") for i in r.json()["env_id"])
+    for auth in (None, ("rock", "wrong")):
+        r = httpx.post(f"{server.url}/apis/v1/envs/gem/make", json={"env_id": "rock/Math-v0"}, auth=auth)
+        assert r.status_code == 401
