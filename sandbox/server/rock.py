@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import SandboxError, SpecError
 from ..spec import DEFAULT_DISK_MB, SandboxSpec
-from . import compat
+from . import compat, swerex
 from .compat import PS1, CompatError
 from .deps import Hub
 from .hub import Entry
@@ -214,16 +214,10 @@ async def unsupported() -> JSONResponse:
 
 
 # ------------------------------------------------------------------- commands
-class CommandIn(BaseModel):
+class CommandIn(swerex.CommandIn):  # ROCK's SandboxCommand: SWE-ReX's Command with ROCK's defaults
     sandbox_id: str = Field(min_length=1)
-    command: str | list[str]
     session_type: Literal["bash"] = "bash"
     timeout: float | None = ROCK_COMMAND_TIMEOUT
-    shell: bool = False
-    check: bool = False
-    error_msg: str = ""
-    env: dict[str, str] | None = None
-    cwd: str | None = None
 
 
 @router.post("/execute")
@@ -254,17 +248,8 @@ async def create_session(body: CreateSessionIn, hub: Hub) -> JSONResponse:
     return envelope({"output": output, "session_type": "bash"})
 
 
-class BashActionIn(BaseModel):
+class BashActionIn(swerex.BashActionIn):  # ROCK's SandboxBashAction
     sandbox_id: str = Field(min_length=1)
-    action_type: Literal["bash"] = "bash"
-    command: str
-    session: str = "default"
-    timeout: float | None = None
-    check: compat.Check = "raise"
-    is_interactive_command: bool = False
-    is_interactive_quit: bool = False
-    error_msg: str = ""
-    expect: list[str] = []
 
 
 @router.post("/run_in_session")
