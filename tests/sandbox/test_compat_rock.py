@@ -54,6 +54,10 @@ async def test_start_maps_rock_fields_and_keeps_isolation_on(server):
         assert spec["network"] is False
         status = await sb.get_status()
         assert status.is_alive and status.memory == "300m" and status.image == "host"
+        other = Sandbox(config(server))
+        await other.attach(sb.sandbox_id)  # a second client takes the sandbox over by id
+        assert (other.config.memory, other.config.cpus) == ("300m", 0.75)
+        assert (await other.arun("echo shared")).output == "shared\n"
         # the limits hold inside: 600 MB cannot be had, and there is no route out to the service itself
         obs = await sb.arun("python3 -c 'b = bytearray(600 << 20); b[::4096] = b\"x\" * len(b[::4096]); "
                             "print(\"got it\")' 2>/dev/null; echo rc=$?; "
