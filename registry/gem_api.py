@@ -1,6 +1,8 @@
 """rockroll's registered envs over ROCK's GEM API (``/apis/v1/envs/gem``), for ``rock.make``.
 
-    ROCK_BASE_URL=http://rock:TOKEN@127.0.0.1:8765  python -c 'import rock.sdk.envs as e; env = e.make("rock/FrozenLake-v0")'
+    # ROCK_BASE_URL=http://rock:TOKEN@127.0.0.1:8765
+    from rock.sdk.envs import make
+    env = make("rock/FrozenLake-v0"); env.reset(seed=0); env.step("<answer>Right</answer>")
 
 ``make`` / ``reset`` / ``step`` / ``close`` / ``list``, answered as ROCK's admin answers them
 (bare JSON, no envelope). Every ``rock/...`` id of the gymnasium registry can be made:
