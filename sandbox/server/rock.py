@@ -37,7 +37,7 @@ from . import compat, swerex
 from .compat import PS1, CompatError
 from .deps import Hub
 from .hub import Entry
-from .wire import AuthError
+from .wire import AuthError, status_of
 
 PREFIX = "/apis/envs/sandbox/v1"
 BAD_REQUEST, SERVER_ERROR = 4000, 5000  # rock._codes: the SDK raises BadRequest/InternalServerRockError
@@ -65,8 +65,9 @@ def _answer(e: Exception) -> JSONResponse | None:
         return envelope(error=str(e), message="invalid parameter", code=BAD_REQUEST)
     if isinstance(e, CompatError):
         return envelope(error=e.message, message=e.kind)
-    if isinstance(e, SandboxError):
-        return envelope(error=str(e), message=type(e).__name__, code=SERVER_ERROR)
+    if isinstance(e, SandboxError):  # the request's fault (an unknown id...) or the service's, as /v1 says
+        return envelope(error=str(e), message=type(e).__name__,
+                        code=BAD_REQUEST if status_of(e) < 500 else SERVER_ERROR)
     return None
 
 

@@ -121,6 +121,11 @@ async def test_arun_normal_sessions_and_check(server, sandbox):
         await sandbox.create_session(CreateBashSessionRequest(session="s"))
     with pytest.raises(Exception, match="does not exist"):
         await sandbox.arun("true", session="never-made")
+    stranger = Sandbox(config(server))
+    await stranger.attach(sandbox.sandbox_id)
+    stranger._sandbox_id = "sb-nope"  # a sandbox that went away: the client's error, code 4000
+    with pytest.raises(Exception, match="no such sandbox.*'code': 4000"):
+        await stranger.execute(Command(command="true"))
     with pytest.raises(Exception, match="syntax error"):
         await sandbox.arun("if then fi")
     with pytest.raises(Exception, match="remote_user"):
