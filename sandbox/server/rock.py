@@ -9,7 +9,7 @@ The unmodified ``rl-rock`` SDK drives rockroll with nothing but its base URL cha
 poll ends at its first look instead of sleeping 3 s), ``get_status``, ``is_alive``,
 ``stop`` / ``delete``, ``execute``, ``create_session`` / ``run_in_session`` /
 ``close_session`` (so ``arun`` in normal and nohup modes), ``read_file``, ``write_file``,
-``upload``. Answers carry ROCK's envelope ``{"status": "Success" | "Failed", "message",
+``upload``, ``commit`` (a snapshot that ``start(image=tag)`` starts from). Answers carry ROCK's envelope ``{"status": "Success" | "Failed", "message",
 "error", "result"}`` over HTTP 200, as ROCK's admin does; a failed start's ``result`` has
 ROCK's ``code`` (4000: the request, 5000: the service) so the SDK raises its typed error.
 
@@ -24,9 +24,11 @@ spec's default, no network. Command semantics are SWE-ReX's, shared in ``compat.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
+from datetime import datetime, timezone
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, File, Form, UploadFile
+from fastapi import APIRouter, Depends, File, Form, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
@@ -153,13 +155,33 @@ def _started(entry: Entry) -> dict:
 
 
 # ------------------------------------------------------------------- lifecycle
+class Commits:
+    """What ``commit`` saved on this service: an image tag names a snapshot (its digest and
+    image), and the last commit of each sandbox is kept for the SDK's status call."""
+
+    def __init__(self) -> None:
+        self.tags: dict[str, tuple[str, str]] = {}
+        self.last: dict[str, dict] = {}
+
+
+def _commits(request: Request) -> Commits:
+    state = request.app.state
+    if not hasattr(state, "rock_commits"):
+        state.rock_commits = Commits()
+    return state.rock_commits
+
+
 @router.post("/start")
 @router.post("/start_async")
-async def start(body: StartIn, hub: Hub) -> JSONResponse:
+async def start(body: StartIn, hub: Hub, commits: Commits = Depends(_commits)) -> JSONResponse:
     refusals = body.refusals()
     if refusals:
         raise Refused("; ".join(refusals))
-    entry = await hub.create(body.to_spec(hub.backend), None)
+    spec, snapshot = body.to_spec(hub.backend), None
+    if body.image in commits.tags:  # a tag commit() made: start from that snapshot
+        snapshot, image = commits.tags[body.image]
+        spec = replace(spec, image=image)
+    entry = await hub.create(spec, snapshot)
     return envelope(_started(entry))
 
 
@@ -206,11 +228,39 @@ async def get_token() -> JSONResponse:
     return envelope(error="no object storage (OSS) here: uploads go straight to the sandbox")
 
 
+class CommitIn(BaseModel):
+    sandbox_id: str = Field(min_length=1)
+    image_tag: str = Field(min_length=1)
+    username: str = ""  # registry credentials: nothing is pushed, so they are neither used nor kept
+    password: str = ""
+
+
 @router.post("/commit")
+async def commit(body: CommitIn, hub: Hub, commits: Commits = Depends(_commits)) -> JSONResponse:
+    """ROCK pushes the container as an image; here the sandbox is snapshotted and
+    ``image_tag`` names that snapshot on this service, so ``start(image=image_tag)`` starts
+    from it (copy-on-write) until the service restarts. Nothing leaves the host."""
+    entry = hub.get(body.sandbox_id)
+    started = datetime.now(timezone.utc).isoformat()
+    snap = await hub.call(entry, entry.sb.snapshot())
+    commits.tags[body.image_tag] = (snap.digest, snap.image)
+    commits.last[entry.id] = {"sandbox_id": entry.id, "image_tag": body.image_tag, "phase": "SUCCEEDED",
+                              "started_at": started, "completed_at": datetime.now(timezone.utc).isoformat(),
+                              "exit_code": 0}
+    return envelope(commits.last[entry.id])
+
+
+@router.get("/commit/{sandbox_id}")
+async def commit_status(sandbox_id: str, commits: Commits = Depends(_commits)) -> JSONResponse:
+    if sandbox_id not in commits.last:
+        raise Refused(f"sandbox_id: no commit of {sandbox_id} on this service")
+    return envelope(commits.last[sandbox_id])
+
+
 @router.post("/restart")
 async def unsupported() -> JSONResponse:
-    return envelope(error="not supported by rockroll: a sandbox cannot push an image to a registry or restart "
-                          "once stopped; use snapshots (POST /v1/sandboxes/{id}/snapshots, restore, fork)",
+    return envelope(error="restart: not supported by rockroll: a stopped sandbox is gone; commit() it first "
+                          "and start(image=<its tag>), or use snapshots (POST /v1/sandboxes/{id}/snapshots)",
                     code=BAD_REQUEST)
 
 

@@ -231,3 +231,23 @@ def test_gem_errors_name_what_is_wrong(server, rock_env_url):
     for auth in (None, ("rock", "wrong")):
         r = httpx.post(f"{server.url}/apis/v1/envs/gem/make", json={"env_id": "rock/Math-v0"}, auth=auth)
         assert r.status_code == 401
+
+
+async def test_commit_is_a_snapshot_that_start_can_use(server, sandbox):
+    await sandbox.arun("mkdir -p /workspace/proj && echo v1 > /workspace/proj/state && export GONE=1")
+    status = await sandbox.commit("my/project:v1", "user", "secret")
+    assert status.phase.value == "SUCCEEDED" and status.image_tag == "my/project:v1"
+    assert (await sandbox.get_commit_status()).phase.value == "SUCCEEDED"
+    await sandbox.arun("echo v2 > /workspace/proj/state")
+    child = Sandbox(config(server, image="my/project:v1"))
+    await child.start()
+    try:
+        assert (await child.arun("cat /workspace/proj/state")).output == "v1\n"
+        assert spec_of(server, child.sandbox_id)["image"] == "host"
+    finally:
+        await child.stop()
+    assert (await sandbox.arun("cat /workspace/proj/state")).output == "v2\n"  # the original went on
+    with pytest.raises(Exception, match="no commit"):
+        other = Sandbox(config(server))
+        other._sandbox_id = "sb-never"
+        await other.get_commit_status()
