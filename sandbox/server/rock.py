@@ -9,14 +9,15 @@ The unmodified ``rl-rock`` SDK drives rockroll with nothing but its base URL cha
 poll ends at its first look instead of sleeping 3 s), ``get_status``, ``is_alive``,
 ``stop`` / ``delete``, ``execute``, ``create_session`` / ``run_in_session`` /
 ``close_session`` (so ``arun`` in normal and nohup modes), ``read_file``, ``write_file``,
-``upload``, ``commit`` (a snapshot that ``start(image=tag)`` starts from). Answers carry ROCK's envelope ``{"status": "Success" | "Failed", "message",
-"error", "result"}`` over HTTP 200, as ROCK's admin does; a failed start's ``result`` has
-ROCK's ``code`` (4000: the request, 5000: the service) so the SDK raises its typed error.
+``upload``, ``commit`` (a snapshot that ``start(image=tag)`` starts from). Answers carry
+ROCK's envelope ``{"status": "Success" | "Failed", "message", "error", "result"}`` over
+HTTP 200, as ROCK's admin does; a failure's ``result`` has ROCK's ``code`` (4000: the
+request, 5000: the service) so the SDK raises its typed error where it checks one.
 
 ROCK's start fields map onto ``SandboxSpec`` (``memory="8g"`` -> ``memory_mb``, ``cpus``
 or the harder ``limit_cpus`` -> ``cpus``, ``disk="50G"`` -> ``disk_mb``,
 ``auto_clear_time_minutes`` -> ``ttl_s``); what cannot be honoured (GPUs, kata, registry
-credentials, archiving, a chosen id, a non-Linux image, fields this service does not know)
+pull credentials, archiving, a chosen id, a non-Linux image, fields this service does not know)
 is refused by name, never dropped. ROCK has no network switch: its sandboxes get the
 spec's default, no network. Command semantics are SWE-ReX's, shared in ``compat.py``.
 """
