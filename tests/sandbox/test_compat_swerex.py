@@ -6,6 +6,7 @@ errors for bad input, and 32 concurrent clients."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 
@@ -205,3 +206,46 @@ async def test_32_concurrent_clients(server):
     finally:
         for s in sids:
             server.http.delete(f"/v1/sandboxes/{s}")
+
+
+# --------------------------------------------------------------------------- a SWE-agent-style loop
+@pytest.mark.timeout(900)
+async def test_swe_task_repaired_through_swerex_is_graded_resolved(swe_hub, monkeypatch):
+    """SWE-agent's way in: ``swerex.deployment`` at the service, holding a ``rock/SWE-v0``
+    task's sandbox (the env on the remote backend); the gold patch goes in through SWE-ReX's
+    runtime, and the task's own grader gives reward 1 (a null submission gets 0)."""
+    from rockroll.gem.swe import SWEEnv, hub_swe_tasks
+    from rockroll.sandbox.deployment.reaper import current_run
+    from rockroll.sandbox.runtime import remote
+    from rockroll.sandbox.storage.snapshots import SnapshotStore
+
+    monkeypatch.setenv("ROCKROLL_HUB", swe_hub)  # the service finds the task's image there too
+    task = hub_swe_tasks(swe_hub)[0]
+    # the buggy state, resolved from the hub into the store this machine's service reads
+    snap = await asyncio.to_thread(SnapshotStore(current_run().home).load, task.snapshot)
+    srv = Server("--max-sandboxes", "8")
+    try:
+        monkeypatch.setattr(remote, "_configured", None)  # restored after the test
+        remote.configure(srv.url, srv.token)
+        env = SWEEnv(tasks=[dataclasses.replace(task, backend="remote", snapshot=snap.digest)], pool_size=1)
+        try:
+            for patch, want in (("", 0.0), (task.patch, 1.0)):
+                obs, info = await asyncio.to_thread(env.reset, options={"task_id": task.id})
+                assert "infra_error" not in info, info
+                deployment = RemoteDeployment(host=f"{srv.url}/swerex/{env.sandbox.id}", auth_token=srv.token)
+                await deployment.start()
+                rt = deployment.runtime
+                await rt.create_session(CreateBashSessionRequest())
+                obs = await rt.run_in_session(BashAction(command=f"cd {task.workdir} && git status --short"))
+                assert obs.output == ""  # the buggy commit, untouched
+                if patch:
+                    await rt.write_file(WriteFileRequest(path="/tmp/fix.diff", content=patch))
+                    await rt.run_in_session(BashAction(command="git apply /tmp/fix.diff"))
+                    assert (await rt.run_in_session(BashAction(command="git status --short"))).output.strip()
+                await deployment.stop()
+                _, reward, terminated, _, info = await asyncio.to_thread(env.step, "<submit/>")
+                assert (reward, terminated) == (want, True), info
+        finally:
+            await asyncio.to_thread(env.close)
+    finally:
+        srv.stop()
