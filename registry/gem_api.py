@@ -90,8 +90,10 @@ class GemEnvs:
 
     router = router
 
-    def __init__(self, idle_ttl: float | None = 3600.0, reap_interval: float = 5.0):
-        self.idle_ttl, self.reap_interval = idle_ttl, reap_interval
+    def __init__(self, idle_ttl: float | None = 3600.0, reap_interval: float | None = None):
+        self.idle_ttl = idle_ttl
+        # often enough that an env outlives its idle time by a fraction of it at most
+        self.reap_interval = reap_interval or (min(5.0, idle_ttl / 2) if idle_ttl else 5.0)
         self.envs: dict[str, _Made] = {}
 
     @contextlib.asynccontextmanager

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 
 import httpx
 import pytest
@@ -251,3 +252,24 @@ async def test_commit_is_a_snapshot_that_start_can_use(server, sandbox):
         other = Sandbox(config(server))
         other._sandbox_id = "sb-never"
         await other.get_commit_status()
+
+
+def test_gem_envs_idle_past_the_service_ttl_are_closed(monkeypatch):
+    srv = Server("--idle-ttl", "1")
+    try:
+        monkeypatch.setenv("ROCK_BASE_URL", f"http://rock:{srv.token}@127.0.0.1:{srv.port}")
+        from rock.sdk.envs import make
+
+        env = make("rock/FrozenLake-v0")
+        env.reset(seed=0)
+        deadline = time.monotonic() + 60
+        while True:  # each try that finds it touches it: then it idles 3 s, past its 1 s
+            time.sleep(3)
+            try:
+                env.step("<answer>Left</answer>")
+            except Exception as e:  # noqa: BLE001 - the SDK raises a bare Exception
+                assert "404" in str(e) and "idle too long" in str(e)
+                break
+            assert time.monotonic() < deadline, "the idle env was never closed"
+    finally:
+        srv.stop()
