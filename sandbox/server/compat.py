@@ -26,6 +26,7 @@ import stat
 import tarfile
 import tempfile
 import zipfile
+from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Literal
 
 from fastapi import Request, Response, UploadFile
@@ -33,6 +34,7 @@ from fastapi.routing import APIRoute
 
 from ..base import CHUNK, once
 from ..spec import CommandResult
+from ..storage.limits import StorageLimits
 from .hub import Entry, SandboxHub
 from .wire import AuthError
 
@@ -255,11 +257,14 @@ async def upload(hub: SandboxHub, entry: Entry, file: UploadFile, target: str, *
 
 def zip_to_tar(f) -> bytes:
     """A zip archive as the tar ``write_stream(tar=True)`` unpacks (inside the sandbox, by its
-    agent). Links and devices are not carried: zip stores them as plain files, and so do we."""
+    agent). Links and devices are not carried: zip stores them as plain files, and so do we.
+    What it unpacks to is metered like a snapshot layer (``max_layer_bytes``, the disk's
+    free-space reserve): a zip bomb stops at the limit with ``StorageLimitError``."""
     try:
         archive = zipfile.ZipFile(f)
     except zipfile.BadZipFile as e:
         raise CompatError("ValueError", f"file: not a zip archive ({e})") from None
+    meter = StorageLimits.from_env().meter(Path(tempfile.gettempdir()), what="an unzipped upload")
     buf = io.BytesIO()
     with archive, tarfile.open(fileobj=buf, mode="w:", format=tarfile.PAX_FORMAT) as tar, \
             tempfile.SpooledTemporaryFile(CHUNK) as spool:
@@ -271,11 +276,13 @@ def zip_to_tar(f) -> bytes:
                 tar.addfile(member)
                 continue
             member.mode = mode if mode and stat.S_ISREG(info.external_attr >> 16) else 0o644
-            member.size = info.file_size
             spool.seek(0)
             spool.truncate()
             with archive.open(info) as src:
-                shutil.copyfileobj(src, spool, CHUNK)
+                while chunk := src.read(CHUNK):  # counted as it inflates: sizes in a zip can lie
+                    meter.charge(len(chunk))
+                    spool.write(chunk)
+            member.size = spool.tell()
             spool.seek(0)
             tar.addfile(member, spool)
     return buf.getvalue()

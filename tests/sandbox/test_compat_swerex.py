@@ -249,3 +249,19 @@ async def test_swe_task_repaired_through_swerex_is_graded_resolved(swe_hub, monk
             await asyncio.to_thread(env.close)
     finally:
         srv.stop()
+
+
+async def test_a_zip_bomb_upload_stops_at_the_layer_limit(tmp_path):
+    srv = Server("--max-layer-bytes", "1M")
+    try:
+        sid = srv.create()
+        bomb = tmp_path / "bomb"
+        bomb.mkdir()
+        (bomb / "zeros").write_bytes(bytes(8 << 20))  # 8 MiB that deflate to a few KiB
+        rt = RemoteRuntime(host=f"{srv.url}/swerex/{sid}", auth_token=srv.token, timeout=30)
+        with pytest.raises(rex.SwerexException, match="StorageLimitError.*max_layer_bytes"):
+            await rt.upload(UploadRequest(source_path=str(bomb), target_path="/workspace/bomb"))
+        r = await rt.execute(Command(command="ls -A /workspace", shell=True))
+        assert r.stdout == ""  # nothing of it landed
+    finally:
+        srv.stop()
