@@ -47,6 +47,10 @@ BAD_REQUEST, SERVER_ERROR = 4000, 5000  # rock._codes: the SDK raises BadRequest
 ROCK_COMMAND_TIMEOUT = 1200.0  # ROCK's default command timeout: its sandboxes' run() default
 
 
+class Refused(ValueError):
+    """A ROCK field this service cannot honour; the message names it and says why."""
+
+
 def envelope(result: Any = None, *, error: str | None = None, message: str | None = None,
              code: int | None = None) -> JSONResponse:
     """ROCK's answer: ``Success`` with ``result``, or ``Failed`` with ``error`` (and ``code``)."""
@@ -72,10 +76,6 @@ def _answer(e: Exception) -> JSONResponse | None:
         return envelope(error=str(e), message=type(e).__name__,
                         code=BAD_REQUEST if status_of(e) < 500 else SERVER_ERROR)
     return None
-
-
-class Refused(ValueError):
-    """A ROCK field this service cannot honour; the message names it and says why."""
 
 
 router = APIRouter(prefix=PREFIX, route_class=compat.route_class(_answer), dependencies=[Depends(compat.check_token)])
