@@ -2,12 +2,14 @@
 in the same run.
 
     .venv/bin/python bench/sandbox.py [--quick] [--backends local,docker,remote,ray]
-                                      [--only run,cold,pool,snapshot,swarm,density,concurrent]
+                                      [--only run,cold,pool,snapshot,swarm,density,concurrent,compat]
 
 Prints its tables (stdout; progress on stderr) and writes bench/results/sandbox.json:
 per-backend latencies with `docker exec` / `docker run --rm` measured in the same run,
 the CPU a local create costs, how many idle sandboxes the host holds (PSS each), and N
-sandboxes created at once through the service (remote SDK, local backend behind).
+sandboxes created at once through the service (remote SDK, local backend behind);
+with ``compat``, run("true") through ROCK's SDK and SWE-ReX's RemoteRuntime against the
+service, beside SWE-ReX's own server started here (docs/compat.md).
 The service (`rockroll serve` on 127.0.0.1, a free port, a random token) and the Ray
 cluster (nodes on 127.0.0.1) are started here and stopped here; every sandbox and
 container is closed or removed, also on Ctrl-C or SIGTERM.
@@ -34,7 +36,7 @@ from typing import Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (children_map, descendants, mem_available_mb, percentiles, print_table,  # noqa: E402
                      progress, pss_kb, sigterm_as_exit, stats, swap_used_mb, timer, tree_cpu_s, write_json)
-from _services import RayCluster, Service  # noqa: E402
+from _services import RayCluster, Service, free_ports  # noqa: E402
 
 from rockroll.sandbox import AsyncSandbox, SandboxSpec, open_sandbox  # noqa: E402
 from rockroll.sandbox.pool import SandboxPool  # noqa: E402
@@ -43,7 +45,7 @@ COLUMNS = ("backend", "metric", "median", "p95", "docker CLI", "ratio (CLI/ours)
 CONCURRENT_COLUMNS = ("creates at once", "p50 (ms)", "p99 (ms)", "max (ms)", "failures", "all created (s)",
                       "all closed (s)", "create CPU (ms each)", "client CPU (ms each)", "target", "met")
 BACKENDS = ("local", "docker", "remote", "ray")
-ROWS = ("run", "cold", "pool", "snapshot", "swarm", "density", "concurrent")
+ROWS = ("run", "cold", "pool", "snapshot", "swarm", "density", "concurrent", "compat")
 LOCAL_ONLY = ("pool", "snapshot", "swarm", "density")
 RUN_TARGET_MS = {"local": 2, "docker": 5, "remote": 3}       # run("true") medians
 COLD_TARGET_MS = {"local": 10}
@@ -55,6 +57,9 @@ DENSITY_TIMEOUT_S = 900
 PSS_TARGET_KB, DENSITY_TARGET = 5 * 1024, 1000
 SANDBOX_MB = 10        # what one idle sandbox (agent + bash) costs the host, for the memory check
 HEADROOM_MB = 2048     # left to the rest of the machine (shared with others' jobs)
+COMPAT_COLUMNS = ("client", "server", "median (ms)", "p95 (ms)", "ratio (theirs/ours)")
+# ROCK's own server needs Ray, Redis and Docker: its number is issue #15's, measured on this machine
+ROCK_ROCKLET_MS = 112.0
 ROCK_REFERENCE = {"creates at once": "1000 (ROCK, on a cluster)", "p50 (ms)": 4900.0, "p99 (ms)": 8700.0,
                   "failures": None, "target": "reference", "met": None}
 WORKSPACE_BYTES, WORKSPACE_FILES = 100 << 20, 5000
@@ -84,10 +89,12 @@ class Counts:
     cold_ray: int = 15
     concurrent: int = 1000
     density: int = 1000
+    compat: int = 200
 
 
 QUICK = Counts(run_true=50, cold=5, acquire=10, snapshot=2, restore=3, fork=1, docker_run=3,
-               docker_exec=10, swarm=16, swarm_cmds=20, cold_docker=3, cold_ray=3, concurrent=100, density=100)
+               docker_exec=10, swarm=16, swarm_cmds=20, cold_docker=3, cold_ray=3, concurrent=100, density=100,
+               compat=20)
 
 
 def log(msg: str) -> None:
@@ -475,6 +482,93 @@ def bench_concurrent(wanted: int, service_pid: int) -> dict:
     return out
 
 
+# ----------------------------------------------------------------- ROCK and SWE-ReX clients
+async def _time_async(fn, n: int, desc: str) -> list[float]:
+    out = []
+    for _ in progress(range(n), desc):
+        start = time.perf_counter()
+        await fn()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+async def _swerex_true(host: str, token: str, n: int, desc: str) -> list[float]:
+    from swerex.runtime.abstract import BashAction, CreateBashSessionRequest
+    from swerex.runtime.remote import RemoteRuntime
+
+    rt = RemoteRuntime(host=host, auth_token=token, timeout=30)
+    await rt.wait_until_alive(timeout=60)
+    await rt.create_session(CreateBashSessionRequest(session="bench"))
+    # "silent": SWE-ReX's own server gives its prompt 0.1 s after the exit code and raises if a loaded
+    # machine is slower; silent keeps its number (the same for both servers)
+    action = BashAction(command="true", session="bench", check="silent")
+    await rt.run_in_session(action)  # warm-up
+    try:
+        return await _time_async(lambda: rt.run_in_session(action), n, desc)
+    finally:
+        await rt.close()
+
+
+async def _rock_true(url: str, token: str, n: int) -> list[float]:
+    from rock.actions import CreateBashSessionRequest
+    from rock.sdk.sandbox.client import Sandbox
+    from rock.sdk.sandbox.config import SandboxConfig
+
+    sb = Sandbox(SandboxConfig(base_url=url, image="host", memory="1g", cpus=1, disk="2g",
+                               extra_headers={"Authorization": f"Bearer {token}"}))
+    await sb.start()
+    try:
+        await sb.arun("true")  # warm-up
+        await sb.create_session(CreateBashSessionRequest(session="bench"))
+        return await _time_async(lambda: sb.arun("true", session="bench"), n, "ROCK SDK -> rockroll")
+    finally:
+        await sb.stop()
+
+
+def bench_compat(svc: Service, n: int) -> dict:
+    """run("true") in a session through the unmodified ROCK SDK and SWE-ReX RemoteRuntime
+    against the service (local backend), and through RemoteRuntime against SWE-ReX's own
+    server (``swerex.server`` on 127.0.0.1; it runs commands on the host, unsandboxed)."""
+    import json
+    import urllib.request
+
+    req = urllib.request.Request(svc.url + "/v1/sandboxes", data=json.dumps({}).encode(), method="POST",
+                                 headers={"Authorization": f"Bearer {svc.token}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        sid = json.loads(r.read())["id"]
+    out = {"swerex_rockroll": stats(asyncio.run(_swerex_true(f"{svc.url}/swerex/{sid}", svc.token, n,
+                                                             "SWE-ReX -> rockroll")))}
+    port, token = free_ports(1)[0], uuid.uuid4().hex
+    log = tempfile.NamedTemporaryFile(prefix="swerex-bench-", suffix=".log", delete=False)
+    proc = subprocess.Popen([sys.executable, "-m", "swerex.server", "--host", "127.0.0.1", "--port", str(port),
+                             "--auth-token", token], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        out["swerex_own"] = stats(asyncio.run(_swerex_true(f"http://127.0.0.1:{port}", token, n,
+                                                           "SWE-ReX -> swerex.server")))
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    out["rock_rockroll"] = stats(asyncio.run(_rock_true(svc.url, svc.token, n)))
+    req = urllib.request.Request(f"{svc.url}/v1/sandboxes/{sid}", method="DELETE",
+                                 headers={"Authorization": f"Bearer {svc.token}"})
+    urllib.request.urlopen(req, timeout=60).close()
+    return out
+
+
+def compat_rows(c: dict) -> list[dict]:
+    def one(client, server, theirs, ours):
+        return {"client": client, "server": server, "median (ms)": theirs.get("median"),
+                "p95 (ms)": theirs.get("p95"),
+                "ratio (theirs/ours)": f"{theirs['median'] / ours['median']:.1f}x" if ours is not theirs else None}
+
+    ours_rex, ours_rock = c["swerex_rockroll"], c["rock_rockroll"]
+    return [one("SWE-ReX RemoteRuntime", "rockroll serve (local backend)", ours_rex, ours_rex),
+            one("SWE-ReX RemoteRuntime", "swerex.server (same run, unsandboxed)", c["swerex_own"], ours_rex),
+            one("ROCK SDK arun(session=)", "rockroll serve (local backend)", ours_rock, ours_rock),
+            one("ROCK SDK arun(session=)", "ROCK rocklet (issue #15, this machine)",
+                {"median": ROCK_ROCKLET_MS, "p95": None}, ours_rock)]
+
+
 # ----------------------------------------------------------------- table
 def row(backend: str, metric: str, ours: dict, docker: dict | str | None, target: tuple[str, float] | None,
         unit: str = "ms") -> dict:
@@ -593,7 +687,7 @@ def main() -> int:
                     res["docker_run"] = stats(docker.run_samples(counts.docker_run))
             docker.cleanup()
 
-        if "remote" in backends and ({"run", "cold", "concurrent"} & set(only)):
+        if "remote" in backends and ({"run", "cold", "concurrent", "compat"} & set(only)):
             from rockroll.sandbox.runtime import remote
 
             log("remote: starting rockroll serve on 127.0.0.1")
@@ -609,6 +703,8 @@ def main() -> int:
                 res["remote_cold_create"] = stats(bench_cold_create(spec, counts.cold))
             if "concurrent" in only:
                 res["concurrent_create"] = bench_concurrent(counts.concurrent, svc.proc.pid)
+            if "compat" in only:
+                res["compat"] = bench_compat(svc, counts.compat)
             cleanup["service"] = svc.stop()
             log(f"service stopped ({cleanup['service']})")
 
@@ -683,9 +779,10 @@ def main() -> int:
                         {"median": d["answered"]}, None, (">=", DENSITY_TARGET), unit="sandboxes"))
         if d["swap_used_mb"][1] > d["swap_used_mb"][0] or d["answered"] < d["held"]:
             rows[-1]["met"] = False
-    print_table(f"rockroll sandbox benchmark{' (--quick)' if args.quick else ''}: {os.cpu_count()} cores; "
-                "docker CLI column: `docker exec CONTAINER true` for run, `docker run --rm` for cold create "
-                "(same run)", rows, COLUMNS)
+    if rows:
+        print_table(f"rockroll sandbox benchmark{' (--quick)' if args.quick else ''}: {os.cpu_count()} cores; "
+                    "docker CLI column: `docker exec CONTAINER true` for run, `docker run --rm` for cold create "
+                    "(same run)", rows, COLUMNS)
 
     crows = []
     if "concurrent_create" in res:
@@ -700,6 +797,10 @@ def main() -> int:
         print_table(f"sandboxes created at once through `rockroll serve` (remote SDK, one asyncio.gather, "
                     f"local backend, memory_mb=64 pids=32; SDK pool: {c['sdk_max_connections']} connections, "
                     "no semaphore)", crows, CONCURRENT_COLUMNS)
+
+    if "compat" in res:
+        print_table('run("true") in a session through ROCK\'s and SWE-ReX\'s own clients (unmodified)',
+                    compat_rows(res["compat"]), COMPAT_COLUMNS)
 
     path = write_json("sandbox", {
         "quick": args.quick, "backends": list(backends), "only": list(only), "ray_nodes": args.ray_nodes,

@@ -163,7 +163,9 @@ def sandbox_gc(everything):
               help="A TOML file of [[pool]] tables, each size = N plus the fields of POST /v1/sandboxes.")
 def serve(host, port, token_env, max_sandboxes, idle_ttl, backend, max_layer_bytes, max_chain_bytes,
           min_free_bytes, token_storage_quota, metrics_port, pool_opts, pools_file):
-    """Serve sandboxes over HTTP: REST under /v1, /metrics, a dashboard at /.
+    """Serve sandboxes over HTTP: REST under /v1, /metrics, a dashboard at /; ROCK's and
+    SWE-ReX's APIs for their unmodified clients, and the registered envs over ROCK's GEM API
+    (docs/compat.md).
 
     A create whose spec equals a warm pool's (every field, after defaults) is served from
     the pool; pools can also be added at run time with POST /v1/pools.
@@ -180,6 +182,7 @@ def serve(host, port, token_env, max_sandboxes, idle_ttl, backend, max_layer_byt
         from rockroll.sandbox.errors import SpecError
         from rockroll.sandbox.server.app import create_app
         from rockroll.sandbox.server.warm import check_pools, load_pools_file, parse_pool_option
+        from rockroll.registry.gem_api import GemEnvs
     except ImportError as e:
         raise click.ClickException(f"{e.name} is missing: pip install 'rockroll[service]'") from None
     from rockroll.sandbox.storage.limits import StorageLimits, env_name, parse_bytes
@@ -199,7 +202,8 @@ def serve(host, port, token_env, max_sandboxes, idle_ttl, backend, max_layer_byt
     token = os.environ.get(token_env) or secrets.token_urlsafe(32)
     app = create_app(token, backend=backend, max_sandboxes=max_sandboxes,
                      idle_ttl=idle_ttl if idle_ttl > 0 else None, limits=limits, token_storage_quota=quota,
-                     pools=pools, metrics_address=(host, metrics_port) if metrics_port else None)
+                     pools=pools, extensions=[GemEnvs(idle_ttl if idle_ttl > 0 else None)],
+                     metrics_address=(host, metrics_port) if metrics_port else None)
     url = f"http://{host}:{port}"
     shown = f"${token_env}" if os.environ.get(token_env) else token
     click.echo(f"rockroll serve: {url}  token: {shown}\n  dashboard: {url}/#token="

@@ -18,6 +18,7 @@ import contextlib
 import hmac
 import logging
 from pathlib import Path
+from typing import AsyncContextManager, Protocol, Sequence
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -29,7 +30,7 @@ from ..deployment.reaper import current_run
 from ..errors import CapacityError, SandboxError
 from ..storage.limits import StorageLimits
 from ..storage.snapshots import SnapshotStore
-from . import files, sandboxes, snapshots
+from . import files, rock, sandboxes, snapshots, swerex
 from . import pools as pool_routes  # the name `pools` is create_app's argument
 from .metrics import storage_families
 from .quota import DEFAULT_QUOTA, TokenQuota
@@ -107,17 +108,29 @@ async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
 
 
 # the app --------------------------------------------------------------------------
+class Extension(Protocol):
+    """Routes from a part that ``sandbox`` must not import (GEM envs come from ``registry``,
+    which depends on ``sandbox``, not the reverse): the caller of ``create_app`` hands them in.
+    ``lifespan(app)`` is entered after the hub starts and left before it stops."""
+
+    router: APIRouter
+
+    def lifespan(self, app: FastAPI) -> AsyncContextManager[None]: ...
+
+
 def create_app(token: str, *, backend: str = "local", max_sandboxes: int = 256,
                idle_ttl: float | None = 3600.0, reap_interval: float = 1.0,
                limits: StorageLimits | None = None, token_storage_quota: int = DEFAULT_QUOTA,
-               pools: list[PoolIn] = (), metrics_address: tuple[str, int] | None = None) -> FastAPI:
+               pools: list[PoolIn] = (), extensions: Sequence[Extension] = (),
+               metrics_address: tuple[str, int] | None = None) -> FastAPI:
     """The service as an ASGI app. ``token`` guards everything but ``/``, ``/healthz``
     and the OpenAPI document. ``limits`` bound what snapshot uploads unpack to (default:
     ``StorageLimits.from_env()``); ``token_storage_quota`` is how many bytes of snapshots
     (uploaded or taken through the service) a token may hold. ``pools``: warm pools to
     keep from the start (filled in the background once the service is up; ``POST
-    /v1/pools`` adds more). ``metrics_address``: ``(host, port)`` where ``/metrics`` is
-    also served without the token (a scraper's port)."""
+    /v1/pools`` adds more). ``extensions``: more routes, with what they hold while the app
+    runs (``rockroll serve`` adds GEM envs). ``metrics_address``: ``(host, port)`` where
+    ``/metrics`` is also served without the token (a scraper's port)."""
     if backend == "remote":
         raise SandboxError("the service cannot use backend='remote' (it would call itself)")
     hub = SandboxHub(backend=backend, max_sandboxes=max_sandboxes, idle_ttl=idle_ttl,
@@ -128,7 +141,10 @@ def create_app(token: str, *, backend: str = "local", max_sandboxes: int = 256,
         await hub.start(list(pools))
         exporter = hub.metrics.serve(*metrics_address) if metrics_address else None
         try:
-            yield
+            async with contextlib.AsyncExitStack() as stack:
+                for extension in extensions:
+                    await stack.enter_async_context(extension.lifespan(app))
+                yield
         finally:
             if exporter is not None:
                 exporter.shutdown()
@@ -146,4 +162,8 @@ def create_app(token: str, *, backend: str = "local", max_sandboxes: int = 256,
     app.include_router(pages)
     for routes in (sandboxes.router, files.router, snapshots.router, pool_routes.router):
         app.include_router(routes, prefix=API, dependencies=[Depends(auth)])
+    # ROCK's admin API and SWE-ReX's runtime API (docs/compat.md): their clients' own
+    # shapes and headers, so each checks the token itself; documented there, not in OpenAPI.
+    for routes in (rock.router, swerex.router, *(e.router for e in extensions)):
+        app.include_router(routes, include_in_schema=False)
     return app

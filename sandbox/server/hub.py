@@ -19,7 +19,7 @@ from typing import AsyncIterator
 from ..base import AsyncSandbox
 from ..deployment.reaper import current_run, reap_dead_runs
 from ..errors import CapacityError, SandboxClosed, SandboxError, SandboxNotFound
-from ..spec import SandboxSpec
+from ..spec import CommandResult, SandboxSpec
 from ..storage.snapshots import SnapshotStore
 from .metrics import Metrics, service_families
 from .warm import WarmPool, pool_key
@@ -41,6 +41,9 @@ class Entry:
         self.recent: collections.deque[CommandOut] = collections.deque(maxlen=RECENT_COMMANDS)
         self.closed = asyncio.Event()   # set on close: in-flight calls fail fast instead of hanging
         self.close_reason = "sandbox is closed"
+        # Sessions opened by name through the ROCK / SWE-ReX routes (``compat.py``): theirs
+        # must be created before use and fail if created twice; ours are made on first use.
+        self.named_sessions: set[str] = set()
 
     @property
     def state(self) -> str:
@@ -250,6 +253,17 @@ class SandboxHub:
                 return task.result()
             except SandboxError as e:
                 raise entry.own(e)
+
+    async def run(self, entry: Entry, cmd: str, **kwargs) -> CommandResult:
+        """``entry.sb.run(cmd, **kwargs)`` through ``call``, recorded for the dashboard and metrics."""
+        started = time.monotonic()
+        try:
+            result = await self.call(entry, entry.sb.run(cmd, **kwargs))
+        except SandboxError as e:
+            self.record(entry, cmd, started, error=e)
+            raise
+        self.record(entry, cmd, started, result)
+        return result
 
     def ttl_of(self, entry: Entry) -> float | None:
         return entry.sb.spec.ttl_s if entry.sb.spec.ttl_s is not None else self.idle_ttl

@@ -61,14 +61,7 @@ async def ping(sandbox_id: str, hub: Hub) -> OkOut:
 @router.post("/sandboxes/{sandbox_id}/run", response_model=ResultOut)
 async def run(body: RunIn, sandbox_id: str, hub: Hub) -> ResultOut:
     entry = hub.get(sandbox_id)
-    started = time.monotonic()
-    try:
-        result = await hub.call(entry, entry.sb.run(body.cmd, timeout=body.timeout, session=body.session,
-                                                     env=body.env, cwd=body.cwd))
-    except SandboxError as e:
-        hub.record(entry, body.cmd, started, error=e)
-        raise
-    hub.record(entry, body.cmd, started, result)
+    result = await hub.run(entry, body.cmd, timeout=body.timeout, session=body.session, env=body.env, cwd=body.cwd)
     return ResultOut.of(result)
 
 

@@ -1,0 +1,289 @@
+"""What the ROCK and SWE-ReX compatible routes (``rock.py``, ``swerex.py``) share.
+
+Both protocols descend from SWE-ReX's runtime: named bash sessions that must be created
+before use, a ``check`` mode deciding whether a non-zero exit code is an error, one merged
+output stream, a syntax check before running. The helpers here give those semantics on
+top of the hub's sandboxes (``AsyncSandbox``); failures are ``CompatError`` named by the
+exception class SWE-ReX (and ROCK's rocklet) raise, which each router puts in its own shape.
+
+Their clients authenticate in their own ways: SWE-ReX sends ``X-API-Key``, ROCK's SDK
+whatever ``extra_headers`` hold (``Authorization: Bearer`` or ROCK's ``XRL-Authorization:
+Bearer``), and ROCK's env client nothing but the userinfo of ``ROCK_BASE_URL``
+(``http://rock:TOKEN@host:port``, sent as HTTP Basic). Each is checked against the
+service's one token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hmac
+import io
+import shlex
+import shutil
+import stat
+import tarfile
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable, Literal
+
+from fastapi import Request, Response, UploadFile
+from fastapi.routing import APIRoute
+
+from ..base import CHUNK, once
+from ..spec import CommandResult
+from ..storage.limits import StorageLimits
+from .hub import Entry, SandboxHub
+from .wire import AuthError
+
+Check = Literal["silent", "raise", "ignore"]
+PS1 = "SHELLPS1PREFIX"  # SWE-ReX's prompt: the "expect string" of a command that simply ended
+
+
+class CompatError(Exception):
+    """A failure as SWE-ReX's runtime reports it: ``kind`` is its exception class's name
+    (``swerex.exceptions.<kind>``, or a builtin such as ``FileNotFoundError``)."""
+
+    BUILTIN = {"FileNotFoundError", "IsADirectoryError", "ValueError", "UnicodeDecodeError", "OSError"}
+
+    def __init__(self, kind: str, message: str, extra_info: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.kind, self.message, self.extra_info = kind, message, extra_info or {}
+
+    @property
+    def class_path(self) -> str:
+        return f"builtins.{self.kind}" if self.kind in self.BUILTIN else f"swerex.exceptions.{self.kind}"
+
+
+def route_class(answer: Callable[[Exception], Response | None]) -> type[APIRoute]:
+    """Routes whose every failure (validation and auth included) ``answer`` turns into the
+    response their protocol's client expects; what it returns None for propagates."""
+
+    class Guarded(APIRoute):
+        def get_route_handler(self):
+            handler = super().get_route_handler()
+
+            async def guarded(request: Request) -> Response:
+                try:
+                    return await handler(request)
+                except Exception as e:  # noqa: BLE001 - answered or re-raised
+                    response = answer(e)
+                    if response is None:
+                        raise
+                    return response
+
+            return guarded
+
+    return Guarded
+
+
+def first_error(e) -> str:
+    """A validation error as ``"field: message"`` (the first one; the body's own location dropped)."""
+    errors = e.errors()
+    first = errors[0] if errors else {}
+    field = ".".join(str(p) for p in first.get("loc", ())[1:]) or "body"
+    return f"{field}: {first.get('msg', 'invalid request')}"
+
+
+# --------------------------------------------------------------------------- auth
+def presented_token(request: Request) -> bytes:
+    """The token a client sent, in any header the supported clients use (b"" if none)."""
+    headers = request.headers
+    for name in ("authorization", "xrl-authorization"):
+        scheme, _, value = headers.get(name, "").partition(" ")
+        if scheme.lower() == "bearer":
+            return value.strip().encode()
+        if scheme.lower() == "basic":  # userinfo of the URL: the password is the token
+            try:
+                return base64.b64decode(value.strip(), validate=True).partition(b":")[2]
+            except (binascii.Error, ValueError):
+                return b""
+    return headers.get("x-api-key", "").encode()
+
+
+def check_token(request: Request) -> None:
+    if not hmac.compare_digest(presented_token(request), request.app.state.token):
+        raise AuthError("missing or wrong token (Authorization: Bearer, XRL-Authorization: Bearer, "
+                        "X-API-Key, or the password of the URL)")
+
+
+# --------------------------------------------------------------------------- commands
+def command_line(command: str | list[str]) -> str:
+    """A command as one bash line: a list is quoted word by word (``subprocess.run``'s way)."""
+    return command if isinstance(command, str) else shlex.join(command)
+
+
+def merged(cmd: str) -> str:
+    """``cmd`` with stderr folded into stdout in the order written (what a terminal shows,
+    and what SWE-ReX returns). A brace group runs in the session's own shell, so ``cd`` and
+    ``export`` still persist; the newline ends a trailing comment or heredoc."""
+    return "{ " + cmd + "\n} 2>&1"
+
+
+async def syntax_error(cmd: str) -> str | None:
+    """bash's complaint about ``cmd``'s syntax, or None. ``bash -n`` only parses (nothing is
+    expanded or run), so the host's bash can check it before it reaches the sandbox."""
+    bash = shutil.which("bash")
+    if bash is None:
+        return None
+    proc = await asyncio.create_subprocess_exec(bash, "-n", stdin=asyncio.subprocess.PIPE,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate(cmd.encode())
+    if proc.returncode == 0:
+        return None
+    return (f"Error (exit code {proc.returncode}) while checking bash command \n{cmd!r}\n"
+            f"---- Stderr ----\n{err.decode(errors='backslashreplace')}\n"
+            f"---- Stdout ----\n{out.decode(errors='backslashreplace')}")
+
+
+def overflow_note(result: CommandResult, entry: Entry) -> str:
+    """Why the output is shorter than the command wrote ("" if it is not)."""
+    if not result.truncated:
+        return ""
+    return f"output truncated at {entry.sb.spec.max_output_bytes} bytes (the sandbox's max_output_bytes)"
+
+
+async def open_session(hub: SandboxHub, entry: Entry, name: str, *, startup_source: list[str] = (),
+                       env: dict[str, str] | None = None) -> str:
+    """Create session ``name`` as a fresh shell: ``SessionExistsError`` if this protocol
+    already made it. ``startup_source`` files are sourced and ``env`` exported in it (the
+    output of that comes back)."""
+    if name in entry.named_sessions:
+        raise CompatError("SessionExistsError", f"session {name} already exists")
+    if env and not all(isinstance(k, str) and k.isidentifier() for k in env):
+        raise CompatError("ValueError", "env: variable names must be identifiers")
+    await hub.call(entry, entry.sb.close_session(name))  # ours may hold one of that name: start afresh
+    lines = [f"source {shlex.quote(path)}" for path in startup_source]
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in (env or {}).items()]
+    output = ""
+    if lines:
+        result = await hub.run(entry, merged("\n".join(lines)), session=name)
+        output = result.stdout
+    entry.named_sessions.add(name)
+    return output
+
+
+async def run_in_session(hub: SandboxHub, entry: Entry, name: str, command: str, *, timeout: float | None,
+                         check: Check = "raise", error_msg: str = "") -> tuple[str, int | None, str]:
+    """Run ``command`` in session ``name`` with SWE-ReX's semantics: ``(output, exit_code,
+    note)``, output merged, ``note`` saying why it was cut. Raises ``CompatError``:
+    ``SessionDoesNotExistError``, ``BashIncorrectSyntaxError`` (nothing ran),
+    ``CommandTimeoutError`` (the command was killed; the session lives on), and with
+    ``check="raise"`` ``NonZeroExitCodeError``. ``check="ignore"`` reports no exit code."""
+    if name not in entry.named_sessions:
+        raise CompatError("SessionDoesNotExistError", f"session {name!r} does not exist")
+    if (complaint := await syntax_error(command)) is not None:
+        raise CompatError("BashIncorrectSyntaxError", complaint)
+    result = await hub.run(entry, merged(command), session=name, timeout=timeout)
+    if result.timed_out:
+        raise CompatError("CommandTimeoutError",
+                          f"timeout after {timeout} seconds while running command {command!r}")
+    if check == "raise" and result.exit_code != 0:
+        msg = (f"Command {command!r} failed with exit code {result.exit_code}. "
+               f"Here is the output:\n{result.stdout!r}")
+        raise CompatError("NonZeroExitCodeError", f"{error_msg}: {msg}" if error_msg else msg)
+    return result.stdout, None if check == "ignore" else result.exit_code, overflow_note(result, entry)
+
+
+async def close_session(hub: SandboxHub, entry: Entry, name: str) -> None:
+    if name not in entry.named_sessions:
+        raise CompatError("SessionDoesNotExistError", f"session {name!r} does not exist")
+    entry.named_sessions.discard(name)
+    await hub.call(entry, entry.sb.close_session(name))
+
+
+async def close_sessions(hub: SandboxHub, entry: Entry) -> None:
+    """Close every session this protocol opened (SWE-ReX's ``close``); the sandbox stays."""
+    for name in sorted(entry.named_sessions):
+        await close_session(hub, entry, name)
+
+
+async def execute(hub: SandboxHub, entry: Entry, command: str | list[str], *, timeout: float | None,
+                  env: dict[str, str] | None = None, cwd: str | None = None, merge: bool = False,
+                  check: bool = False, error_msg: str = "") -> CommandResult:
+    """A command outside any session (SWE-ReX's ``execute``): a throwaway subshell in the
+    sandbox's workdir unless ``cwd``; ``env`` adds to its environment. Raises
+    ``CompatError``: ``CommandTimeoutError``, and with ``check`` ``NonZeroExitCodeError``."""
+    if env and not all(isinstance(k, str) and k.isidentifier() for k in env):
+        raise CompatError("ValueError", "env: variable names must be identifiers")
+    line = command_line(command)
+    # an explicit cwd makes the command a throwaway subshell: a `cd` in it touches no session
+    result = await hub.run(entry, merged(line) if merge else line, timeout=timeout, env=env,
+                           cwd=cwd or entry.sb.spec.workdir, session="rr-execute")
+    if result.timed_out:
+        raise CompatError("CommandTimeoutError", f"Timeout ({timeout}s) exceeded while running command")
+    if check and result.exit_code != 0:
+        msg = (f"Command {command!r} failed with exit code {result.exit_code}. "
+               f"Stdout:\n{result.stdout!r}\nStderr:\n{result.stderr!r}")
+        raise CompatError("NonZeroExitCodeError", f"{error_msg}: {msg}" if error_msg else msg)
+    return result
+
+
+# --------------------------------------------------------------------------- files
+async def read_text(hub: SandboxHub, entry: Entry, path: str, encoding: str | None = None,
+                    errors: str | None = None) -> str:
+    """A file's text, as ``Path.read_text(encoding, errors)`` gives it (UTF-8 by default)."""
+    kind = await hub.call(entry, entry.sb.stat(path))
+    if kind is None:
+        raise CompatError("FileNotFoundError", f"[Errno 2] No such file or directory: {path!r}")
+    if kind == "dir":
+        raise CompatError("IsADirectoryError", f"[Errno 21] Is a directory: {path!r}")
+    data = await hub.call(entry, entry.sb.read_file(path))
+    try:
+        return data.decode(encoding or "utf-8", errors or "strict")
+    except LookupError as e:  # an unknown encoding or error handler
+        raise CompatError("ValueError", f"encoding: {e}") from None
+    except UnicodeDecodeError as e:
+        raise CompatError("ValueError", f"{path}: {e}") from None
+
+
+async def write_text(hub: SandboxHub, entry: Entry, path: str, content: str) -> None:
+    await hub.call(entry, entry.sb.write_file(path, content))
+
+
+async def upload(hub: SandboxHub, entry: Entry, file: UploadFile, target: str, *, unzip: bool = False) -> int:
+    """Store an uploaded file at ``target`` (parents made), streamed; with ``unzip`` it is a
+    zip (SWE-ReX sends a directory so) unpacked into directory ``target``. Bytes received."""
+    if not unzip:
+        async def chunks() -> AsyncIterator[bytes]:
+            while chunk := await file.read(CHUNK):
+                yield chunk
+        return await hub.call(entry, entry.sb.write_stream(target, chunks()))
+    data = await asyncio.to_thread(zip_to_tar, file.file)
+    return await hub.call(entry, entry.sb.write_stream(target, once(data), tar=True))
+
+
+def zip_to_tar(f) -> bytes:
+    """A zip archive as the tar ``write_stream(tar=True)`` unpacks (inside the sandbox, by its
+    agent). Links and devices are not carried: zip stores them as plain files, and so do we.
+    What it unpacks to is metered like a snapshot layer (``max_layer_bytes``, the disk's
+    free-space reserve): a zip bomb stops at the limit with ``StorageLimitError``."""
+    try:
+        archive = zipfile.ZipFile(f)
+    except zipfile.BadZipFile as e:
+        raise CompatError("ValueError", f"file: not a zip archive ({e})") from None
+    meter = StorageLimits.from_env().meter(Path(tempfile.gettempdir()), what="an unzipped upload")
+    buf = io.BytesIO()
+    with archive, tarfile.open(fileobj=buf, mode="w:", format=tarfile.PAX_FORMAT) as tar, \
+            tempfile.SpooledTemporaryFile(CHUNK) as spool:
+        for info in archive.infolist():
+            member = tarfile.TarInfo(info.filename.rstrip("/"))
+            mode = (info.external_attr >> 16) & 0o777
+            if info.is_dir():
+                member.type, member.mode = tarfile.DIRTYPE, mode or 0o755
+                tar.addfile(member)
+                continue
+            member.mode = mode if mode and stat.S_ISREG(info.external_attr >> 16) else 0o644
+            spool.seek(0)
+            spool.truncate()
+            with archive.open(info) as src:
+                while chunk := src.read(CHUNK):  # counted as it inflates: sizes in a zip can lie
+                    meter.charge(len(chunk))
+                    spool.write(chunk)
+            member.size = spool.tell()
+            spool.seek(0)
+            tar.addfile(member, spool)
+    return buf.getvalue()
+
