@@ -203,29 +203,31 @@ def test_rockroll_train_and_evaluation_on_a_gem_llm_game(tmp_path):
     assert [e["step"] for e in evals] == [0, 2] and all(e["eval/episodes"] == 4 for e in evals)
 
 
-def test_ray_env_workers_train_on_a_gem_llm_game(tmp_path, monkeypatch):
+def test_ray_env_workers_train_on_a_gem_llm_game(tmp_path):
     """Ray puts the driver's working folder on its workers' sys.path: started in the checkout's
-    root, a worker's `import gem` would find the gem/ folder (this run failed so once)."""
-    import ray
-
-    from rockroll.trainer.controller import train
-    from rockroll.trainer.ray_roles import init_local_ray
+    root, a worker's `import gem` would find the gem/ folder (this run failed so once). The
+    run is a process of its own started there, as a user starts it (its ray.init also sets
+    RAY_AUTH_MODE in its environment, which must not leak into later tests' clusters)."""
+    import dataclasses
 
     sys.path.insert(0, str(ROOT / "tests" / "trainer"))
     from _tiny import run_config
 
-    monkeypatch.chdir(ROOT)
     guesses = [boxed(n) for n in range(1, 11)]
     cfg = run_config(tmp_path, steps=1, envs=[{"id": GUESS, "task_ids": [0, 1]}],
                      tokenizer__build_dir=str(tmp_path / "tok"), tokenizer__add_tokens=guesses,
                      generation__allowed_tokens=guesses, rollout__max_turns=4,
                      ray={"enabled": True, "num_env_workers": 2}, logging__tensorboard=False)
-    init_local_ray(num_cpus=2)
-    try:
-        out = train(cfg)
-    finally:
-        ray.shutdown()
-    assert [(h["step"], h["rollout/samples"], h["rollout/groups_done"]) for h in out["history"]] == [(0, 6, 2)]
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps(dataclasses.asdict(cfg)))
+    code = ("import json, sys\nfrom rockroll.trainer.config import load_config\n"
+            "from rockroll.trainer.controller import train\nfrom rockroll.trainer.ray_roles import init_local_ray\n"
+            "init_local_ray(num_cpus=2)\nout = train(load_config(json.load(open(sys.argv[1]))))\n"
+            "print(json.dumps([[h['step'], h['rollout/samples'], h['rollout/groups_done']] for h in out['history']]))")
+    r = subprocess.run([sys.executable, "-c", code, str(path)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == [[0, 6, 2]]
 
 
 # ----------------------------------------------------------------------- the sandboxed python tool

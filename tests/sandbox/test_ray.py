@@ -113,7 +113,9 @@ def cluster(tmp_path_factory):
     home = root / "home"
     home.mkdir()
     (home / "ray_bootstrap_config.yaml").write_text("provider: {type: local}\n")
-    env = {**os.environ, "HOME": str(home), "RAY_USAGE_STATS_ENABLED": "0",
+    # RAY_AUTH_MODE: the nodes' own (an earlier ray.init in this process may have set "token",
+    # and the token lives in the real HOME): loopback only, no auth
+    env = {**os.environ, "HOME": str(home), "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
            # notice a dead node in seconds, not the default tens of seconds
            "RAY_health_check_initial_delay_ms": "1000", "RAY_health_check_period_ms": "1000",
            "RAY_health_check_timeout_ms": "1000", "RAY_health_check_failure_threshold": "3"}

@@ -8,6 +8,7 @@
 """
 
 import json
+import os
 
 import pytest
 import torch
@@ -46,9 +47,14 @@ def local_ray():
     import ray
     from rockroll.trainer.ray_roles import init_local_ray
 
-    init_local_ray(num_cpus=2)
+    had = os.environ.get("RAY_AUTH_MODE")
+    init_local_ray(num_cpus=2)  # sets RAY_AUTH_MODE=token in this process: put back afterwards
     yield ray
     ray.shutdown()
+    if had is None:
+        os.environ.pop("RAY_AUTH_MODE", None)
+    else:
+        os.environ["RAY_AUTH_MODE"] = had
 
 
 def test_train_dispatches_to_ray_and_resumes(tmp_path, local_ray):
