@@ -41,7 +41,7 @@ setup = ["cat /etc/debian_version > /opt/debver", "test ! -e /usr/bin/python3"]
 [files]
 "data" = "/opt/data"
 [env]
-entry_point = "x:Y"
+entry_point = "rockroll.gem.swe:SWEEnv"  # importable: build checks it (never made here)
 ''')
     return tmp
 
