@@ -69,3 +69,21 @@ class Server:
             raise
         finally:
             self.log.close()
+
+
+async def rock_and_swerex_share_a_sandbox(srv: Server, sb, tmp_path: Path) -> None:
+    """ROCK's SDK (``sb``, a started ``rock`` Sandbox of ``srv``) uploads a file; SWE-ReX's
+    runtime, at the same service, reads it in a session and writes another it reads back:
+    both unmodified clients on one sandbox."""
+    from rock.actions import UploadRequest
+    from swerex.runtime.abstract import BashAction, CreateBashSessionRequest, ReadFileRequest
+    from swerex.runtime.remote import RemoteRuntime
+
+    (tmp_path / "f.txt").write_text("from the host")
+    assert (await sb.upload(UploadRequest(source_path=str(tmp_path / "f.txt"),
+                                          target_path="/workspace/f.txt"))).success
+    rt = RemoteRuntime(host=f"{srv.url}/swerex/{sb.sandbox_id}", auth_token=srv.token, timeout=30)
+    await rt.create_session(CreateBashSessionRequest())
+    obs = await rt.run_in_session(BashAction(command="cd /workspace && cat f.txt && echo x > g.txt"))
+    assert obs.output == "from the host"
+    assert (await rt.read_file(ReadFileRequest(path="/workspace/g.txt"))).content == "x\n"

@@ -17,7 +17,7 @@ from rock.sdk.common.exceptions import BadRequestRockError, InternalServerRockEr
 from rock.sdk.sandbox.client import Sandbox
 from rock.sdk.sandbox.config import SandboxConfig
 
-from _server import Server
+from _server import Server, rock_and_swerex_share_a_sandbox
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the SDK warns about itself
 
@@ -279,11 +279,6 @@ def test_gem_envs_idle_past_the_service_ttl_are_closed(monkeypatch):
 async def test_both_clients_on_the_docker_backend(image, tmp_path):
     """The same routes over the docker backend: ROCK's SDK starts a container sandbox of a
     Docker image, SWE-ReX's runtime drives that same sandbox."""
-    from swerex.runtime.abstract import BashAction as RexAction
-    from swerex.runtime.abstract import CreateBashSessionRequest as RexSession
-    from swerex.runtime.abstract import ReadFileRequest as RexRead
-    from swerex.runtime.remote import RemoteRuntime
-
     srv = Server("--backend", "docker", "--max-sandboxes", "4")
     try:
         sb = Sandbox(config(srv, image=image))
@@ -291,14 +286,7 @@ async def test_both_clients_on_the_docker_backend(image, tmp_path):
         try:
             assert spec_of(srv, sb.sandbox_id)["backend"] == "docker"
             assert (await sb.arun("cat /etc/debian_version >/dev/null && echo debian")).output == "debian\n"
-            (tmp_path / "f.txt").write_text("from the host")
-            assert (await sb.upload(UploadRequest(source_path=str(tmp_path / "f.txt"),
-                                                  target_path="/workspace/f.txt"))).success
-            rt = RemoteRuntime(host=f"{srv.url}/swerex/{sb.sandbox_id}", auth_token=srv.token, timeout=30)
-            await rt.create_session(RexSession())
-            obs = await rt.run_in_session(RexAction(command="cd /workspace && cat f.txt && echo x > g.txt"))
-            assert obs.output == "from the host"
-            assert (await rt.read_file(RexRead(path="/workspace/g.txt"))).content == "x\n"
+            await rock_and_swerex_share_a_sandbox(srv, sb, tmp_path)
             assert (await sb.arun("ls /sys/class/net")).output == "lo\n"  # no network but loopback
         finally:
             await sb.stop()

@@ -287,13 +287,10 @@ def test_model_endpoint_on_a_ray_node(cluster, monkeypatch):
 async def test_rock_and_swerex_clients_drive_a_service_on_the_ray_backend(cluster, monkeypatch, tmp_path):
     """Issue #15's "on every backend": ROCK's unmodified SDK starts a sandbox of a service
     whose sandboxes live on the Ray cluster, and SWE-ReX's runtime drives that same sandbox."""
-    from rock.actions import UploadRequest
     from rock.sdk.sandbox.client import Sandbox
     from rock.sdk.sandbox.config import SandboxConfig
-    from swerex.runtime.abstract import BashAction, CreateBashSessionRequest, ReadFileRequest
-    from swerex.runtime.remote import RemoteRuntime
 
-    from _server import Server
+    from _server import Server, rock_and_swerex_share_a_sandbox
 
     monkeypatch.setenv("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
     srv = Server("--backend", "ray", "--max-sandboxes", "4")
@@ -305,14 +302,7 @@ async def test_rock_and_swerex_clients_drive_a_service_on_the_ray_backend(cluste
             spec = srv.http.get(f"/v1/sandboxes/{sb.sandbox_id}").json()["spec"]
             assert spec["backend"] == "ray" and spec["network"] is False
             assert (await sb.arun("echo $((6 * 7))")).output == "42\n"
-            (tmp_path / "f.txt").write_text("from the host")
-            assert (await sb.upload(UploadRequest(source_path=str(tmp_path / "f.txt"),
-                                                  target_path="/workspace/f.txt"))).success
-            rt = RemoteRuntime(host=f"{srv.url}/swerex/{sb.sandbox_id}", auth_token=srv.token, timeout=30)
-            await rt.create_session(CreateBashSessionRequest())
-            obs = await rt.run_in_session(BashAction(command="cd /workspace && cat f.txt && echo x > g.txt"))
-            assert obs.output == "from the host"
-            assert (await rt.read_file(ReadFileRequest(path="/workspace/g.txt"))).content == "x\n"
+            await rock_and_swerex_share_a_sandbox(srv, sb, tmp_path)
         finally:
             await sb.stop()
     finally:
