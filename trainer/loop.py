@@ -44,7 +44,7 @@ def run(cfg: TrainConfig, open_roles: Callable[..., Roles],
             t0 = time.perf_counter()
             groups, metrics = roles.rollout.get_batch(step)             # 1. rollout
             t_roll = time.perf_counter() - t0
-            metrics.update(roles.trainer.update(groups))                # 2-4. advantages, loss, optimizer step
+            metrics.update(roles.update(groups))                        # 2-4. batch roles, advantages, loss, steps
             log.transcripts(step, groups, roles.tokenizer)
             if cfg.checkpoint.dir and cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0:
                 _save(roles, step + 1)

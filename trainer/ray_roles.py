@@ -4,6 +4,8 @@
   model, and joins the weight group for ``collective`` sync;
 - generators (``ray.num_generators``), each owning a generation engine (Transformers here,
   vLLM on GPU);
+- batch roles (:class:`~.roles.BatchRole`: the KL reference), each in an actor of its own
+  that builds its own model, asked concurrently on each step's groups;
 - env workers (``ray.num_env_workers``): :class:`~.roles.EnvWorker` in an actor, whose
   requests go to one generator through :class:`RemoteEngine`. Each worker fills its share of
   ``rollout.batch_groups`` from a seed stream of its own and numbers its groups in a block of
@@ -31,7 +33,7 @@ from .config import EnvConfig, TrainConfig
 from .curriculum import initialized_metrics
 from .engines import SamplingParams
 from .models import build_model, load_tokenizer
-from .roles import EnvWorker, PolicyTrainer, Roles, make_generator, seed_everything
+from .roles import EnvWorker, PolicyTrainer, ReferenceRole, Roles, make_generator, seed_everything
 from .rollout import Group, _mix, batch_metrics
 from .weight_sync import Manifest, WeightGroup, checksum, manifest
 
@@ -142,14 +144,20 @@ class _PolicyTrainer(PolicyTrainer):
         self.group.send(self.policy.sync_state_dict())
 
 
+class _ReferenceRole(ReferenceRole):
+    def __init__(self, cfg: TrainConfig, tokenizer: Any):
+        super().__init__(cfg, build_model(cfg.model, tokenizer, cfg.seed), tokenizer)  # the trainer's start
+
+
 def make_actor_classes(num_gpus: float = 0.0):
     """The Ray actor classes (built lazily: ``ray`` is an optional extra). ``num_cpus=0``: CPU
-    smoke runs share cores; ``num_gpus`` goes to the trainer and to each generator."""
+    smoke runs share cores; ``num_gpus`` goes to the trainer, each generator and the reference."""
     import ray
 
     return (ray.remote(num_cpus=0, num_gpus=num_gpus)(_PolicyTrainer),
             ray.remote(num_cpus=0, num_gpus=num_gpus)(_Generator),
-            ray.remote(num_cpus=0)(_EnvWorker))
+            ray.remote(num_cpus=0)(_EnvWorker),
+            ray.remote(num_cpus=0, num_gpus=num_gpus)(_ReferenceRole))
 
 
 # ----------------------------------------------------------------------------- the roles
@@ -213,8 +221,10 @@ class RayRoles(Roles):
     are actor handles, env worker i asking ``generators[i % len(generators)]``."""
 
     def __init__(self, trainer: Any, generators: list[Any], workers: list[Any], tokenizer: Any,
-                 owns_ray: bool = False):
+                 owns_ray: bool = False, batch_actors: list[Any] = ()):
         self.trainer, self.generators, self.rollout = Remote(trainer), generators, RayRollout(workers)
+        self.batch_actors = list(batch_actors)
+        self.batch_roles = [Remote(a) for a in self.batch_actors]
         self.tokenizer, self.owns_ray = tokenizer, owns_ray
         self.manifest: Manifest | None = None        # set when weights go by collective broadcast
         self.sync_address: tuple[str, int] | None = None
@@ -247,15 +257,30 @@ class RayRoles(Roles):
     def workers(self) -> list[Any]:
         return self.rollout.workers
 
+    def update(self, groups: list[Group]) -> dict[str, float]:
+        """:meth:`Roles.update` with the batch roles asked at once (each in its actor)."""
+        import ray
+
+        aux: dict[str, Any] = {}
+        for part in ray.get([a.annotate.remote(groups) for a in self.batch_actors]):
+            aux.update(part)
+        metrics = self.trainer.update(groups, aux)
+        for part in ray.get([a.train.remote(groups, aux) for a in self.batch_actors]):
+            metrics.update(part)
+        return metrics
+
     def sync_weights(self, version: int) -> None:
         import ray
 
+        followers = [a.load_weights for a in self.batch_actors]
         if self.manifest is None:  # one object in the store; each generator fetches it
             state = self.trainer.actor.weights.remote()
-            ray.get([g.load_weights.remote(state, version) for g in self.generators])
+            ray.get([m.remote(state, version) for m in [g.load_weights for g in self.generators] + followers])
         else:
+            state = self.trainer.actor.weights.remote() if followers else None
             ray.get([self.trainer.actor.send_weights.remote(),
-                     *[g.receive_weights.remote(self.manifest, version) for g in self.generators]])
+                     *[g.receive_weights.remote(self.manifest, version) for g in self.generators],
+                     *[m.remote(state, version) for m in followers]])
 
     def close(self) -> None:
         import ray
@@ -267,7 +292,7 @@ class RayRoles(Roles):
             try:
                 self.rollout.close()
             finally:
-                for actor in [*self.workers, *self.generators, self.trainer.actor]:
+                for actor in [*self.workers, *self.generators, *self.batch_actors, self.trainer.actor]:
                     ray.kill(actor)
         finally:
             if self.owns_ray:
@@ -280,12 +305,13 @@ def start_roles(cfg: TrainConfig, tokenizer: Any, env_factory: Callable[[EnvConf
     sync, the trainer + generators process group."""
     import ray
 
-    Trainer, Generator, EnvWorker = make_actor_classes(cfg.ray.num_gpus)
+    Trainer, Generator, EnvWorker, Reference = make_actor_classes(cfg.ray.num_gpus)
     trainer = Trainer.remote(cfg, tokenizer)
+    batch_actors = [Reference.remote(cfg, tokenizer)] if cfg.algorithm.kl_coef > 0 else []
     generators = [Generator.remote(cfg, tokenizer) for _ in range(cfg.ray.num_generators)]
     workers = [EnvWorker.remote(worker_config(cfg, i), tokenizer, generators[i % len(generators)],
                                 i * GROUP_ID_BLOCK, env_factory) for i in range(cfg.ray.num_env_workers)]
-    roles = RayRoles(trainer, generators, workers, tokenizer)
+    roles = RayRoles(trainer, generators, workers, tokenizer, batch_actors=batch_actors)
     if cfg.ray.weight_sync == "collective":
         world = 1 + len(generators)
         roles.sync_address, roles.manifest = ray.get(trainer.open_weight_group.remote(world))

@@ -7,9 +7,11 @@ generator; it produces groups for a policy version), plus the weight sync betwee
 - :class:`PolicyTrainer` and :class:`EnvWorker` are the roles' code, written once:
   :class:`LocalRoles` runs them in this process, :mod:`.ray_roles` in Ray actors
   (``ray.remote`` of the same classes), with as many env workers and generators as asked.
-- A new role (a reference model, critics, a reward judge...) is a class here with the
-  methods its callers need, held by :class:`LocalRoles` and wrapped in an actor by
-  :mod:`.ray_roles`; the loop only sees the protocols below.
+- Roles that look at a step's batch before the policy trains on it (the KL reference,
+  critics, an attention pass) are :class:`BatchRole`\ s: :meth:`Roles.update` asks each to
+  annotate the batch, trains the policy with what they return, then lets each train itself.
+  A new one is a class with those methods, held by :class:`LocalRoles` and wrapped in an
+  actor by :mod:`.ray_roles`; the loop only sees the protocols below.
 """
 
 from __future__ import annotations
@@ -29,10 +31,10 @@ from .engines import TransformersEngine, VLLMEngine
 from .models import allowed_token_ids, build_model, load_tokenizer
 from .policy import ActorModule, make_policy
 from .rollout import Group, PromptTemplate, RolloutManager
-from .update import collate, update_policy
+from .update import collate, token_logp, update_policy
 
-__all__ = ["EnvWorker", "LocalRoles", "PolicyTrainer", "Roles", "Rollout", "Trainer", "build_policy",
-           "make_generator", "seed_everything"]
+__all__ = ["BatchRole", "EnvWorker", "LocalRoles", "PolicyTrainer", "ReferenceRole", "Roles", "Rollout", "Trainer",
+           "batch_roles", "build_policy", "make_generator", "seed_everything"]
 
 
 # ----------------------------------------------------------------------------- the interface
@@ -41,8 +43,9 @@ __all__ = ["EnvWorker", "LocalRoles", "PolicyTrainer", "Roles", "Rollout", "Trai
 class Trainer(Protocol):
     """The policy being trained."""
 
-    def update(self, groups: list[Group]) -> dict[str, float]:
-        """One training step on ``groups`` (advantages, loss, optimizer steps); its metrics."""
+    def update(self, groups: list[Group], aux: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
+        """One training step on ``groups`` (advantages, loss, optimizer steps) with what the
+        batch roles computed on them (``aux``); its metrics."""
 
     def weights(self) -> dict[str, Any]:
         """The state dict a generator loads."""
@@ -79,12 +82,41 @@ class Rollout(Protocol):
         """Stop every env and background thread; idempotent."""
 
 
+class BatchRole(Protocol):
+    """A role consulted on each step's groups around the policy's update: the frozen KL
+    reference, critics, an attention pass. Tensors it returns are aligned with the rows of
+    ``collate(groups)`` (per token: (B, T) on predicted tokens, like ``Batch.mask``) and on CPU."""
+
+    def annotate(self, groups: list[Group]) -> dict[str, torch.Tensor]:
+        """What the policy's update reads (e.g. ``ref_logp``), before it runs."""
+
+    def train(self, groups: list[Group], aux: dict[str, torch.Tensor]) -> dict[str, float]:
+        """After the policy's update: train this role on the same groups (critics); its metrics
+        (``{}`` for a frozen role). ``aux``: every role's annotations of the step."""
+
+    def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        """The policy's new weights, for a role that follows the policy (the attention copy);
+        the others ignore them."""
+
+
 class Roles(ABC):
     """The roles of one run, as :func:`~rockroll.trainer.loop.run` drives them."""
 
     tokenizer: Any
     trainer: Trainer
     rollout: Rollout
+    batch_roles: list[BatchRole] = []
+
+    def update(self, groups: list[Group]) -> dict[str, float]:
+        """One step's update: every batch role annotates ``groups``, the trainer trains on them
+        with the annotations, then each batch role trains (critics) on the same step."""
+        aux: dict[str, torch.Tensor] = {}
+        for role in self.batch_roles:
+            aux.update(role.annotate(groups))
+        metrics = self.trainer.update(groups, aux)
+        for role in self.batch_roles:
+            metrics.update(role.train(groups, aux))
+        return metrics
 
     @abstractmethod
     def sync_weights(self, version: int) -> None:
@@ -124,39 +156,65 @@ def make_generator(cfg: TrainConfig, lm, tokenizer):
     return TransformersEngine(gen_model, tokenizer.pad_token_id)
 
 
-def build_policy(cfg: TrainConfig, lm) -> tuple[Any, Any]:
-    """The policy engine over ``lm`` (+ a value head for PPO), and the forward of the frozen KL
-    reference (None without KL), kept beside the policy's device.
+def build_policy(cfg: TrainConfig, lm) -> Any:
+    """The policy engine over ``lm`` (+ a value head for PPO).
 
-    Copies of ``lm`` (the reference here, the generator's before this call) are taken before
-    the engine wraps it: ZeRO-3 partitions the parameters in place (each becomes an empty
-    placeholder), so a later copy has no weights.
+    Copies of ``lm`` (the reference's, the generator's) are taken before this call: ZeRO-3
+    partitions the parameters in place (each becomes an empty placeholder), so a later copy
+    has no weights.
     """
-    ref = copy.deepcopy(lm).eval().requires_grad_(False) if cfg.algorithm.kl_coef > 0 else None
     batch_size = cfg.rollout.batch_groups * cfg.rollout.group_size
-    policy = make_policy(ActorModule(lm, with_value=cfg.algorithm.spec.value_head), cfg.engine,
-                         batch_size // cfg.algorithm.mini_batches)
-    if ref is None:
-        return policy, None
-    ref.to(policy.device)  # DeepSpeed moved the policy to the GPU: batches go there
-    return policy, lambda ids, attn: (ref(input_ids=ids, attention_mask=attn, use_cache=False).logits, None)
+    return make_policy(ActorModule(lm, with_value=cfg.algorithm.spec.value_head), cfg.engine,
+                       batch_size // cfg.algorithm.mini_batches)
+
+
+def batch_roles(cfg: TrainConfig, lm, tokenizer: Any) -> list[BatchRole]:
+    """The in-process batch roles a config asks for, each over its own copy of ``lm`` (taken
+    before the policy engine wraps it): the KL reference when ``algorithm.kl_coef > 0``."""
+    return [ReferenceRole(cfg, copy.deepcopy(lm), tokenizer)] if cfg.algorithm.kl_coef > 0 else []
 
 
 # ----------------------------------------------------------------------------- the roles
 
 
+class ReferenceRole:
+    """:class:`BatchRole`: the frozen KL reference, ``lm`` at the start of training;
+    annotates ``ref_logp``, log-probs under the distribution the generator samples from."""
+
+    def __init__(self, cfg: TrainConfig, lm: Any, tokenizer: Any):
+        self.cfg, self.pad_id = cfg, tokenizer.pad_token_id
+        self.model = lm.eval().requires_grad_(False)
+        ids = allowed_token_ids(tokenizer, cfg.generation.allowed_tokens)
+        self.allowed = None if ids is None else torch.tensor(ids)
+
+    def _forward(self, ids, attn):
+        return self.model(input_ids=ids, attention_mask=attn, use_cache=False).logits, None
+
+    def annotate(self, groups: list[Group]) -> dict[str, torch.Tensor]:
+        with torch.no_grad():
+            logp, _ = token_logp(self._forward, collate(groups, self.pad_id), self.cfg.generation.temperature,
+                                 self.cfg.engine.micro_batch_size, self.allowed)
+        return {"ref_logp": logp}
+
+    def train(self, groups: list[Group], aux: dict[str, torch.Tensor]) -> dict[str, float]:
+        return {}
+
+    def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        pass  # frozen
+
+
 class PolicyTrainer:
     """:class:`Trainer` over ``lm``: the policy engine (torch or DeepSpeed, PPO's value head as
-    the critic) and, when ``algorithm.kl_coef > 0``, a frozen reference copy of ``lm``."""
+    the critic)."""
 
     def __init__(self, cfg: TrainConfig, lm: Any, tokenizer: Any):
         self.cfg, self.pad_id = cfg, tokenizer.pad_token_id
         self.allowed_ids = allowed_token_ids(tokenizer, cfg.generation.allowed_tokens)
-        self.policy, self.ref_forward = build_policy(cfg, lm)
+        self.policy = build_policy(cfg, lm)
 
-    def update(self, groups: list[Group]) -> dict[str, float]:
+    def update(self, groups: list[Group], aux: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
         return update_policy(self.policy, self.cfg.algorithm, collate(groups, self.pad_id),
-                             self.cfg.generation.temperature, self.ref_forward, self.allowed_ids)
+                             self.cfg.generation.temperature, self.allowed_ids, aux)
 
     def weights(self) -> dict[str, Any]:
         return self.policy.sync_state_dict()
@@ -219,12 +277,16 @@ class LocalRoles(Roles):
         seed_everything(cfg.seed, cfg.deterministic)
         self.tokenizer = load_tokenizer(cfg.tokenizer, cfg.envs, Path(cfg.logging.dir) / "tokenizer")
         lm = build_model(cfg.model, self.tokenizer, cfg.seed)
-        self.generator = make_generator(cfg, lm, self.tokenizer)  # a copy of lm, taken before the engine wraps it
+        self.generator = make_generator(cfg, lm, self.tokenizer)  # copies of lm, taken before the engine wraps it
+        self.batch_roles = batch_roles(cfg, lm, self.tokenizer)
         self.trainer = PolicyTrainer(cfg, lm, self.tokenizer)
         self.rollout = EnvWorker(cfg, self.tokenizer, self.generator, env_factory=env_factory)
 
     def sync_weights(self, version: int) -> None:
-        self.rollout.load_weights(self.trainer.weights(), version)
+        weights = self.trainer.weights()
+        self.rollout.load_weights(weights, version)
+        for role in self.batch_roles:
+            role.load_weights(weights, version)
 
     def close(self) -> None:
         self.rollout.close()

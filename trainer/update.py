@@ -260,8 +260,8 @@ def _rows(x, idx):
     return None if x is None else x[idx]
 
 
-def update_policy(policy, a: AlgorithmConfig, batch: Batch, temperature: float, ref_forward=None,
-                  allowed_ids: list[int] | None = None) -> dict[str, float]:
+def update_policy(policy, a: AlgorithmConfig, batch: Batch, temperature: float,
+                  allowed_ids: list[int] | None = None, aux: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
     """One training step on a batch: advantages, then ppo_epochs x mini_batches optimizer steps.
 
     A mini-batch runs in micro-batches of ``engine.micro_batch_size`` sequences (0: at once):
@@ -269,6 +269,8 @@ def update_policy(policy, a: AlgorithmConfig, batch: Batch, temperature: float, 
     sequence counts, and their gradients accumulate into the mini-batch's one optimizer step,
     the same step as unsplit. The batch moves to the policy's device first. ``allowed_ids``:
     the token ids of constrained decoding (``generation.allowed_tokens``), None for all.
+    ``aux``: what the batch roles computed on this batch (:class:`~.roles.BatchRole`), tensors
+    aligned with its rows: ``ref_logp`` (B, T), the frozen reference's log-probs (KL).
     """
     batch = batch.to(policy.device)
     allowed = None if allowed_ids is None else torch.tensor(allowed_ids, device=policy.device)
@@ -276,8 +278,9 @@ def update_policy(policy, a: AlgorithmConfig, batch: Batch, temperature: float, 
     # One optimizer step over one forward: the proximal policy is the current one, so that
     # forward's log-probs serve as old_logp, and no separate no-grad pass is needed.
     single = a.ppo_epochs == 1 and a.mini_batches == 1 and not 0 < micro < batch.size
+    aux = {k: v.to(policy.device) for k, v in (aux or {}).items()}
+    ref_logp = aux.get("ref_logp")
     with torch.no_grad():
-        ref_logp = token_logp(ref_forward, batch, temperature, micro, allowed)[0] if ref_forward is not None else None
         old_logp, old_values = (None, None) if single else token_logp(policy.forward, batch, temperature, micro,
                                                                       allowed)
 

@@ -75,7 +75,9 @@ def test_every_algorithm_updates_the_policy(algo):
     hook = lm.lm_head.register_forward_hook(keep_logit_grad)
     batch = collate(groups, 0)
     try:
-        met = update_policy(policy, acfg, batch, 1.0, ref if acfg.kl_coef else None)
+        with torch.no_grad():
+            aux = {"ref_logp": token_logp(ref, batch, 1.0)[0]} if acfg.kl_coef else None
+        met = update_policy(policy, acfg, batch, 1.0, aux=aux)
     finally:
         hook.remove()
     assert torch.isfinite(torch.tensor(met["loss/total"]))
@@ -281,7 +283,9 @@ def test_micro_batches_take_the_same_step_as_one_pass(agg, engine):
     whole = _tiny_policy(EngineConfig(lr=0.01, grad_clip=0.0))
     split = _tiny_policy(EngineConfig(kind=engine, zero_stage=1, lr=0.01, grad_clip=0.0, micro_batch_size=2))
     batch = collate(multi_turn_groups(), 0)
-    mets = [update_policy(p, a, batch, 1.0, ref) for p in (whole, split)]
+    with torch.no_grad():
+        aux = {"ref_logp": token_logp(ref, batch, 1.0)[0]}
+    mets = [update_policy(p, a, batch, 1.0, aux=aux) for p in (whole, split)]
     for k in ("loss/total", "loss/pg", "loss/kl", "grad_norm"):
         assert mets[1][k] == pytest.approx(mets[0][k], rel=1e-4, abs=1e-6), k
     w0, w1 = whole.sync_state_dict(), split.sync_state_dict()
