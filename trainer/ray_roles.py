@@ -4,8 +4,8 @@
   model, and joins the weight group for ``collective`` sync;
 - generators (``ray.num_generators``), each owning a generation engine (Transformers here,
   vLLM on GPU);
-- batch roles (:class:`~.roles.BatchRole`: the KL reference), each in an actor of its own
-  that builds its own model, asked concurrently on each step's groups;
+- batch roles (:class:`~.roles.BatchRole`: the KL reference...), each in an actor of its own
+  (:class:`_BatchRole`) that builds its own model, asked concurrently on each step's groups;
 - env workers (``ray.num_env_workers``): :class:`~.roles.EnvWorker` in an actor, whose
   requests go to one generator through :class:`RemoteEngine`. Each worker fills its share of
   ``rollout.batch_groups`` from a seed stream of its own and numbers its groups in a block of
@@ -33,7 +33,7 @@ from .config import EnvConfig, TrainConfig
 from .curriculum import initialized_metrics
 from .engines import SamplingParams
 from .models import build_model, load_tokenizer
-from .roles import EnvWorker, PolicyTrainer, ReferenceRole, Roles, make_generator, seed_everything
+from .roles import EnvWorker, PolicyTrainer, Roles, batch_role_classes, make_generator, seed_everything
 from .rollout import Group, _mix, batch_metrics
 from .weight_sync import Manifest, WeightGroup, checksum, manifest
 
@@ -144,20 +144,32 @@ class _PolicyTrainer(PolicyTrainer):
         self.group.send(self.policy.sync_state_dict())
 
 
-class _ReferenceRole(ReferenceRole):
-    def __init__(self, cfg: TrainConfig, tokenizer: Any):
-        super().__init__(cfg, build_model(cfg.model, tokenizer, cfg.seed), tokenizer)  # the trainer's start
+class _BatchRole:
+    """Any :class:`~.roles.BatchRole` in an actor: ``cls(cfg, lm, tokenizer)`` over a model of
+    its own built as the trainer builds its start (same config, same seed)."""
+
+    def __init__(self, cls: type, cfg: TrainConfig, tokenizer: Any):
+        self.role = cls(cfg, build_model(cfg.model, tokenizer, cfg.seed), tokenizer)
+
+    def annotate(self, groups: list[Group]) -> dict[str, Any]:
+        return self.role.annotate(groups)
+
+    def train(self, groups: list[Group], aux: dict[str, Any]) -> dict[str, float]:
+        return self.role.train(groups, aux)
+
+    def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        self.role.load_weights(state_dict, version)
 
 
 def make_actor_classes(num_gpus: float = 0.0):
     """The Ray actor classes (built lazily: ``ray`` is an optional extra). ``num_cpus=0``: CPU
-    smoke runs share cores; ``num_gpus`` goes to the trainer, each generator and the reference."""
+    smoke runs share cores; ``num_gpus`` goes to the trainer, each generator and each batch role."""
     import ray
 
     return (ray.remote(num_cpus=0, num_gpus=num_gpus)(_PolicyTrainer),
             ray.remote(num_cpus=0, num_gpus=num_gpus)(_Generator),
             ray.remote(num_cpus=0)(_EnvWorker),
-            ray.remote(num_cpus=0, num_gpus=num_gpus)(_ReferenceRole))
+            ray.remote(num_cpus=0, num_gpus=num_gpus)(_BatchRole))
 
 
 # ----------------------------------------------------------------------------- the roles
@@ -305,9 +317,9 @@ def start_roles(cfg: TrainConfig, tokenizer: Any, env_factory: Callable[[EnvConf
     sync, the trainer + generators process group."""
     import ray
 
-    Trainer, Generator, EnvWorker, Reference = make_actor_classes(cfg.ray.num_gpus)
+    Trainer, Generator, EnvWorker, BatchRole = make_actor_classes(cfg.ray.num_gpus)
     trainer = Trainer.remote(cfg, tokenizer)
-    batch_actors = [Reference.remote(cfg, tokenizer)] if cfg.algorithm.kl_coef > 0 else []
+    batch_actors = [BatchRole.remote(cls, cfg, tokenizer) for cls in batch_role_classes(cfg)]
     generators = [Generator.remote(cfg, tokenizer) for _ in range(cfg.ray.num_generators)]
     workers = [EnvWorker.remote(worker_config(cfg, i), tokenizer, generators[i % len(generators)],
                                 i * GROUP_ID_BLOCK, env_factory) for i in range(cfg.ray.num_env_workers)]

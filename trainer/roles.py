@@ -34,7 +34,7 @@ from .rollout import Group, PromptTemplate, RolloutManager
 from .update import collate, token_logp, update_policy
 
 __all__ = ["BatchRole", "EnvWorker", "LocalRoles", "PolicyTrainer", "ReferenceRole", "Roles", "Rollout", "Trainer",
-           "batch_roles", "build_policy", "make_generator", "seed_everything"]
+           "batch_role_classes", "batch_roles", "build_policy", "make_generator", "seed_everything"]
 
 
 # ----------------------------------------------------------------------------- the interface
@@ -168,10 +168,17 @@ def build_policy(cfg: TrainConfig, lm) -> Any:
                        batch_size // cfg.algorithm.mini_batches)
 
 
+def batch_role_classes(cfg: TrainConfig) -> list[type]:
+    """The batch roles a config asks for. Each is built as ``cls(cfg, lm, tokenizer)``, ``lm``
+    a copy of the policy's starting model of its own (which a role may ignore): the KL
+    reference when ``algorithm.kl_coef > 0``."""
+    return [ReferenceRole] if cfg.algorithm.kl_coef > 0 else []
+
+
 def batch_roles(cfg: TrainConfig, lm, tokenizer: Any) -> list[BatchRole]:
-    """The in-process batch roles a config asks for, each over its own copy of ``lm`` (taken
-    before the policy engine wraps it): the KL reference when ``algorithm.kl_coef > 0``."""
-    return [ReferenceRole(cfg, copy.deepcopy(lm), tokenizer)] if cfg.algorithm.kl_coef > 0 else []
+    """The batch roles of :func:`batch_role_classes` in this process, each over its own copy
+    of ``lm`` (taken before the policy engine wraps it)."""
+    return [cls(cfg, copy.deepcopy(lm), tokenizer) for cls in batch_role_classes(cfg)]
 
 
 # ----------------------------------------------------------------------------- the roles
