@@ -2,6 +2,7 @@
 engine names its extra when vLLM is missing."""
 
 import importlib.util
+import json
 
 import pytest
 from click.testing import CliRunner
@@ -63,6 +64,31 @@ def test_show_curve_help_and_run(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"rollout/success": 0.5, "rollout/reward": 0.5}\n')
     shown = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True)
     assert shown.returncode == 0 and "0.50" in shown.stdout, shown.stderr
+
+
+def test_compare_runs_plots_every_run_and_tabulates_their_evaluations(tmp_path):
+    """examples/compare_runs.py: one PNG, and a table with each run's evaluation at each version
+    (a version one run lacks stays empty); a bad argument names the expected form."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "examples" / "compare_runs.py"
+    for name, evals in (("a", {0: 0.1, 5: 0.4}), ("b", {0: 0.2, 5: 0.9, 10: 1.0})):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "metrics.jsonl").write_text("".join(
+            json.dumps({"step": s, "rollout/success": 0.5}) + "\n" for s in range(10)))
+        (run / "eval.jsonl").write_text("".join(
+            json.dumps({"step": s, "eval/success": v}) + "\n" for s, v in evals.items()))
+    out = tmp_path / "img" / "cmp.png"
+    res = subprocess.run([sys.executable, str(script), str(out), f"GRPO={tmp_path / 'a'}", f"mine={tmp_path / 'b'}"],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| GRPO | 0.10 | 0.40 |  |" in res.stdout and "| mine | 0.20 | 0.90 | 1.00 |" in res.stdout
+    bad = subprocess.run([sys.executable, str(script), str(out), str(tmp_path / "a")], capture_output=True, text=True)
+    assert bad.returncode == 2 and "LABEL=RUN_DIR" in bad.stderr
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm installed")
