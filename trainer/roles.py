@@ -190,18 +190,20 @@ class ReferenceRole:
 
     def __init__(self, cfg: TrainConfig, lm: Any, tokenizer: Any):
         self.cfg, self.pad_id = cfg, tokenizer.pad_token_id
-        self.model = lm.eval().requires_grad_(False)
+        # on the GPU when there is one, as the policy is (its annotations come back to the CPU)
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.model = lm.eval().requires_grad_(False).to(self.device)
         ids = allowed_token_ids(tokenizer, cfg.generation.allowed_tokens)
-        self.allowed = None if ids is None else torch.tensor(ids)
+        self.allowed = None if ids is None else torch.tensor(ids, device=self.device)
 
     def _forward(self, ids, attn):
         return self.model(input_ids=ids, attention_mask=attn, use_cache=False).logits, None
 
     def annotate(self, groups: list[Group]) -> dict[str, torch.Tensor]:
         with torch.no_grad():
-            logp, _ = token_logp(self._forward, collate(groups, self.pad_id), self.cfg.generation.temperature,
-                                 self.cfg.engine.micro_batch_size, self.allowed)
-        return {"ref_logp": logp}
+            logp, _ = token_logp(self._forward, collate(groups, self.pad_id).to(self.device),
+                                 self.cfg.generation.temperature, self.cfg.engine.micro_batch_size, self.allowed)
+        return {"ref_logp": logp.cpu()}
 
     def train(self, groups: list[Group], aux: dict[str, torch.Tensor]) -> dict[str, float]:
         return {}
