@@ -47,6 +47,7 @@ __all__ = [
     "MAX_WARM_POOLS",
     "Evaluation",
     "SandboxToolEnv",
+    "check_task_id",
     "close_pools",
     "format_command_result",
     "parse_records",
