@@ -60,6 +60,18 @@ def test_config_blocks_parse(block):
     assert load(block.code) is not None, f"{block.where} is empty"
 
 
+def test_the_env_contract_runs_whole():
+    """docs/env-contract.md is how a newcomer publishes an env (#18): none of its blocks may be
+    skipped, and they build, publish to a folder and to S3, and make and play the env."""
+    doc = [b for b in ALL if b.file == "docs/env-contract.md"]
+    assert not [b for b in doc if b.mark == "skip"]
+    code = "".join(b.code for b in doc if b.lang in RUN)
+    for step in ("rockroll hub build examples/envs/logquiz", "rockroll hub publish examples/envs/logquiz --hub ./my-hub",
+                 "--hub s3://", 'register_hub("./my-hub")', 'register_hub("s3://', 'gymnasium.make("rock/logquiz-v1"',
+                 "env.step("):
+        assert step in code, step
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -95,7 +107,7 @@ def test_the_blocks_of_a_doc_run_in_order(doc, tmp_path, swe_hub, s3_endpoint):
     env = {**os.environ, **creds, "ROCKROLL_HUB": swe_hub, "ROCKROLL_S3_ENDPOINT": s3_endpoint,
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run([sys.executable, "-P", str(RUNNER), str(tmp_path / "blocks.json")], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=600)
+                          env=env, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout[-6000:]}\nstderr:\n{proc.stderr[-6000:]}"
     ran = re.findall(r"^### (\S+) ", proc.stdout, re.M)
     assert ran == [b.where for b in chosen], "every block ran, in order"
