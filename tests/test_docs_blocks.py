@@ -111,3 +111,15 @@ def test_the_blocks_of_a_doc_run_in_order(doc, tmp_path, swe_hub, s3_endpoint):
     assert proc.returncode == 0, f"stdout:\n{proc.stdout[-6000:]}\nstderr:\n{proc.stderr[-6000:]}"
     ran = re.findall(r"^### (\S+) ", proc.stdout, re.M)
     assert ran == [b.where for b in chosen], "every block ran, in order"
+
+
+def test_blocks_are_read_as_commonmark_fences(tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text("text\n\n<!-- doc-test: skip needs a GPU to run -->\n\n```bash\nnvidia-smi\n```\n\n"
+                   "1. a step\n\n   ```python\n   env.step(\"```bash\\nls\\n```\")\n   x = 1\n   ```\n\n"
+                   "````text\n```\nnot a fence end\n````\n")
+    found = blocks(doc, tmp_path)
+    assert [(b.line, b.lang, b.mark, b.arg) for b in found] == [
+        (5, "bash", "skip", "needs a GPU to run"), (11, "python", "", ""), (16, "text", "", "")]
+    assert found[1].code == 'env.step("```bash\\nls\\n```")\nx = 1\n'  # indent gone, inner ``` kept
+    assert found[2].code == "```\nnot a fence end\n"
