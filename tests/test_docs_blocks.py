@@ -1,4 +1,4 @@
-"""Every code block of the README, docs/ and the examples' READMEs is checked (issue #18): the
+"""Every code block of the README, docs/, bench/ and the examples' READMEs is checked (issue #18): the
 docs cannot drift from the code. Per Markdown file, its python and shell blocks run in order in
 one interpreter (``_docblocks.py``), in a fresh folder holding a copy of ``examples/``, as a
 user who ran ``make demo`` would run them: the default SWE tasks on their hub
@@ -24,9 +24,10 @@ import yaml
 from _docblocks import LANGS, PARSE, RUN, Block, blocks, to_json
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "examples").rglob("README.md")])
+DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), ROOT / "bench" / "README.md",
+               *(ROOT / "examples").rglob("README.md")])
 ALL = [b for doc in DOCS for b in blocks(doc, ROOT)]
-MAX_SKIPS = 16
+MAX_SKIPS = 17
 RUNNER = Path(__file__).resolve().parent / "_docblocks.py"
 
 
