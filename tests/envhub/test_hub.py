@@ -413,6 +413,9 @@ def test_a_package_without_env_is_a_base_image_not_an_env(tmp_path, pkg, file_hu
     assert register_hub(file_hub) == ["rock/onbase-v1"]
     listed = [r.id for r in list_envs()]
     assert "rock/onbase-v1" in listed and "rock/plainbase-v1" not in listed
+    from rockroll.registry.gem_api import GemEnvs  # ROCK's GEM API lists (and makes) envs only
+
+    assert "rock/onbase-v1" in GemEnvs().ids() and "rock/plainbase-v1" not in GemEnvs().ids()
     with pytest.raises(EnvNotFound) as err:
         gymnasium.make("rock/plainbase-v1")
     assert ("hub:plainbase@1.0.0 is a base image, not an env" in str(err.value)
