@@ -70,7 +70,8 @@ def build(folder: str | Path, *, cache: LocalCache | None = None, hub: str | Non
                 return BuildResult(old, record, True, time.perf_counter() - t0)
         except HubError:
             pass  # unreadable record: build again
-    check_entry_point(pkg)
+    if pkg.entry_point:  # an image only has none
+        check_entry_point(pkg)
     base, system, base_layers, image = _base(pkg, cache, hub)
     say = log or (lambda msg: None)
     throwaway: list[Snapshot] = []

@@ -18,8 +18,8 @@
     [files]                               # package-relative source -> absolute path in the sandbox
     "data" = "/opt/data"
 
-    [env]
-    entry_point = "counter_env:CounterEnv"
+    [env]                                 # without it the package is an image only: a base for
+    entry_point = "counter_env:CounterEnv"  # sandboxes and other packages, no gymnasium env
     kwargs = { max_turns = 5 }
 
     [snapshots.warm]                      # run after setup, saved as a named snapshot
@@ -73,7 +73,7 @@ class Package:
     python: str | None = None  # package-relative folder
     private: str | None = None  # package-relative folder, packed apart: never enters a sandbox
     files: tuple[tuple[str, str], ...] = ()  # (package-relative source, sandbox dest)
-    entry_point: str = ""
+    entry_point: str = ""  # "": an image only (no [env] table)
     kwargs: dict[str, Any] = field(default_factory=dict)
     snapshots: tuple[SnapshotSpec, ...] = ()
 
@@ -213,13 +213,15 @@ def parse_package(data: dict, root: Path, file: str) -> Package:
         files.append((inside(key, src), posixpath.normpath(dest)))
 
     env = data.get("env")
-    if not isinstance(env, dict):
-        raise err("env", "is required: a table with entry_point = \"module:Class\" and optional kwargs")
+    if env is not None and (not isinstance(env, dict) or "entry_point" not in env):
+        raise err("env", "must be a table with entry_point = \"module:Class\" and optional kwargs "
+                         "(leave [env] out for an image only: a base, no gymnasium env)")
+    env = env or {}
     for key in env:
         if key not in ("entry_point", "kwargs"):
             raise err(f"env.{key}", "unknown key (known: entry_point, kwargs)")
-    entry = env.get("entry_point")
-    if not isinstance(entry, str) or not re.fullmatch(r"[\w.]+:[\w.]+", entry):
+    entry = env.get("entry_point", "")
+    if env and (not isinstance(entry, str) or not re.fullmatch(r"[\w.]+:[\w.]+", entry)):
         raise err("env.entry_point", f"{entry!r}: must be \"module:Class\"")
     kwargs = env.get("kwargs", {})
     if not isinstance(kwargs, dict):

@@ -426,7 +426,7 @@ def build_swe(packages: Sequence[str], *, tasks: int = 10, hub: str | None = Non
         env_version(version)
     if tasks < 1:
         raise BuildSWEError("tasks must be at least 1")
-    base_ref = ensure_base(hub, say)
+    base_ref = None  # built when an env needs building: a hub holding them all needs no base
     store = HubStore(hub)
     out = []
     for name, version in specs:
@@ -436,6 +436,7 @@ def build_swe(packages: Sequence[str], *, tasks: int = 10, hub: str | None = Non
             out.append(BuiltEnv(f"{name}=={version}", ref, False, -1))
             continue
         with tempfile.TemporaryDirectory(prefix="rockroll-swe-") as tmp:
+            base_ref = base_ref or ensure_base(hub, say)
             say(f"{name}=={version}: downloading the sdist")
             root = download_sdist(name, version, Path(tmp))
             layout = detect_layout(root)

@@ -30,6 +30,7 @@ import asyncio
 import collections
 import contextlib
 import json
+import reprlib
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Coroutine, Protocol, Sequence, TypeVar
@@ -46,6 +47,7 @@ __all__ = [
     "MAX_WARM_POOLS",
     "Evaluation",
     "SandboxToolEnv",
+    "check_task_id",
     "close_pools",
     "format_command_result",
     "parse_records",
@@ -216,8 +218,28 @@ def select_tasks(items: Sequence, task_ids: Sequence[str] | None) -> list:
     """The items whose ``id`` is in ``task_ids`` (all of them when ``task_ids`` is None)."""
     if task_ids is None:
         return list(items)
+    if isinstance(task_ids, str):  # one id would be read as its characters
+        raise TypeError(f"task_ids must be a list of task ids, not one str: task_ids=[{task_ids!r}]")
+    known = [item.id for item in items]
+    for task_id in task_ids:
+        check_task_id(task_id, known, "task_ids")
     wanted = set(task_ids)
     return [item for item in items if item.id in wanted]
+
+
+def check_task_id(task_id: Any, known: Sequence[str], field: str = "task_id") -> None:
+    """Raise a short ``TypeError`` when ``task_id`` is not an id (a task object, say: its
+    repr would fill a screen); it names the type expected and the first known ids."""
+    if isinstance(task_id, str):
+        return
+    hint = " (pass its .id)" if isinstance(getattr(task_id, "id", None), str) else ""
+    raise TypeError(f"{field}: expected a task id (str), got a {type(task_id).__name__}{hint}; "
+                    f"ids are e.g. {_first_ids(known)}")
+
+
+def _first_ids(known: Sequence[str], n: int = 3) -> str:
+    shown = ", ".join(repr(i) for i in known[:n])
+    return f"{shown}{', ...' if len(known) > n else ''} ({len(known)} in all: env.unwrapped.task_ids)"
 
 
 def format_command_result(result: CommandResult, max_chars: int) -> str:
@@ -346,10 +368,11 @@ class SandboxToolEnv(GemEnv):
         return await self._run(sandbox, cmd, timeout=timeout, session=ENV_SESSION)
 
     def _task_by_id(self, task_id: Any) -> Any:
+        check_task_id(task_id, self.task_ids)
         try:
             return self._tasks_by_id[task_id]
         except KeyError:
-            raise ValueError(f"unknown task_id {task_id!r} ({len(self.tasks)} tasks; see env.task_ids)") from None
+            raise ValueError(f"unknown task_id {reprlib.repr(task_id)}; ids are e.g. {_first_ids(self.task_ids)}") from None
 
     # ---- the async core --------------------------------------------------------------------
     async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:

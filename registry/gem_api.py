@@ -107,7 +107,9 @@ class GemEnvs:
             await asyncio.gather(*(self.close(i) for i in list(self.envs)), return_exceptions=True)
 
     def ids(self) -> list[str]:
-        return sorted(i for i in gymnasium.registry if i.startswith(NAMESPACE))
+        from .hub import is_base_image
+
+        return sorted(i for i in gymnasium.registry if i.startswith(NAMESPACE) and not is_base_image(i))
 
     async def make(self, env_id: str) -> str:
         if not env_id.startswith(NAMESPACE) or env_id not in gymnasium.registry:

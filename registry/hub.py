@@ -8,6 +8,10 @@ it) and calls it with the manifest's kwargs, ``image="hub:<name>@<version>"`` an
 ``tasks_file`` (the host path of the env's tasks file) and ``private_dir`` (the host path
 of its host-only files) if it has them.
 
+A package without an ``[env]`` table is an image only (a base for sandboxes and other
+packages, e.g. ``swe-python``): its id is registered so that ``gymnasium.make`` says so
+(:func:`make_base_image`, naming the envs built on it), and it is not listed as an env.
+
 Entry points are code from the hub, run in your process: register only hubs you trust,
 as you would a package index.
 """
@@ -22,7 +26,8 @@ from pathlib import Path
 
 import gymnasium
 
-__all__ = ["HubEnvInfo", "list_envs", "make_hub_env", "register_default_hub", "register_hub"]
+__all__ = ["HubEnvInfo", "is_base_image", "list_envs", "make_base_image", "make_hub_env", "register_default_hub",
+           "register_hub"]
 
 
 def make_hub_env(*, hub_url: str, hub_env: str, hub_version: str, **kwargs):
@@ -37,6 +42,30 @@ def make_hub_env(*, hub_url: str, hub_env: str, hub_version: str, **kwargs):
     if env.private_dir is not None:
         args.setdefault("private_dir", str(env.private_dir))
     return cls(**args)
+
+
+def make_base_image(*, hub_url: str, hub_env: str, hub_version: str, **kwargs):
+    """Gymnasium entry point of an image-only package: refuse, saying what it is for."""
+    from rockroll.envhub.cache import LocalCache
+    from rockroll.envhub.errors import EnvNotFound
+
+    cache, image = LocalCache(), f"hub:{hub_env}@{hub_version}"
+    users = []
+    for env_id, spec in sorted(gymnasium.registry.items()):
+        kw = spec.kwargs or {}
+        if spec.entry_point is make_hub_env and kw.get("hub_url") == hub_url:
+            manifest = cache.load_manifest(hub_url, kw["hub_env"], kw["hub_version"])
+            if manifest is not None and manifest.base.startswith(f"hub:{hub_env}@"):
+                users.append(env_id)
+    raise EnvNotFound(f"{image} is a base image, not an env: nothing to make. Run sandboxes on it "
+                      f"(SandboxSpec(image={image!r})) or build on it (base = {image!r} in rockenv.toml); "
+                      f"envs built on it: {', '.join(users) or 'none on ' + hub_url}")
+
+
+def is_base_image(env_id: str) -> bool:
+    """Whether a registered id is an image-only hub package (not an env)."""
+    spec = gymnasium.registry.get(env_id)
+    return spec is not None and spec.entry_point is make_base_image
 
 
 def _import_entry_point(entry_point: str, python_path) -> type:
@@ -107,12 +136,14 @@ def register_hub(url: str | None = None, *, offline: bool = False, endpoint: str
                 gym_id = manifest.gym_id
             existing = gymnasium.registry.get(gym_id)
             if existing is not None:
-                if existing.entry_point is not make_hub_env:
+                if existing.entry_point not in (make_hub_env, make_base_image):
                     continue  # never shadow a built-in (or anyone else's) id
                 del gymnasium.registry[gym_id]
-            gymnasium.register(id=gym_id, entry_point=make_hub_env,
+            image_only = manifest is not None and not manifest.entry_point
+            gymnasium.register(id=gym_id, entry_point=make_base_image if image_only else make_hub_env,
                                kwargs={"hub_url": url, "hub_env": name, "hub_version": version})
-            ids.append(gym_id)
+            if not image_only:
+                ids.append(gym_id)
     return ids
 
 
@@ -138,13 +169,14 @@ class HubEnvInfo:
 
 
 def list_envs() -> list[HubEnvInfo]:
-    """Every ``rock/`` id registered in gymnasium, with where it comes from."""
+    """Every ``rock/`` env registered in gymnasium, with where it comes from (base images,
+    which are no envs, left out)."""
     from rockroll.envhub.cache import LocalCache
 
     cache = LocalCache()
     out = []
     for env_id, spec in sorted(gymnasium.registry.items()):
-        if not env_id.startswith("rock/"):
+        if not env_id.startswith("rock/") or spec.entry_point is make_base_image:
             continue
         if spec.entry_point is make_hub_env:
             kw = spec.kwargs

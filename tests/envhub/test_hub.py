@@ -391,3 +391,48 @@ def test_build_refuses_an_entry_point_that_would_not_import(pkg, change, words):
         build(folder)
     assert all(w in str(err.value) for w in words), str(err.value)
     assert not LocalCache().build_file("counter", "8.0.0").exists()  # nothing recorded as built
+
+
+def test_a_package_without_env_is_a_base_image_not_an_env(tmp_path, pkg, file_hub):
+    """No ``[env]``: an image only (#18). Other envs build on it; it is not listed as an env,
+    and ``gymnasium.make`` of its id says what it is and which envs use it."""
+    from rockroll.envhub.errors import ManifestError
+    from rockroll.envhub.package import load_package
+    from rockroll.registry.hub import list_envs, register_hub
+
+    base = tmp_path / "plainbase"
+    base.mkdir()
+    (base / "rockenv.toml").write_text('name = "plainbase"\nversion = "1.0.0"\n'
+                                       'setup = ["mkdir -p /opt/base && echo from-base > /opt/base/marker"]\n')
+    publish(build(base).manifest, HubStore(file_hub))
+    env_pkg = pkg(name="onbase")
+    toml = env_pkg / "rockenv.toml"
+    toml.write_text(toml.read_text().replace('base = "host"', 'base = "hub:plainbase@1"'))
+    publish(build(env_pkg, hub=file_hub).manifest, HubStore(file_hub))
+
+    assert register_hub(file_hub) == ["rock/onbase-v1"]
+    listed = [r.id for r in list_envs()]
+    assert "rock/onbase-v1" in listed and "rock/plainbase-v1" not in listed
+    from rockroll.registry.gem_api import GemEnvs  # ROCK's GEM API lists (and makes) envs only
+
+    assert "rock/onbase-v1" in GemEnvs().ids() and "rock/plainbase-v1" not in GemEnvs().ids()
+    with pytest.raises(EnvNotFound) as err:
+        gymnasium.make("rock/plainbase-v1")
+    assert ("hub:plainbase@1.0.0 is a base image, not an env" in str(err.value)
+            and "envs built on it: rock/onbase-v1" in str(err.value)), err.value
+    env = gymnasium.make("rock/onbase-v1")  # the env on top works, on the base's files
+    try:
+        env.reset(seed=0)
+        assert env.step("3")[1] == 1.0
+        with open_sandbox(SandboxSpec(image=env.unwrapped.image)) as sb:
+            assert sb.read_file("/opt/base/marker") == b"from-base\n"
+    finally:
+        env.close()
+    out = subprocess.run([sys.executable, "-m", "rockroll.cli", "envs"], capture_output=True, text=True,
+                         env={**os.environ, "ROCKROLL_HUB": file_hub}, timeout=120)
+    assert "rock/onbase-v1" in out.stdout and "plainbase" not in out.stdout, out.stdout + out.stderr
+    (base / "rockenv.toml").write_text('name = "plainbase"\nversion = "1.0.1"\n[env]\nkwargs = {}\n')
+    with pytest.raises(ManifestError, match="leave \\[env\\] out for an image only"):
+        load_package(base)  # an [env] table without its entry point is a mistake, not an image
+    for env_id in ("rock/onbase-v1", "rock/plainbase-v1"):
+        del gymnasium.registry[env_id]

@@ -61,3 +61,20 @@ def test_task_ids_select_a_subset():
         assert env.reset(seed=1)[1]["task_id"] in env.task_ids
     finally:
         env.close()
+
+
+def test_a_task_object_for_an_id_is_a_short_type_error(env):
+    """Passing the task instead of its id (#18) is named in one line with the ids expected,
+    not answered with the task's repr (instruction, check and solution scripts)."""
+    task = env.tasks[1]
+    for call in (lambda: env.reset(options={"task_id": task}), lambda: TerminalEnv(task_ids=[task])):
+        with pytest.raises(TypeError) as err:
+            call()
+        msg = str(err.value)
+        assert "expected a task id (str), got a TerminalTask (pass its .id)" in msg, msg
+        assert repr(env.task_ids[0]) in msg and "env.unwrapped.task_ids" in msg and len(msg) < 300, msg
+    with pytest.raises(TypeError, match="not one str"):
+        TerminalEnv(task_ids="git-commit-file")
+    with pytest.raises(ValueError, match=r"unknown task_id 'nope'; ids are e\.g\. "):
+        env.reset(options={"task_id": "nope"})
+    assert env.reset(options={"task_id": task.id})[1]["task_id"] == task.id  # the id still works
