@@ -62,8 +62,8 @@ def test_top_fraction_counts_the_response_and_keeps_to_the_eligible():
     mask = torch.ones(1, 5, dtype=torch.bool)
     assert R.top_fraction(score, mask, mask, 0.4).tolist() == [[True, True, False, False, False]]  # ceil(2.0)
     assert R.top_fraction(score, mask, mask, 0.3).sum() == 2  # ceil(1.5)
-    ten = torch.ones(1, 10, dtype=torch.bool)
-    assert R.top_fraction(torch.arange(10.0)[None], ten, ten, 0.3).sum() == 3  # 0.3 * 10 is not 4
+    many = torch.ones(1, 25, dtype=torch.bool)
+    assert R.top_fraction(torch.arange(25.0)[None], many, many, 0.28).sum() == 7  # 0.28 * 25 is 7.000000000000001
     eligible = torch.tensor([[False, True, False, False, True]])
     assert R.top_fraction(score, eligible, mask, 1.0).tolist() == [eligible[0].tolist()]
 
@@ -115,9 +115,11 @@ def test_coupled_passes_part_of_an_anchors_credit_to_the_preplan_token_before_it
 
 
 def test_coupled_an_anchor_that_is_its_own_preplan_token_keeps_its_credit():
-    # pre-planning {0} (drop 5); anchors {0, 1}: 0 coincides (keeps 2) and receives half of 1's
-    mask = torch.ones(1, 3, dtype=torch.bool)
-    close(_scale("coupled", waad=t([[5.0, 0.0, 0.0]]), fai=t([[0.9, 0.1, 0.0]]), mask=mask), [[2.5, 1.5, 1.0]])
+    # pre-planning {0, 1} (drops 1 and 4); anchors {1, 2}: 1 is pre-planning itself, so it keeps
+    # its 2 (passes nothing to 0) and receives half of anchor 2's extra credit
+    mask = torch.ones(1, 4, dtype=torch.bool)
+    close(_scale("coupled", waad=t([[5.0, 4.0, 0.0, 0.0]]), fai=t([[0.1, 0.9, 0.5, 0.0]]), mask=mask),
+          [[1.0, 2.5, 1.5, 1.0]])
 
 
 def test_no_response_no_credit_and_unknown_scheme():
