@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rockroll.trainer import rhythm as R
-from rockroll.trainer.config import AlgorithmConfig, ConfigError, EngineConfig, ModelConfig, load_config
+from rockroll.trainer.config import AlgorithmConfig, ConfigError, EngineConfig, IPAConfig, ModelConfig, load_config
 from rockroll.trainer.controller import train
 from rockroll.trainer.models import build_model
 from rockroll.trainer.policy import ActorModule, make_policy
@@ -171,9 +171,9 @@ def test_config_refuses_a_sequence_level_loss_and_lists_the_role():
 # ----------------------------------------------------------------------------- in the update
 
 
-def _tiny_policy():
+def _tiny_policy(with_value=False):
     lm = build_model(ModelConfig(hidden_size=64, num_layers=1, num_heads=1, intermediate_size=64), TinyTok(), 0)
-    return make_policy(ActorModule(lm, with_value=False), EngineConfig(lr=0.01), batch_size=6)
+    return make_policy(ActorModule(lm, with_value=with_value), EngineConfig(lr=0.01), batch_size=6)
 
 
 def test_the_update_scales_each_tokens_advantage():
@@ -202,6 +202,17 @@ def test_the_update_scales_each_tokens_advantage():
     doubled = update_policy(_tiny_policy(), AlgorithmConfig(), batch, 1.0,
                             aux={"credit_scale": torch.full(batch.mask.shape, 2.0)})
     assert doubled["loss/pg"] == pytest.approx(2 * plain["loss/pg"], rel=1e-5) and plain["loss/pg"] != 0
+
+
+@pytest.mark.parametrize("name", ["ppo", "cispo", "reinforce_pp", "grpo_ipa"])
+def test_the_credit_scales_every_estimators_advantages(name):
+    """Token advantages (GAE, REINFORCE++, IPA) and sequence ones alike: a zero scale leaves
+    no policy-gradient loss (PPO's value loss still trains)."""
+    batch = collate(multi_turn_groups(), 0)
+    a = AlgorithmConfig(name=name.removesuffix("_ipa"), ipa=IPAConfig(enabled=name.endswith("_ipa")))
+    met = update_policy(_tiny_policy(with_value=name == "ppo"), a, batch, 1.0,
+                        aux={"credit_scale": torch.zeros(batch.mask.shape)})
+    assert met["loss/pg"] == 0.0
 
 
 # ----------------------------------------------------------------------------- the role
