@@ -7,6 +7,9 @@ call plus a little per prompt (an accelerator's profile), and a training step co
 time, so every configuration gets the same compute; only the scheduling differs. All
 configurations run in this one process run, so compare the ratios.
 
+Then the cost of rhythm credit's extra attention pass (:func:`attention_cost`): a training
+step on one multi-turn batch with and without the attention role, alternated in this process.
+
     python bench/rollout.py [--quick]
 """
 
@@ -84,10 +87,80 @@ def engine_calls(engine) -> int:
     return len(engine.calls)
 
 
+class _VocabTok:
+    """What the trainer's model and roles need of a tokenizer: a vocabulary size and special ids."""
+
+    pad_token_id, bos_token_id, eos_token_id = 0, 1, 2
+
+    def __len__(self):
+        return 256
+
+
+def attention_cost(steps: int, *, groups: int = 4, group: int = 8, turns: int = 4, obs_len: int = 48,
+                   reply_len: int = 16) -> dict:
+    """The extra attention pass of rhythm credit (``algorithm.rhythm``): one training step on the
+    same multi-turn batch (``turns`` x (observation + reply) tokens per episode), the policy's
+    update alone vs the attention role's annotate + the update with its credit, alternated."""
+    import random
+
+    import torch
+
+    from rockroll.trainer.models import build_model
+    from rockroll.trainer.roles import AttentionRole, PolicyTrainer
+    from rockroll.trainer.rollout import Group, Sample
+
+    cfg = load_config({"model": {"hidden_size": 128, "num_layers": 4, "num_heads": 2, "intermediate_size": 256},
+                       "rollout": {"group_size": group, "batch_groups": groups},
+                       "algorithm": {"rhythm": {"enabled": True}}})
+    tok, rng = _VocabTok(), random.Random(0)
+    batch = []
+    for g in range(groups):
+        samples = []
+        for i in range(group):
+            mask = ([0] * obs_len + [1] * reply_len) * turns
+            samples.append(Sample(token_ids=[rng.randrange(3, len(tok)) for _ in mask], mask=mask,
+                                  behav_logp=[-5.0 * m for m in mask], reward=float(i % 2), group_id=g, version=0))
+        batch.append(Group(g, "e", None, 0, samples))
+    lm = build_model(cfg.model, tok, 0)
+    role = AttentionRole(cfg, build_model(cfg.model, tok, 0), tok)
+    trainer = PolicyTrainer(cfg, lm, tok)
+    plain, rhythm, attn = [], [], []
+    for _ in progress(range(steps + 1), desc="attention pass"):  # the first of each: warm-up
+        t0 = time.perf_counter()
+        trainer.update(batch)
+        plain.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        aux = role.annotate(batch)
+        attn.append(time.perf_counter() - t0)
+        trainer.update(batch, aux)
+        rhythm.append(time.perf_counter() - t0)
+        role.load_weights(trainer.weights(), 0)  # the sync the loop does after each step
+    def mean(xs):  # the warm-up step left out
+        return sum(xs[1:]) / steps
+
+    return {"sequences": groups * group, "tokens_per_sequence": turns * (obs_len + reply_len),
+            "layers": cfg.model.num_layers, "threads": torch.get_num_threads(), "steps": steps,
+            "update_s": mean(plain), "attention_pass_s": mean(attn), "update_with_rhythm_s": mean(rhythm),
+            "ratio": mean(rhythm) / mean(plain)}
+
+
+def attention_table(quick: bool) -> dict:
+    attn = attention_cost(2 if quick else 8)
+    print_table("Rhythm credit: a training step without / with the attention pass (same batch, alternated)",
+                [attn], ["sequences", "tokens_per_sequence", "layers", "update_s", "attention_pass_s",
+                         "update_with_rhythm_s", "ratio"])
+    print(f"\nwrote {write_json('rollout_attention', attn)}")
+    return attn
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer steps (CI smoke run)")
+    ap.add_argument("--attention-only", action="store_true", help="only the rhythm credit's attention-pass cost")
     args = ap.parse_args()
+    if args.attention_only:
+        attention_table(args.quick)
+        return
     params = dict(group=8, batch_groups=4, train_s=0.3, call_s=0.02, per_prompt_s=0.0002, median_s=0.05, sigma=1.5)
     steps = 4 if args.quick else 24  # long-tailed latencies: enough steps for stable ratios
     configs = [(0, 0), (1, 0), (2, 0), (0, 2), (2, 2)]
@@ -103,8 +176,9 @@ def main() -> None:
     met = speedup["alpha=2,r=0"] >= 2.5
     print(f"\nasync (alpha=2, no redundant envs) vs sync: {speedup['alpha=2,r=0']:.2f}x, target >= 2.5x: "
           f"{'met' if met else 'NOT met'}")
+    attn = attention_table(args.quick)
     path = write_json("rollout", {"params": {**params, "steps": steps}, "rows": rows, "speedup": speedup,
-                                  "target_async_speedup": 2.5, "met": met})
+                                  "target_async_speedup": 2.5, "met": met, "attention_pass": attn})
     print(f"\nwrote {path}")
 
 

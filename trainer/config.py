@@ -17,7 +17,7 @@ from typing import Any
 
 __all__ = [
     "AlgorithmConfig", "CheckpointConfig", "ConfigError", "CurriculumConfig", "EngineConfig", "EnvConfig", "EvalConfig",
-    "GenerationConfig", "IPAConfig", "LoggingConfig", "ModelConfig", "RayConfig", "RolloutConfig",
+    "GenerationConfig", "IPAConfig", "LoggingConfig", "ModelConfig", "RayConfig", "RhythmConfig", "RolloutConfig",
     "TokenizerConfig", "TrainConfig", "config_to_dict", "load_config",
 ]
 
@@ -160,6 +160,43 @@ class IPAConfig:
 
 
 @dataclass
+class RhythmConfig:
+    """Attention-rhythm credit (:mod:`rockroll.trainer.rhythm`): an eager-attention copy of the
+    policy reads WAAD and FAI off each sampled sequence and scales the advantages of its
+    pre-planning and anchor tokens. ``scheme``: local_chunk (pre-planning tokens), global_anchor
+    (top-FAI tokens) or coupled (anchors, passing ``pass_fraction`` of their extra credit to the
+    pre-planning token before them). ``top_k``: the fraction of a response's tokens selected as
+    pre-planning / anchor tokens; ``amplify_*``: a selected token's scale is 1 + amplify.
+    ``window``: WAAD's distance clip; ``layers``: how many layers of the middle third are read."""
+
+    enabled: bool = False
+    scheme: str = "coupled"
+    top_k: float = 0.4
+    window: int = 10
+    layers: int = 3
+    amplify_preplan: float = 0.5
+    amplify_anchor: float = 0.5
+    pass_fraction: float = 0.5
+
+    def validate(self, p: str) -> None:
+        from .rhythm import SCHEMES
+
+        _check(self.scheme in SCHEMES, f"{p}.scheme", f"must be one of {', '.join(SCHEMES)}")
+        _check(0 < self.top_k <= 1, f"{p}.top_k", "must be in (0, 1]")
+        _check(self.window >= 1, f"{p}.window", "must be >= 1")
+        _check(self.layers >= 1, f"{p}.layers", "must be >= 1")
+        for k in ("amplify_preplan", "amplify_anchor"):
+            _check(getattr(self, k) >= 0, f"{p}.{k}", "must be >= 0")
+        _check(0 <= self.pass_fraction <= 1, f"{p}.pass_fraction", "must be in [0, 1]")
+        # a key the scheme never reads, set away from its default, would silently do nothing
+        reads = {"local_chunk": ("amplify_preplan",), "global_anchor": ("amplify_anchor",),
+                 "coupled": ("amplify_anchor", "pass_fraction")}[self.scheme]
+        for k in ("amplify_preplan", "amplify_anchor", "pass_fraction"):
+            _check(k in reads or getattr(self, k) == getattr(RhythmConfig, k), f"{p}.{k}",
+                   f"not used by scheme={self.scheme}: remove it")
+
+
+@dataclass
 class AlgorithmConfig:
     name: str = "grpo"
     clip_low: float = 0.2
@@ -187,6 +224,7 @@ class AlgorithmConfig:
     lam: float = 0.95
     vf_coef: float = 0.5
     ipa: IPAConfig = field(default_factory=IPAConfig)
+    rhythm: RhythmConfig = field(default_factory=RhythmConfig)
 
     @property
     def spec(self):
@@ -224,6 +262,7 @@ class AlgorithmConfig:
         _check(0 <= self.lam <= 1, f"{p}.lam", "must be in [0, 1]")
         _check(self.turn_credit in TURN_CREDIT, f"{p}.turn_credit", f"must be one of {', '.join(TURN_CREDIT)}")
         self.ipa.validate(f"{p}.ipa")
+        self.rhythm.validate(f"{p}.rhythm")
         # A combination the trainer would silently ignore is an error naming the ignored key.
         spec = self.spec
         _check(not self.ipa.enabled or spec.ipa, f"{p}.ipa.enabled",
@@ -234,6 +273,9 @@ class AlgorithmConfig:
                f"(group-normalised advantages), not {self.name}")
         _check(not (self.ipa.enabled and self.turn_credit == "discounted") or self.ipa.gamma == 1.0,
                f"{p}.ipa.gamma", "unused with turn_credit=discounted (algorithm.gamma discounts the turns)")
+        # TOPR weighs each sequence by the sign of its one return: a per-token scale has no place in it
+        _check(not self.rhythm.enabled or self.loss != "topr", f"{p}.rhythm.enabled",
+               f"rhythm credit scales per-token advantages; algorithm.name={self.name} takes one return per sequence")
         # Keys only some losses/advantages read: a non-default value elsewhere would do nothing.
         reads = spec.reads(self.turn_credit, self.ipa.enabled)
         defaults = AlgorithmConfig()

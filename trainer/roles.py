@@ -25,6 +25,7 @@ from typing import Any, Callable, Protocol
 import numpy as np
 import torch
 
+from . import rhythm as R
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import EnvConfig, TrainConfig, config_to_dict
 from .engines import TransformersEngine, VLLMEngine
@@ -33,8 +34,9 @@ from .policy import ActorModule, make_policy
 from .rollout import Group, PromptTemplate, RolloutManager
 from .update import collate, token_logp, update_policy
 
-__all__ = ["BatchRole", "EnvWorker", "LocalRoles", "PolicyTrainer", "ReferenceRole", "Roles", "Rollout", "Trainer",
-           "batch_role_classes", "batch_roles", "build_policy", "make_generator", "seed_everything"]
+__all__ = ["AttentionRole", "BatchRole", "EnvWorker", "LocalRoles", "PolicyTrainer", "ReferenceRole", "Roles",
+           "Rollout", "Trainer", "batch_role_classes", "batch_roles", "build_policy", "make_generator",
+           "seed_everything"]
 
 
 # ----------------------------------------------------------------------------- the interface
@@ -171,8 +173,9 @@ def build_policy(cfg: TrainConfig, lm) -> Any:
 def batch_role_classes(cfg: TrainConfig) -> list[type]:
     """The batch roles a config asks for. Each is built as ``cls(cfg, lm, tokenizer)``, ``lm``
     a copy of the policy's starting model of its own (which a role may ignore): the KL
-    reference when ``algorithm.kl_coef > 0``."""
-    return [ReferenceRole] if cfg.algorithm.kl_coef > 0 else []
+    reference when ``algorithm.kl_coef > 0``, the attention pass when ``algorithm.rhythm.enabled``."""
+    roles = [ReferenceRole] if cfg.algorithm.kl_coef > 0 else []
+    return roles + ([AttentionRole] if cfg.algorithm.rhythm.enabled else [])
 
 
 def batch_roles(cfg: TrainConfig, lm, tokenizer: Any) -> list[BatchRole]:
@@ -210,6 +213,58 @@ class ReferenceRole:
 
     def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
         pass  # frozen
+
+
+class AttentionRole:
+    """:class:`BatchRole`: attention-rhythm credit (:mod:`.rhythm`). An eager-attention copy of
+    the policy (SDPA and flash kernels never materialise the attention maps), loaded with the
+    policy's weights at every sync, forwards each sampled sequence once; the maps of
+    ``algorithm.rhythm.layers`` layers of the middle third, averaged over layers and heads, give
+    each response token's WAAD and FAI, and the configured scheme turns them into
+    ``credit_scale`` (B, T), which multiplies the advantages (1 off the response)."""
+
+    def __init__(self, cfg: TrainConfig, lm: Any, tokenizer: Any):
+        self.cfg, self.rc, self.pad_id = cfg, cfg.algorithm.rhythm, tokenizer.pad_token_id
+        self.model = lm.to("cuda" if torch.cuda.is_available() else "cpu").eval().requires_grad_(False)
+        self.model.set_attn_implementation("eager")
+        self.layers = R.middle_layers(self.model.config.num_hidden_layers, self.rc.layers)
+        self.version, self._metrics = 0, {}
+
+    def _attention(self, ids, attn) -> torch.Tensor:
+        """(b, n, n): the read layers' attention maps, averaged over layers and heads."""
+        maps = self.model(input_ids=ids, attention_mask=attn, output_attentions=True, use_cache=False).attentions
+        return torch.stack([maps[i] for i in self.layers]).float().mean((0, 2))
+
+    def annotate(self, groups: list[Group]) -> dict[str, torch.Tensor]:
+        batch, rc = collate(groups, self.pad_id), self.rc
+        scale = torch.ones(batch.mask.shape)
+        device = next(self.model.parameters()).device
+        step = self.cfg.engine.micro_batch_size or batch.size
+        picked = {"preplan": 0.0, "anchor": 0.0}
+        with torch.no_grad():
+            for idx in torch.arange(batch.size).split(step):
+                mb = batch.select(idx).to(device)
+                n = int(mb.attention_mask.sum(-1).max())  # left-aligned: later columns are padding
+                mask = mb.mask[:, : n - 1]
+                w, f = R.action_signals(self._attention(mb.input_ids[:, :n], mb.attention_mask[:, :n]), mask,
+                                        rc.window)
+                scale[idx, : n - 1] = R.credit_scale(
+                    w, f, mask, scheme=rc.scheme, top_k=rc.top_k, amplify_preplan=rc.amplify_preplan,
+                    amplify_anchor=rc.amplify_anchor, pass_fraction=rc.pass_fraction).cpu()
+                picked["preplan"] += float(R.preplan_tokens(w, mask, rc.top_k).sum())
+                picked["anchor"] += float(R.anchor_tokens(f, mask, rc.top_k).sum())
+        tokens = max(float(batch.mask.sum()), 1.0)
+        self._metrics = {f"rhythm/{k}_frac": v / tokens for k, v in picked.items()}
+        self._metrics["rhythm/scale_mean"] = float(scale[batch.mask].mean()) if batch.mask.any() else 1.0
+        self._metrics["rhythm/weights_version"] = float(self.version)
+        return {"credit_scale": scale}
+
+    def train(self, groups: list[Group], aux: dict[str, torch.Tensor]) -> dict[str, float]:
+        return self._metrics  # what this step's annotation picked
+
+    def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        self.model.load_state_dict(state_dict)
+        self.version = version
 
 
 class PolicyTrainer:

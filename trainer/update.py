@@ -16,6 +16,7 @@ import torch.utils.checkpoint
 
 from . import algorithms as A
 from . import credit as C
+from . import rhythm as R
 from .config import AlgorithmConfig
 from .rollout import Group
 
@@ -270,7 +271,8 @@ def update_policy(policy, a: AlgorithmConfig, batch: Batch, temperature: float,
     the same step as unsplit. The batch moves to the policy's device first. ``allowed_ids``:
     the token ids of constrained decoding (``generation.allowed_tokens``), None for all.
     ``aux``: what the batch roles computed on this batch (:class:`~.roles.BatchRole`), tensors
-    aligned with its rows: ``ref_logp`` (B, T), the frozen reference's log-probs (KL).
+    aligned with its rows: ``ref_logp`` (B, T), the frozen reference's log-probs (KL);
+    ``credit_scale`` (B, T), the attention-rhythm scale of each token's advantage.
     """
     batch = batch.to(policy.device)
     allowed = None if allowed_ids is None else torch.tensor(allowed_ids, device=policy.device)
@@ -279,14 +281,15 @@ def update_policy(policy, a: AlgorithmConfig, batch: Batch, temperature: float,
     # forward's log-probs serve as old_logp, and no separate no-grad pass is needed.
     single = a.ppo_epochs == 1 and a.mini_batches == 1 and not 0 < micro < batch.size
     aux = {k: v.to(policy.device) for k, v in (aux or {}).items()}
-    ref_logp = aux.get("ref_logp")
+    ref_logp, credit = aux.get("ref_logp"), aux.get("credit_scale")
     with torch.no_grad():
         old_logp, old_values = (None, None) if single else token_logp(policy.forward, batch, temperature, micro,
                                                                       allowed)
 
     def advantages(old, values):
         ref = ref_logp if ref_logp is not None else old
-        return compute_advantages(a, batch, old, ref, None if values is None else values.detach())
+        adv, returns = compute_advantages(a, batch, old, ref, None if values is None else values.detach())
+        return (adv, returns) if credit is None else (R.scale_advantages(adv, credit), returns)
 
     adv, returns = (None, None) if single else advantages(old_logp, old_values)
     steps = []

@@ -129,3 +129,17 @@ def test_two_workers_two_generators_collective_sync(tmp_path, local_ray):
         assert len(samples) == 6 and all(s.version == 1 and set(s.versions) == {1} for s in samples)
     finally:
         roles.close()
+
+
+def test_the_attention_role_runs_in_an_actor_of_its_own_and_follows_the_policy(tmp_path, local_ray):
+    """Rhythm credit under Ray: the attention copy (its own actor) annotates every step with the
+    weights that sampled it, synced from the trainer after each step like a generator."""
+    from rockroll.trainer import train
+
+    out = train(run_config(tmp_path, ray={"enabled": True}, algorithm__rhythm={"enabled": True},
+                           logging__tensorboard=False))
+    hist = out["history"]
+    assert [h["step"] for h in hist] == [0, 1]
+    for h in hist:
+        assert h["rhythm/weights_version"] == h["step"] and h["rhythm/scale_mean"] > 1
+        assert torch.isfinite(torch.tensor(h["loss/total"]))
