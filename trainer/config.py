@@ -272,6 +272,9 @@ class GenerationConfig:
     backend: str = "transformers"
     temperature: float = 1.0
     top_p: float = 1.0
+    # 0: off. top-k / top-p truncate the distribution the generator samples from; the trainer's
+    # log-probs are taken under the same truncation (trainer/sampling.py), so ratios are unbiased
+    top_k: int = 0
     max_new_tokens: int = 4
     gpu_memory_utilization: float = 0.5  # vllm only
     # Constrained decoding: the reply may use only these texts, each one token of the tokenizer
@@ -286,6 +289,7 @@ class GenerationConfig:
                "must be a list of non-empty strings")
         _check(self.temperature > 0, f"{p}.temperature", "must be > 0")
         _check(0 < self.top_p <= 1, f"{p}.top_p", "must be in (0, 1]")
+        _check(self.top_k >= 0, f"{p}.top_k", "must be >= 0 (0: off)")
         _check(self.max_new_tokens >= 1, f"{p}.max_new_tokens", "must be >= 1")
 
 

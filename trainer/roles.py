@@ -199,8 +199,9 @@ class ReferenceRole:
 
     def annotate(self, groups: list[Group]) -> dict[str, torch.Tensor]:
         with torch.no_grad():
-            logp, _ = token_logp(self._forward, collate(groups, self.pad_id), self.cfg.generation.temperature,
-                                 self.cfg.engine.micro_batch_size, self.allowed)
+            g = self.cfg.generation
+            logp, _ = token_logp(self._forward, collate(groups, self.pad_id), g.temperature,
+                                 self.cfg.engine.micro_batch_size, self.allowed, g.top_k, g.top_p)
         return {"ref_logp": logp}
 
     def train(self, groups: list[Group], aux: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -221,7 +222,8 @@ class PolicyTrainer:
 
     def update(self, groups: list[Group], aux: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
         return update_policy(self.policy, self.cfg.algorithm, collate(groups, self.pad_id),
-                             self.cfg.generation.temperature, self.allowed_ids, aux)
+                             self.cfg.generation.temperature, self.allowed_ids, aux,
+                             top_k=self.cfg.generation.top_k, top_p=self.cfg.generation.top_p)
 
     def weights(self) -> dict[str, Any]:
         return self.policy.sync_state_dict()
