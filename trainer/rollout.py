@@ -74,6 +74,8 @@ class Sample:
     format_errors: int = 0
     truncated: bool = False
     infra_error: str | None = None
+    # what the reward role added to ``reward`` (on the last turn), by verifier / "judge" (.reward)
+    reward_parts: dict[str, float] = field(default_factory=dict)
     env_id: str = ""
     task_id: Any = None
     group_id: int = -1
@@ -459,6 +461,11 @@ class RolloutManager:
                                        stop_token_ids=[template.stop_id],
                                        allowed_token_ids=allowed_token_ids(template.tok, cfg.generation.allowed_tokens))
         self.rng = random.Random(cfg.seed)
+        self.reward = None
+        if cfg.reward.active:  # verifiers and the judge score each episode as it finishes
+            from .reward import RewardRole  # it builds on this module
+
+            self.reward = RewardRole(cfg, template.tok)
         cur = r.curriculum
         self.curriculum = Curriculum(cur.promote_at, cur.window) if cur.enabled else None
         self.version = 0
@@ -664,6 +671,8 @@ class RolloutManager:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self.gen.aclose()
+            if self.reward is not None:
+                await self.reward.aclose()
 
     async def _guard(self, coro) -> None:
         try:
@@ -709,6 +718,10 @@ class RolloutManager:
                 env, self.template, self.gen, seed=seed, task_id=task, sample_seed=_mix(cfg.seed, gid, i),
                 max_turns=cfg.rollout.max_turns, max_seq_len=cfg.rollout.max_seq_len,
                 max_new_tokens=cfg.generation.max_new_tokens, executor=self._env_exec, start=start, trace=turns)
+            s.env_id = spec.id
+            if self.reward is not None and not s.infra_error:  # while the group's other episodes play on
+                await self.reward.ascore(s)
+                self.counters["reward_infra_errors"] += int(bool(s.infra_error))
             return s, turns
 
         envs = [self.env_factory(spec) for _ in range(self.G + self.r)]
@@ -793,6 +806,8 @@ def batch_metrics(groups: list[Group], step: int) -> dict[str, float]:
         out["rollout/response_tokens"] = sum(sum(s.mask) for s in ss) / len(ss)
         out["rollout/seq_len"] = sum(len(s.token_ids) for s in ss) / len(ss)
         out["rollout/staleness_max"] = float(max(step - s.version for s in ss))
+        for part in sorted({k for s in ss for k in s.reward_parts}):  # the reward role's, by source
+            out[f"reward/{part}"] = sum(s.reward_parts.get(part, 0.0) for s in ss) / len(ss)
     return out
 
 
