@@ -64,14 +64,16 @@ class ModelConfig:
 @dataclass
 class TokenizerConfig:
     """``name_or_path`` loads a tokenizer folder/hub id; without it a word-level tokenizer is
-    built over the environments' vocabulary and saved to ``build_dir``.
+    built over the environments' vocabulary and saved to ``build_dir``, with a Jinja chat
+    template of its own (``models.WORD_CHAT_TEMPLATE``).
 
     How turns are framed (``rollout.PromptTemplate``): ``template: chat`` renders the
-    conversation with the tokenizer's own chat template (``apply_chat_template``), ``system``
-    as the system message (none when empty); a built word tokenizer's chat template is made
-    from ``user_prefix``, ``user_suffix``, ``assistant_prefix`` and ``stop``. ``template:
-    prefixes`` joins those strings by hand (``system`` then is raw text before the first
-    turn), for tokenizers without a chat template. The policy's replies end with ``stop``.
+    conversation with the tokenizer's own chat template (``apply_chat_template``, with the
+    tools an env offers), ``system`` as the system message (none when empty). ``template:
+    prefixes`` is for a tokenizer without a chat template (a base model's): it joins
+    ``user_prefix``, ``user_suffix`` and ``assistant_prefix`` around each observation by hand
+    (``system`` then is raw text before the first turn); those keys are read only then. The
+    policy's replies end with ``stop``, the template's end-of-turn token.
     ``add_tokens``: strings a built word tokenizer keeps whole, one token each (a whole answer
     such as ``\\boxed{7}``, so ``generation.allowed_tokens`` can name it)."""
 
@@ -87,6 +89,10 @@ class TokenizerConfig:
 
     def validate(self, p: str) -> None:
         _check(self.template in ("chat", "prefixes"), f"{p}.template", "must be chat or prefixes")
+        for key in ("user_prefix", "user_suffix", "assistant_prefix"):  # the chat template frames turns
+            _check(self.template == "prefixes" or getattr(self, key) == getattr(TokenizerConfig, key), f"{p}.{key}",
+                   "read only with template: prefixes (a tokenizer without a chat template); "
+                   "with template: chat the tokenizer's chat template frames the turns: remove it")
         _check(bool(self.stop), f"{p}.stop", "must be a non-empty token")
         _check(not (self.add_tokens and self.name_or_path), f"{p}.add_tokens",
                "only for a built word tokenizer (a pretrained model's embeddings have no rows for them)")

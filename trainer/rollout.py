@@ -146,17 +146,23 @@ class PromptTemplate:
             last = len(self._base) - 1 - self._base[::-1].index(self.stop_id)
             self._after_stop = self._base[last + 1:]  # e.g. ChatML's "\n" after <|im_end|>
 
-    def _render(self, messages: list[dict], generation: bool) -> list[int]:
-        ids = self.tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=generation)
+    def _render(self, messages: list[dict], generation: bool, tools: list[dict] | None = None) -> list[int]:
+        ids = self.tok.apply_chat_template(messages, tools=tools or None, tokenize=True,
+                                           add_generation_prompt=generation)
         return list(ids if isinstance(ids, list) else ids["input_ids"])  # a BatchEncoding in newer transformers
 
     def _enc(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False)
 
-    def first(self, obs: str) -> list[int]:
+    def first(self, obs: str, tools: list[dict] | None = None) -> list[int]:
+        """The first prompt; ``tools`` (OpenAI function schemas an env offers in its reset
+        ``info["tools"]``) go to the chat template, which shows them as it was made to."""
         c = self.cfg
         if c.template == "chat":
-            return self._render(self._system + [{"role": "user", "content": obs}], generation=True)
+            return self._render(self._system + [{"role": "user", "content": obs}], generation=True, tools=tools)
+        if tools:
+            raise ValueError("tokenizer.template: prefixes cannot show the tools the env offers "
+                             "(use a tokenizer with a chat template and template: chat)")
         return self._enc(f"{c.system}{c.user_prefix}{obs}{c.user_suffix}{c.assistant_prefix}")
 
     def next(self, obs: str, reply_stopped: bool) -> list[int]:
@@ -345,7 +351,7 @@ async def run_episode(env: Any, template: PromptTemplate, gen: BatchingGenerator
             if ids is None:
                 return s
         else:
-            ids = template.first(obs) if start is None else start.token_ids
+            ids = template.first(obs, info.get("tools")) if start is None else start.token_ids
         s.token_ids, s.mask, s.behav_logp = list(ids), [0] * len(ids), [0.0] * len(ids)
         for turn in range(max_turns):
             if trace is not None:
