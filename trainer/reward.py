@@ -98,9 +98,7 @@ class _ProxyJudge:
         return answer.choices[0].text
 
     async def aclose(self) -> None:
-        client = getattr(self.mode, "_client", None)
-        if client is not None:
-            await client.aclose()
+        await self.mode.aclose()
 
 
 class _LocalJudge:

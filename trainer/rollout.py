@@ -600,7 +600,8 @@ class RolloutManager:
         tasks cycle through the env's ``task_ids``, and the env and sampling seeds come from
         ``seed`` alone: evaluations at different steps play the same episodes, so their success
         rates compare. Training rollouts keep running meanwhile and share the generator's
-        batches; episodes that hit an infrastructure error are left out and counted."""
+        batches; the reward role scores them as it scores training episodes; episodes that hit
+        an infrastructure error (the judge's included) are left out and counted."""
         if self._loop is None:
             raise RuntimeError("evaluate() needs a started RolloutManager")
         return asyncio.run_coroutine_threadsafe(self._evaluate(episodes, seed), self._loop).result()
@@ -617,6 +618,8 @@ class RolloutManager:
                     max_turns=cfg.rollout.max_turns, max_seq_len=cfg.rollout.max_seq_len,
                     max_new_tokens=cfg.generation.max_new_tokens, executor=self._env_exec)
                 s.env_id = spec.id
+                if self.reward is not None:  # eval rewards mean what training rewards mean
+                    await self.reward.ascore(s)
                 return s
             finally:
                 env.close()

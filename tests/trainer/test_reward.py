@@ -28,7 +28,8 @@ class QAEnv:
         return f"Question {self.task}", {}
 
     def step(self, action):
-        return "Thanks", 0.5 if action.strip() == "Right" else 0.0, True, False, {}
+        right = action.strip() == "Right"
+        return "Thanks", 0.5 if right else 0.0, True, False, {"success": right}
 
     def close(self):
         pass
@@ -183,6 +184,32 @@ def test_the_rollout_drops_episodes_whose_judge_failed_and_fills_the_batch_with_
     # judge failure and not yet its drop
     dropped = metrics["rollout/infra_samples_dropped"]
     assert dropped >= 1 and metrics["rollout/reward_infra_errors"] >= dropped
+
+
+def test_evaluation_episodes_are_judged_like_training_ones(tok, judge_server):
+    """eval/reward means what rollout/reward means: the env's reward plus the judge's (0.8 for
+    every answer here), and a failing judge leaves episodes out of the eval, counted."""
+    cfg = _cfg(_openai(judge_server(ScriptedJudge(left="8", delay_s=0.0))))
+    template = PromptTemplate(tok, cfg.tokenizer)
+    mgr = RolloutManager(cfg, ScriptEngine(tok, ["Right", "Left"], stop_id=template.stop_id), template,
+                         env_factory=lambda spec: QAEnv())
+    mgr.start()
+    try:
+        out = mgr.evaluate(6, seed=7)
+    finally:
+        mgr.close()
+    assert out["eval/episodes"] == 6 and 0 < out["eval/success"] < 1
+    assert out["eval/reward"] == pytest.approx(0.5 * out["eval/success"] + 0.8)
+    cfg = _cfg(_openai(judge_server(ScriptedJudge(left="garbage", delay_s=0.0))))
+    mgr = RolloutManager(cfg, ScriptEngine(tok, ["Right", "Left"], stop_id=template.stop_id), template,
+                         env_factory=lambda spec: QAEnv())
+    mgr.start()
+    try:
+        out = mgr.evaluate(6, seed=7)
+    finally:
+        mgr.close()
+    assert out["eval/infra_errors"] >= 1 and out["eval/episodes"] == 6 - out["eval/infra_errors"]
+    assert out["eval/success"] == 1.0 and out["eval/reward"] == pytest.approx(0.5 + 0.8)
 
 
 def test_verifiers_add_their_weighted_values_and_a_failing_one_is_an_infra_error(tok):
