@@ -109,15 +109,24 @@ def _sample(answer, env_reward=0.0):
                   turn_rewards=[env_reward], num_turns=1, env_id="qa", task_id=1)
 
 
-def _rollout(tok, cfg):
+def _run(tok, cfg, what):
+    """``what(manager)`` on a started rollout of QAEnv episodes answered Right or Left."""
     template = PromptTemplate(tok, cfg.tokenizer)
     engine = ScriptEngine(tok, ["Right", "Left"], stop_id=template.stop_id)
     mgr = RolloutManager(cfg, engine, template, env_factory=lambda spec: QAEnv())
     mgr.start()
     try:
-        return mgr.get_batch(0, timeout=120)
+        return what(mgr)
     finally:
         mgr.close()
+
+
+def _rollout(tok, cfg):
+    return _run(tok, cfg, lambda mgr: mgr.get_batch(0, timeout=120))
+
+
+def _evaluate(tok, cfg):
+    return _run(tok, cfg, lambda mgr: mgr.evaluate(6, seed=7))
 
 
 def test_parse_score_maps_the_range_and_refuses_what_is_outside():
@@ -189,25 +198,10 @@ def test_the_rollout_drops_episodes_whose_judge_failed_and_fills_the_batch_with_
 def test_evaluation_episodes_are_judged_like_training_ones(tok, judge_server):
     """eval/reward means what rollout/reward means: the env's reward plus the judge's (0.8 for
     every answer here), and a failing judge leaves episodes out of the eval, counted."""
-    cfg = _cfg(_openai(judge_server(ScriptedJudge(left="8", delay_s=0.0))))
-    template = PromptTemplate(tok, cfg.tokenizer)
-    mgr = RolloutManager(cfg, ScriptEngine(tok, ["Right", "Left"], stop_id=template.stop_id), template,
-                         env_factory=lambda spec: QAEnv())
-    mgr.start()
-    try:
-        out = mgr.evaluate(6, seed=7)
-    finally:
-        mgr.close()
+    out = _evaluate(tok, _cfg(_openai(judge_server(ScriptedJudge(left="8", delay_s=0.0)))))
     assert out["eval/episodes"] == 6 and 0 < out["eval/success"] < 1
     assert out["eval/reward"] == pytest.approx(0.5 * out["eval/success"] + 0.8)
-    cfg = _cfg(_openai(judge_server(ScriptedJudge(left="garbage", delay_s=0.0))))
-    mgr = RolloutManager(cfg, ScriptEngine(tok, ["Right", "Left"], stop_id=template.stop_id), template,
-                         env_factory=lambda spec: QAEnv())
-    mgr.start()
-    try:
-        out = mgr.evaluate(6, seed=7)
-    finally:
-        mgr.close()
+    out = _evaluate(tok, _cfg(_openai(judge_server(ScriptedJudge(left="garbage", delay_s=0.0)))))
     assert out["eval/infra_errors"] >= 1 and out["eval/episodes"] == 6 - out["eval/infra_errors"]
     assert out["eval/success"] == 1.0 and out["eval/reward"] == pytest.approx(0.5 + 0.8)
 
