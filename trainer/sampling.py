@@ -38,23 +38,14 @@ def truncated(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch
 
 
 def processed_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                     allowed: torch.Tensor | None = None, keep: torch.Tensor | None = None) -> torch.Tensor:
-    """fp32 logits of the distribution sampled from (``log_softmax`` of them: its log-probs).
-
-    ``allowed``: a LongTensor of the token ids constrained decoding may use (None: all).
-    ``keep``: ids (shape ``logits.shape[:-1]``) never truncated: the trainer's targets. With
-    the generator's weights a sampled token is always inside the kept set; once the policy has
-    moved, its own top-p set may leave it out, and its probability would be 0 (log -inf, the
-    ratios 0/0 NaN). Kept, it gets the small probability it has next to the set instead.
-    """
+                     allowed: torch.Tensor | None = None) -> torch.Tensor:
+    """fp32 logits of the distribution sampled from (``log_softmax`` of them: its log-probs),
+    ``-inf`` outside its support. ``allowed``: a LongTensor of the token ids constrained
+    decoding may use (None: all)."""
     lg = logits.float() / temperature
     if allowed is not None:
         mask = torch.full((lg.shape[-1],), float("-inf"), device=lg.device)
         mask[allowed.to(lg.device)] = 0.0
         lg = lg + mask
     removed = truncated(lg, top_k, top_p)
-    if removed is None:
-        return lg
-    if keep is not None:
-        removed.scatter_(-1, keep.unsqueeze(-1), False)
-    return lg.masked_fill(removed, float("-inf"))
+    return lg if removed is None else lg.masked_fill(removed, float("-inf"))

@@ -96,9 +96,13 @@ LOGP_CHUNK = 1024  # sequence positions per slice of the fp32 log-prob computati
 
 
 def _slice_logp(logits, targets, temperature: float, allowed=None, top_k: int = 0, top_p: float = 1.0):
-    # the only fp32 copy of (a slice of) the logits: the generator's processed distribution
-    lg = processed_logits(logits, temperature, top_k, top_p, allowed, keep=targets)
-    return lg.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lg.logsumexp(-1)
+    # the only fp32 copy of (a slice of) the logits: the generator's processed distribution.
+    # The target's logit is read from the unmasked logits: a target outside the support (an
+    # observation token, masked out of every loss; a sampled token that a moved policy's own
+    # top-p set leaves out) gets logit - logsumexp(support), finite, never -inf (whose ratios
+    # and gradients would be NaN); inside it, this is exactly the processed log-prob.
+    lse = processed_logits(logits, temperature, top_k, top_p, allowed).logsumexp(-1)
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1).float() / temperature - lse
 
 
 def target_logp(logits, targets, temperature: float, chunk: int = LOGP_CHUNK, allowed=None, top_k: int = 0,
@@ -110,7 +114,7 @@ def target_logp(logits, targets, temperature: float, chunk: int = LOGP_CHUNK, al
     instead of about 4x (bf16 logits of a 0.5B model: 150k vocabulary x 16k tokens is 10 GB
     in fp32). ``allowed`` (a LongTensor of token ids, constrained decoding), ``top_k`` and
     ``top_p``: the softmax is over the tokens the generator could sample from, renormalised
-    (:func:`~.sampling.processed_logits`; the target itself is never truncated)."""
+    (:func:`~.sampling.processed_logits`)."""
     parts = []
     for lg, tg in zip(logits.split(chunk, 1), targets.split(chunk, 1)):
         if torch.is_grad_enabled() and lg.requires_grad:

@@ -16,7 +16,7 @@ from rockroll.trainer.models import build_model, load_tokenizer
 from rockroll.trainer.roles import PolicyTrainer
 from rockroll.trainer.rollout import PromptTemplate, RolloutManager
 from rockroll.trainer.sampling import processed_logits, truncated
-from rockroll.trainer.update import collate, token_logp
+from rockroll.trainer.update import collate, target_logp, token_logp
 
 ENVS = [{"id": "rock/FrozenLake-v0", "kwargs": {"max_actions_per_turn": 1}, "task_ids": [0, 1]}]
 
@@ -44,14 +44,18 @@ def test_top_k_keeps_ties_and_top_p_keeps_a_token_while_the_mass_above_it_is_bel
     assert truncated(logits, top_k=3, top_p=0.52).tolist() == [False, True, True, True]
 
 
-def test_processed_logits_renormalise_and_keep_the_target():
+def test_processed_logits_renormalise_and_the_trainer_never_gives_minus_infinity():
     logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
     lp = torch.log_softmax(processed_logits(logits, 1.0, top_p=0.8), -1)[0]
     torch.testing.assert_close(lp[:2].exp(), torch.tensor([0.625, 0.375]))
     assert lp[2] == -math.inf
-    # a target outside the set (the policy moved) keeps a finite log-prob: renormalised over set + it
-    kept = torch.log_softmax(processed_logits(logits, 1.0, top_p=0.8, keep=torch.tensor([2])), -1)[0]
-    torch.testing.assert_close(kept[2].exp(), torch.tensor(0.15 / 0.95))
+    # the trainer: inside the support the processed log-prob; outside (an observation token, or
+    # a token the moved policy's own top-p set leaves out) finite: p_t / mass of the support
+    leaf = logits.expand(4, 4)[None].clone().requires_grad_()
+    got = target_logp(leaf, torch.tensor([[0, 1, 2, 3]]), 1.0, top_p=0.8)
+    torch.testing.assert_close(got.detach().exp()[0], torch.tensor([0.625, 0.375, 0.15 / 0.8, 0.05 / 0.8]))
+    got.sum().backward()  # and no NaN reaches the gradients
+    assert torch.isfinite(leaf.grad).all()
     # temperature before the truncation: at T=2 the probabilities flatten, and top-p keeps three
     flat = truncated(logits / 2, top_p=0.8)
     assert flat.tolist() == [[False, False, False, True]]
