@@ -13,13 +13,14 @@ recorded in ``Sample.reward_parts``. Configured by the ``reward:`` section
   over a checkpoint folder whose requests are batched (:class:`~.rollout.BatchingGenerator`:
   requests that arrive while the engine is busy go together in its next call).
 - Asynchronous: :meth:`RewardRole.ascore` runs in the rollout's event loop as each episode
-  finishes, up to ``judge.max_concurrency`` judge calls in flight, while other episodes play.
+  finishes, up to ``judge.max_concurrency`` judge calls in flight, while other episodes play;
+  or in a Ray actor of its own, which the rollout calls through :class:`RemoteReward`.
 - A failure (a verifier's exception, a judge timeout, an HTTP error, a reply without a score
   in range) is an **infra error** (``Sample.infra_error``): the rollout drops the episode and
   counts it, as it does for env failures, instead of training on a fake zero reward.
 
 :class:`RewardRole` is built from ``(cfg, tokenizer)`` and its methods take and return plain
-:class:`~.rollout.Sample` dataclasses, so a Ray actor can wrap it (``score_batch``).
+:class:`~.rollout.Sample` dataclasses, so a Ray actor can wrap it as it is.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from .config import ConfigError, JudgeConfig, TrainConfig
 from .engines import SamplingParams
 from .rollout import BatchingGenerator, Sample, _mix, request_ids
 
-__all__ = ["RewardRole", "episode_fields", "parse_score"]
+__all__ = ["RemoteReward", "RewardRole", "episode_fields", "parse_score"]
 
 
 def episode_fields(s: Sample) -> dict[str, Any]:
@@ -145,8 +146,9 @@ JUDGES = {"openai": _ProxyJudge, "local": _LocalJudge}
 class RewardRole:
     """Verifiers and the judge of ``cfg.reward`` over finished episodes (see the module doc).
 
-    One instance is used from one event loop (:meth:`ascore`, the rollout's) or synchronously
-    (:meth:`score_batch`, which runs its own loop in a thread: what a Ray actor calls)."""
+    One instance is used from one event loop (:meth:`ascore`: the rollout's, or a Ray async
+    actor's, :class:`RemoteReward`) or synchronously (:meth:`score_batch`, which runs its own
+    loop in a thread)."""
 
     def __init__(self, cfg: TrainConfig, tokenizer: Any = None):
         self.cfg = cfg.reward
@@ -158,6 +160,7 @@ class RewardRole:
         self.counters: dict[str, int] = defaultdict(int)
         self._sem: asyncio.Semaphore | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # score_batch's
+        self._loop_lock = threading.Lock()  # score_batch may be called from several threads
         self._calls = 0
 
     async def ascore(self, s: Sample) -> Sample:
@@ -214,11 +217,12 @@ class RewardRole:
         return score, None
 
     def score_batch(self, samples: list[Sample]) -> list[Sample]:
-        """:meth:`ascore` on every sample concurrently, from synchronous code (a Ray actor's
-        method: samples in, scored samples out)."""
-        if self._loop is None:
-            self._loop = asyncio.new_event_loop()
-            threading.Thread(target=self._loop.run_forever, name="rockroll-reward", daemon=True).start()
+        """:meth:`ascore` on every sample concurrently, from synchronous code: samples in,
+        scored samples out."""
+        with self._loop_lock:
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+                threading.Thread(target=self._loop.run_forever, name="rockroll-reward", daemon=True).start()
 
         async def all_() -> list[Sample]:
             return list(await asyncio.gather(*(self.ascore(s) for s in samples)))
@@ -235,3 +239,25 @@ class RewardRole:
             asyncio.run_coroutine_threadsafe(self.aclose(), self._loop).result(timeout=30)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._loop = None
+
+
+class RemoteReward:
+    """The rollout's side of a :class:`RewardRole` in a Ray actor, in place of an in-process one
+    (``RolloutManager(..., reward=RemoteReward(handle))``): one actor can serve every env
+    worker (one local judge model instead of one per worker). ``RewardRole`` has ``async``
+    methods, so Ray makes it an async actor: the episodes' :meth:`RewardRole.ascore` calls run
+    concurrently on its event loop, as they do in the rollout's::
+
+        handle = ray.remote(RewardRole).remote(cfg, tokenizer)
+    """
+
+    def __init__(self, handle: Any):
+        self.handle = handle
+
+    async def ascore(self, s: Sample) -> Sample:
+        scored = await self.handle.ascore.remote(s)  # the sample travels by value
+        s.__dict__.update(scored.__dict__)  # in place, as RewardRole.ascore
+        return s
+
+    async def aclose(self) -> None:
+        pass  # the actor is its owner's to end

@@ -243,8 +243,10 @@ class EnvWorker:
     two workers would merge their GRPO groups."""
 
     def __init__(self, cfg: TrainConfig, tokenizer: Any, engine: Any, first_group_id: int = 0,
-                 env_factory: Callable[[EnvConfig], Any] | None = None):
-        self.mgr = RolloutManager(cfg, engine, PromptTemplate(tokenizer, cfg.tokenizer), env_factory=env_factory)
+                 env_factory: Callable[[EnvConfig], Any] | None = None, reward: Any = None):
+        # reward: a reward.RemoteReward over a shared reward actor (None: cfg.reward in this process)
+        self.mgr = RolloutManager(cfg, engine, PromptTemplate(tokenizer, cfg.tokenizer), env_factory=env_factory,
+                                  reward=reward)
         self.mgr.next_gid = first_group_id
 
     def start(self, version: int, state: dict[str, Any] | None = None) -> None:

@@ -454,7 +454,7 @@ class RolloutManager:
     """
 
     def __init__(self, cfg: TrainConfig, engine: Any, template: PromptTemplate, *,
-                 env_factory: Callable[[EnvConfig], Any] | None = None):
+                 env_factory: Callable[[EnvConfig], Any] | None = None, reward: Any = None):
         self.cfg, self.engine, self.template = cfg, engine, template
         r = cfg.rollout
         self.G, self.r, self.alpha, self.bg = r.group_size, r.redundant, r.async_ratio, r.batch_groups
@@ -467,8 +467,10 @@ class RolloutManager:
                                        stop_token_ids=[template.stop_id],
                                        allowed_token_ids=allowed_token_ids(template.tok, cfg.generation.allowed_tokens))
         self.rng = random.Random(cfg.seed)
-        self.reward = None
-        if cfg.reward.active:  # verifiers and the judge score each episode as it finishes
+        # verifiers and the judge score each episode as it finishes: in this process, or
+        # ``reward`` (a reward.RemoteReward: the role in a Ray actor)
+        self.reward = reward
+        if reward is None and cfg.reward.active:
             from .reward import RewardRole  # it builds on this module
 
             self.reward = RewardRole(cfg, template.tok)

@@ -6,6 +6,7 @@ constrained to digits. A judge failure must make the episode an infra error, whi
 drops, never a reward of 0."""
 
 import asyncio
+import os
 
 import pytest
 import torch
@@ -109,11 +110,11 @@ def _sample(answer, env_reward=0.0):
                   turn_rewards=[env_reward], num_turns=1, env_id="qa", task_id=1)
 
 
-def _run(tok, cfg, what):
+def _run(tok, cfg, what, reward=None):
     """``what(manager)`` on a started rollout of QAEnv episodes answered Right or Left."""
     template = PromptTemplate(tok, cfg.tokenizer)
     engine = ScriptEngine(tok, ["Right", "Left"], stop_id=template.stop_id)
-    mgr = RolloutManager(cfg, engine, template, env_factory=lambda spec: QAEnv())
+    mgr = RolloutManager(cfg, engine, template, env_factory=lambda spec: QAEnv(), reward=reward)
     mgr.start()
     try:
         return what(mgr)
@@ -121,8 +122,8 @@ def _run(tok, cfg, what):
         mgr.close()
 
 
-def _rollout(tok, cfg):
-    return _run(tok, cfg, lambda mgr: mgr.get_batch(0, timeout=120))
+def _rollout(tok, cfg, reward=None):
+    return _run(tok, cfg, lambda mgr: mgr.get_batch(0, timeout=120), reward)
 
 
 def _evaluate(tok, cfg):
@@ -204,6 +205,38 @@ def test_evaluation_episodes_are_judged_like_training_ones(tok, judge_server):
     out = _evaluate(tok, _cfg(_openai(judge_server(ScriptedJudge(left="garbage", delay_s=0.0)))))
     assert out["eval/infra_errors"] >= 1 and out["eval/episodes"] == 6 - out["eval/infra_errors"]
     assert out["eval/success"] == 1.0 and out["eval/reward"] == pytest.approx(0.5 + 0.8)
+
+
+def test_the_reward_role_runs_as_a_ray_actor(tok, judge_server):
+    """The role in a Ray actor (an async one), the rollout calling it through RemoteReward: the
+    episodes' judge calls still overlap, scores come back into the samples, and a failed call
+    is still an infra error that the rollout drops."""
+    import ray
+
+    from rockroll.trainer.ray_roles import init_local_ray
+    from rockroll.trainer.reward import RemoteReward
+
+    mode = ScriptedJudge(left="garbage")
+    cfg = _cfg(_openai(judge_server(mode)), redundant=2, batch_groups=1)
+    had = os.environ.get("RAY_AUTH_MODE")
+    init_local_ray(num_cpus=2)  # sets RAY_AUTH_MODE=token in this process: put back afterwards
+    try:
+        actor = ray.remote(RewardRole).options(
+            runtime_env={"env_vars": {"JUDGE_KEY": os.environ["JUDGE_KEY"]}}).remote(cfg)
+        groups, metrics = _rollout(tok, cfg, reward=RemoteReward(actor))
+        counters = ray.get(actor.__ray_call__.remote(lambda self: dict(self.counters)))
+    finally:
+        ray.shutdown()
+        if had is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = had
+    samples = groups[0].samples
+    assert len(samples) == 2 and mode.max_in_flight >= 2
+    assert all(s.transcript[1][1] == "Right" and s.reward == pytest.approx(0.5 + 0.8) for s in samples)
+    assert all(s.reward_parts == {"judge": pytest.approx(0.8)} for s in samples)
+    assert metrics["rollout/reward_infra_errors"] >= metrics["rollout/infra_samples_dropped"] >= 1
+    assert counters["judge_errors"] >= 1 and counters["judge_calls"] >= 3
 
 
 def test_verifiers_add_their_weighted_values_and_a_failing_one_is_an_infra_error(tok):
