@@ -3,7 +3,8 @@
 One interface, :class:`GenerationEngine`: ``generate(prompts_token_ids, sampling)`` returns,
 for every prompt, the sampled token ids and the log-probability of each under the
 distribution it was sampled from (temperature, top-k and top-p applied: :mod:`.sampling`) --
-the *behaviour* policy of the trainer's off-policy corrections. ``load_weights(state_dict, version)`` is the weight sync.
+the *behaviour* policy of the trainer's off-policy corrections. ``load_weights(state_dict,
+version)`` is the weight sync.
 Engines never see text: the rollout keeps exact token ids, so nothing is re-tokenised.
 
 - :class:`TransformersEngine`: a Hugging Face model on CPU (or one GPU), batched, KV cache.

@@ -42,10 +42,10 @@ def processed_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int 
     """fp32 logits of the distribution sampled from (``log_softmax`` of them: its log-probs),
     ``-inf`` outside its support. ``allowed``: a LongTensor of the token ids constrained
     decoding may use (None: all)."""
-    lg = logits.float() / temperature
+    lg = logits.float() / temperature  # a new tensor: the masks below go in place (one fp32 copy)
     if allowed is not None:
         mask = torch.full((lg.shape[-1],), float("-inf"), device=lg.device)
         mask[allowed.to(lg.device)] = 0.0
-        lg = lg + mask
+        lg.add_(mask)
     removed = truncated(lg, top_k, top_p)
-    return lg if removed is None else lg.masked_fill(removed, float("-inf"))
+    return lg if removed is None else lg.masked_fill_(removed, float("-inf"))
