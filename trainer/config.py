@@ -17,8 +17,8 @@ from typing import Any
 
 __all__ = [
     "AlgorithmConfig", "CheckpointConfig", "ConfigError", "CurriculumConfig", "EngineConfig", "EnvConfig", "EvalConfig",
-    "GenerationConfig", "IPAConfig", "LoggingConfig", "ModelConfig", "RayConfig", "RhythmConfig", "RolloutConfig",
-    "TokenizerConfig", "TrainConfig", "config_to_dict", "load_config",
+    "GenerationConfig", "IPAConfig", "JudgeConfig", "LoggingConfig", "ModelConfig", "RayConfig", "RewardConfig",
+    "RhythmConfig", "RolloutConfig", "TokenizerConfig", "TrainConfig", "VerifierConfig", "config_to_dict", "load_config",
 ]
 
 TURN_CREDIT = ("outcome", "discounted")
@@ -63,14 +63,16 @@ class ModelConfig:
 @dataclass
 class TokenizerConfig:
     """``name_or_path`` loads a tokenizer folder/hub id; without it a word-level tokenizer is
-    built over the environments' vocabulary and saved to ``build_dir``.
+    built over the environments' vocabulary and saved to ``build_dir``, with a Jinja chat
+    template of its own (``models.WORD_CHAT_TEMPLATE``).
 
     How turns are framed (``rollout.PromptTemplate``): ``template: chat`` renders the
-    conversation with the tokenizer's own chat template (``apply_chat_template``), ``system``
-    as the system message (none when empty); a built word tokenizer's chat template is made
-    from ``user_prefix``, ``user_suffix``, ``assistant_prefix`` and ``stop``. ``template:
-    prefixes`` joins those strings by hand (``system`` then is raw text before the first
-    turn), for tokenizers without a chat template. The policy's replies end with ``stop``.
+    conversation with the tokenizer's own chat template (``apply_chat_template``, with the
+    tools an env offers), ``system`` as the system message (none when empty). ``template:
+    prefixes`` is for a tokenizer without a chat template (a base model's): it joins
+    ``user_prefix``, ``user_suffix`` and ``assistant_prefix`` around each observation by hand
+    (``system`` then is raw text before the first turn); those keys are read only then. The
+    policy's replies end with ``stop``, the template's end-of-turn token.
     ``add_tokens``: strings a built word tokenizer keeps whole, one token each (a whole answer
     such as ``\\boxed{7}``, so ``generation.allowed_tokens`` can name it)."""
 
@@ -86,6 +88,10 @@ class TokenizerConfig:
 
     def validate(self, p: str) -> None:
         _check(self.template in ("chat", "prefixes"), f"{p}.template", "must be chat or prefixes")
+        for key in ("user_prefix", "user_suffix", "assistant_prefix"):  # the chat template frames turns
+            _check(self.template == "prefixes" or getattr(self, key) == getattr(TokenizerConfig, key), f"{p}.{key}",
+                   "read only with template: prefixes (a tokenizer without a chat template); "
+                   "with template: chat the tokenizer's chat template frames the turns: remove it")
         _check(bool(self.stop), f"{p}.stop", "must be a non-empty token")
         _check(not (self.add_tokens and self.name_or_path), f"{p}.add_tokens",
                "only for a built word tokenizer (a pretrained model's embeddings have no rows for them)")
@@ -314,6 +320,9 @@ class GenerationConfig:
     backend: str = "transformers"
     temperature: float = 1.0
     top_p: float = 1.0
+    # 0: off. top-k / top-p truncate the distribution the generator samples from; the trainer's
+    # log-probs are taken under the same truncation (trainer/sampling.py), so ratios are unbiased
+    top_k: int = 0
     max_new_tokens: int = 4
     gpu_memory_utilization: float = 0.5  # vllm only
     # Constrained decoding: the reply may use only these texts, each one token of the tokenizer
@@ -328,6 +337,7 @@ class GenerationConfig:
                "must be a list of non-empty strings")
         _check(self.temperature > 0, f"{p}.temperature", "must be > 0")
         _check(0 < self.top_p <= 1, f"{p}.top_p", "must be in (0, 1]")
+        _check(self.top_k >= 0, f"{p}.top_k", "must be >= 0 (0: off)")
         _check(self.max_new_tokens >= 1, f"{p}.max_new_tokens", "must be >= 1")
 
 
@@ -396,6 +406,106 @@ class RayConfig:
         _check(self.num_gpus >= 0, f"{p}.num_gpus", "must be >= 0")
 
 
+JUDGE_FIELDS = ("question", "answer", "transcript", "env_id", "task_id", "reward")
+DEFAULT_JUDGE_TEMPLATE = ("Rate the answer to the task below from 0 to 10. Reply with the number only.\n\n"
+                          "Task:\n{question}\n\nAnswer:\n{answer}")
+
+
+@dataclass
+class VerifierConfig:
+    """A rule-based verifier: ``fn`` (``module:function``) is called as
+    ``fn(question, answer, transcript, **kwargs) -> float`` on every finished episode; its
+    value times ``weight`` is added to the episode's reward. An exception is an infra error."""
+
+    fn: str = ""
+    name: str = ""          # the metric's name (default: the function's)
+    weight: float = 1.0
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self, p: str) -> None:
+        _check(":" in self.fn and all(self.fn.split(":", 1)), f"{p}.fn", "must be module:function")
+
+
+@dataclass
+class JudgeConfig:
+    """LLM-as-judge (:mod:`rockroll.trainer.reward`): ``template`` (``str.format`` fields among
+    question, answer, transcript, env_id, task_id, reward) is sent as the user message (after
+    ``system``, when set) to ``backend``: ``openai``, any OpenAI-compatible endpoint at ``url``
+    (``.../v1``; the API key from the environment variable ``api_key_env``), called through the
+    model service's proxy mode; or ``local``, a Transformers engine over the checkpoint folder
+    ``model`` (the judge's own weights and tokenizer), its requests batched. The first match of
+    ``score_regex`` (its first group) in the reply is the score, mapped from ``score_range``
+    to [0, 1], times ``weight``, added to the reward. A timeout, an HTTP error or a reply
+    without a score in range is an infra error: the episode is dropped, never scored 0."""
+
+    backend: str = ""        # "": no judge; local | openai
+    url: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    model: str = ""          # openai: the model name sent; local: a checkpoint folder
+    system: str = ""
+    template: str = DEFAULT_JUDGE_TEMPLATE
+    score_regex: str = r"(-?\d+(?:\.\d+)?)"
+    score_range: list[float] = field(default_factory=lambda: [0.0, 10.0])
+    weight: float = 1.0
+    max_tokens: int = 8
+    temperature: float = 0.0
+    allowed_tokens: list[str] = field(default_factory=list)  # local: constrained decoding, as generation's
+    max_concurrency: int = 16   # judge calls in flight at once
+    max_batch_size: int = 16    # local: requests per engine call
+    timeout_s: float = 60.0     # per call, retries included
+    retries: int = 2            # openai: 429/5xx and connection errors, with back-off
+
+    def validate(self, p: str) -> None:
+        import re
+        import string
+
+        _check(self.backend in ("", "local", "openai"), f"{p}.backend", "must be local or openai (or empty: no judge)")
+        if not self.backend:
+            return
+        _check(self.backend != "openai" or bool(self.url), f"{p}.url", "the openai backend needs the endpoint's URL")
+        _check(self.backend != "local" or bool(self.model), f"{p}.model",
+               "the local backend needs a checkpoint folder (weights and tokenizer)")
+        _check(not self.allowed_tokens or self.backend == "local", f"{p}.allowed_tokens", "only for backend: local")
+        try:
+            fields = {f for _, f, _, _ in string.Formatter().parse(self.template) if f is not None}
+        except ValueError as e:
+            raise ConfigError(f"{p}.template", f"not a format string: {e}") from None
+        unknown = sorted(f for f in fields if f not in JUDGE_FIELDS)
+        _check(not unknown, f"{p}.template", f"unknown field(s) {unknown}: use {', '.join(JUDGE_FIELDS)}")
+        try:
+            groups = re.compile(self.score_regex).groups
+        except re.error as e:
+            raise ConfigError(f"{p}.score_regex", f"not a regular expression: {e}") from None
+        _check(groups >= 1, f"{p}.score_regex", "needs a group around the score")
+        _check(len(self.score_range) == 2 and self.score_range[0] < self.score_range[1], f"{p}.score_range",
+               "must be [low, high] with low < high")
+        _check(self.max_tokens >= 1, f"{p}.max_tokens", "must be >= 1")
+        _check(self.temperature >= 0, f"{p}.temperature", "must be >= 0")
+        for k in ("max_concurrency", "max_batch_size"):
+            _check(getattr(self, k) >= 1, f"{p}.{k}", "must be >= 1")
+        _check(self.timeout_s > 0, f"{p}.timeout_s", "must be > 0")
+        _check(self.retries >= 0, f"{p}.retries", "must be >= 0")
+
+
+@dataclass
+class RewardConfig:
+    """The reward role, run on each finished episode in the rollout: the env's own reward
+    stays, and each verifier's and the judge's weighted scores are added to it (on the last
+    turn), each recorded in ``Sample.reward_parts``."""
+
+    verifiers: list[VerifierConfig] = field(default_factory=list)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.verifiers or self.judge.backend)
+
+    def validate(self, p: str) -> None:
+        for i, v in enumerate(self.verifiers):
+            v.validate(f"{p}.verifiers[{i}]")
+        self.judge.validate(f"{p}.judge")
+
+
 @dataclass
 class TrainConfig:
     steps: int = 100
@@ -412,6 +522,7 @@ class TrainConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
 
     def validate(self, p: str = "") -> None:
         _check(self.steps >= 0, "steps", "must be >= 0")
@@ -419,7 +530,7 @@ class TrainConfig:
         for i, env in enumerate(self.envs):
             env.validate(f"envs[{i}]")
         for name in ("model", "tokenizer", "rollout", "algorithm", "engine", "generation",
-                     "checkpoint", "logging", "eval", "ray"):
+                     "checkpoint", "logging", "eval", "ray", "reward"):
             getattr(self, name).validate(name)
         if self.ray.enabled:  # every env worker fills its share of a step's groups
             _check(self.ray.num_env_workers <= self.rollout.batch_groups, "ray.num_env_workers",

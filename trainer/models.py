@@ -31,8 +31,10 @@ def _env_texts(envs: list[EnvConfig], episodes: int = 8) -> list[str]:
         for i in range(episodes):
             # without task_ids the seed picks the task: tool envs' ids are names, not 0..n
             options = {"task_id": spec.task_ids[i % len(spec.task_ids)]} if spec.task_ids else None
-            obs, _ = env.reset(seed=i, options=options)
+            obs, info = env.reset(seed=i, options=options)
             texts.append(obs)
+            if info.get("tools"):  # what the chat template writes of them: their schemas, its framing
+                texts += [json.dumps(t) for t in info["tools"]] + [TOOLS_HEADER, "<tool_response></tool_response>"]
             for action in ["Right", "Down", "blah", "Left", "Up", "Down", "Right", "Down", "Right"]:
                 try:
                     obs, _, term, trunc, _ = env.step(action)
@@ -72,27 +74,34 @@ def save_word_tokenizer(words: Any, folder: str | Path) -> Any:
         tokenizer_object=tok, pad_token="<|pad|>", bos_token="<|bos|>", eos_token="<|end|>",
         unk_token="<|unk|>", additional_special_tokens=["<|user|>", "<|assistant|>"],
     )
-    # the default framing as its chat template (load_tokenizer sets the config's own on a built one)
-    hf.chat_template = word_chat_template(TokenizerConfig())
+    hf.chat_template = WORD_CHAT_TEMPLATE
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     hf.save_pretrained(folder)
     return hf
 
 
-def word_chat_template(cfg: TokenizerConfig) -> str:
-    """The Jinja chat template of a built word tokenizer: ``cfg``'s strings around each turn
-    (a system message is written as is), so ``template: chat`` frames turns exactly as
-    ``template: prefixes`` does."""
-    lit = json.dumps  # a JSON string is a Jinja string literal
-    return ("{% for m in messages %}"
-            "{% if m['role'] == 'system' %}{{ m['content'] }}"
-            f"{{% elif m['role'] == 'user' %}}{{{{ {lit(cfg.user_prefix)} }}}}{{{{ m['content'] }}}}"
-            f"{{{{ {lit(cfg.user_suffix)} }}}}"
-            f"{{% elif m['role'] == 'assistant' %}}{{{{ {lit(cfg.assistant_prefix)} }}}}{{{{ m['content'] }}}}"
-            f"{{{{ {lit(cfg.stop)} }}}}"
-            "{% endif %}{% endfor %}"
-            f"{{% if add_generation_prompt %}}{{{{ {lit(cfg.assistant_prefix)} }}}}{{% endif %}}")
+# The built word tokenizer's chat template (saved with it, read by apply_chat_template like any
+# model's): system text as is, user turns <|user|>...<|end|>, assistant turns
+# <|assistant|>...<|end|>. Tools (OpenAI function schemas) are listed after the system text, an
+# assistant's tool calls written as Hermes <tool_call>{...}</tool_call> (what the model service's
+# default parser reads back), tool results as a user turn of <tool_response>s.
+TOOLS_HEADER = 'Tools (call one as <tool_call>{"name": ..., "arguments": {...}}</tool_call>):'
+WORD_CHAT_TEMPLATE = (
+    "{%- for m in messages %}"
+    "{%- if m['role'] == 'system' %}{{ m['content'] }}{% endif %}"
+    "{%- if loop.first and tools %}"
+    + TOOLS_HEADER +
+    "{% for t in tools %}{{ '\\n' }}{{ t | tojson }}{% endfor %}{{ '\\n' }}{% endif %}"
+    "{%- if m['role'] == 'user' %}<|user|>{{ m['content'] }}<|end|>"
+    "{%- elif m['role'] == 'assistant' %}<|assistant|>{{ m['content'] or '' }}"
+    "{%- for c in m['tool_calls'] or [] %}<tool_call>"
+    "{{ {'name': c['function']['name'], 'arguments': c['function']['arguments']} | tojson }}</tool_call>"
+    "{%- endfor %}<|end|>"
+    "{%- elif m['role'] == 'tool' %}<|user|><tool_response>{{ m['content'] }}</tool_response><|end|>"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}<|assistant|>{% endif %}")
 
 
 def load_tokenizer(cfg: TokenizerConfig, envs: list[EnvConfig], default_dir: str | Path) -> Any:
@@ -104,8 +113,7 @@ def load_tokenizer(cfg: TokenizerConfig, envs: list[EnvConfig], default_dir: str
         folder = Path(cfg.build_dir or default_dir)
         if not (folder / "tokenizer.json").is_file():
             build_word_tokenizer(envs, folder)
-        tok = AutoTokenizer.from_pretrained(folder)
-        tok.chat_template = word_chat_template(cfg)  # from this config, not from when it was built
+        tok = AutoTokenizer.from_pretrained(folder)  # with its chat template (WORD_CHAT_TEMPLATE)
         tok.add_tokens(list(cfg.add_tokens))  # matched before the word split: each one token
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token

@@ -204,8 +204,9 @@ class ReferenceRole:
 
     def annotate(self, groups: list[Group]) -> dict[str, torch.Tensor]:
         with torch.no_grad():
-            logp, _ = token_logp(self._forward, collate(groups, self.pad_id).to(self.device),
-                                 self.cfg.generation.temperature, self.cfg.engine.micro_batch_size, self.allowed)
+            g = self.cfg.generation
+            logp, _ = token_logp(self._forward, collate(groups, self.pad_id).to(self.device), g.temperature,
+                                 self.cfg.engine.micro_batch_size, self.allowed, g.top_k, g.top_p)
         return {"ref_logp": logp.cpu()}
 
     def train(self, groups: list[Group], aux: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -278,7 +279,8 @@ class PolicyTrainer:
 
     def update(self, groups: list[Group], aux: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
         return update_policy(self.policy, self.cfg.algorithm, collate(groups, self.pad_id),
-                             self.cfg.generation.temperature, self.allowed_ids, aux)
+                             self.cfg.generation.temperature, self.allowed_ids, aux,
+                             top_k=self.cfg.generation.top_k, top_p=self.cfg.generation.top_p)
 
     def weights(self) -> dict[str, Any]:
         return self.policy.sync_state_dict()
@@ -298,8 +300,10 @@ class EnvWorker:
     two workers would merge their GRPO groups."""
 
     def __init__(self, cfg: TrainConfig, tokenizer: Any, engine: Any, first_group_id: int = 0,
-                 env_factory: Callable[[EnvConfig], Any] | None = None):
-        self.mgr = RolloutManager(cfg, engine, PromptTemplate(tokenizer, cfg.tokenizer), env_factory=env_factory)
+                 env_factory: Callable[[EnvConfig], Any] | None = None, reward: Any = None):
+        # reward: a reward.RemoteReward over a shared reward actor (None: cfg.reward in this process)
+        self.mgr = RolloutManager(cfg, engine, PromptTemplate(tokenizer, cfg.tokenizer), env_factory=env_factory,
+                                  reward=reward)
         self.mgr.next_gid = first_group_id
 
     def start(self, version: int, state: dict[str, Any] | None = None) -> None:

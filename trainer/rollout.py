@@ -74,6 +74,8 @@ class Sample:
     format_errors: int = 0
     truncated: bool = False
     infra_error: str | None = None
+    # what the reward role added to ``reward`` (on the last turn), by verifier / "judge" (.reward)
+    reward_parts: dict[str, float] = field(default_factory=dict)
     env_id: str = ""
     task_id: Any = None
     group_id: int = -1
@@ -144,17 +146,23 @@ class PromptTemplate:
             last = len(self._base) - 1 - self._base[::-1].index(self.stop_id)
             self._after_stop = self._base[last + 1:]  # e.g. ChatML's "\n" after <|im_end|>
 
-    def _render(self, messages: list[dict], generation: bool) -> list[int]:
-        ids = self.tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=generation)
+    def _render(self, messages: list[dict], generation: bool, tools: list[dict] | None = None) -> list[int]:
+        ids = self.tok.apply_chat_template(messages, tools=tools or None, tokenize=True,
+                                           add_generation_prompt=generation)
         return list(ids if isinstance(ids, list) else ids["input_ids"])  # a BatchEncoding in newer transformers
 
     def _enc(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False)
 
-    def first(self, obs: str) -> list[int]:
+    def first(self, obs: str, tools: list[dict] | None = None) -> list[int]:
+        """The first prompt; ``tools`` (OpenAI function schemas an env offers in its reset
+        ``info["tools"]``) go to the chat template, which shows them as it was made to."""
         c = self.cfg
         if c.template == "chat":
-            return self._render(self._system + [{"role": "user", "content": obs}], generation=True)
+            return self._render(self._system + [{"role": "user", "content": obs}], generation=True, tools=tools)
+        if tools:
+            raise ValueError("tokenizer.template: prefixes cannot show the tools the env offers "
+                             "(use a tokenizer with a chat template and template: chat)")
         return self._enc(f"{c.system}{c.user_prefix}{obs}{c.user_suffix}{c.assistant_prefix}")
 
     def next(self, obs: str, reply_stopped: bool) -> list[int]:
@@ -343,7 +351,7 @@ async def run_episode(env: Any, template: PromptTemplate, gen: BatchingGenerator
             if ids is None:
                 return s
         else:
-            ids = template.first(obs) if start is None else start.token_ids
+            ids = template.first(obs, info.get("tools")) if start is None else start.token_ids
         s.token_ids, s.mask, s.behav_logp = list(ids), [0] * len(ids), [0.0] * len(ids)
         for turn in range(max_turns):
             if trace is not None:
@@ -446,7 +454,7 @@ class RolloutManager:
     """
 
     def __init__(self, cfg: TrainConfig, engine: Any, template: PromptTemplate, *,
-                 env_factory: Callable[[EnvConfig], Any] | None = None):
+                 env_factory: Callable[[EnvConfig], Any] | None = None, reward: Any = None):
         self.cfg, self.engine, self.template = cfg, engine, template
         r = cfg.rollout
         self.G, self.r, self.alpha, self.bg = r.group_size, r.redundant, r.async_ratio, r.batch_groups
@@ -454,10 +462,18 @@ class RolloutManager:
         fp = cfg.algorithm.format_penalty
         self.env_factory = env_factory or (lambda spec: make_env(spec, fp))
         self.sampling = SamplingParams(temperature=cfg.generation.temperature, top_p=cfg.generation.top_p,
+                                       top_k=cfg.generation.top_k,
                                        max_new_tokens=cfg.generation.max_new_tokens,
                                        stop_token_ids=[template.stop_id],
                                        allowed_token_ids=allowed_token_ids(template.tok, cfg.generation.allowed_tokens))
         self.rng = random.Random(cfg.seed)
+        # verifiers and the judge score each episode as it finishes: in this process, or
+        # ``reward`` (a reward.RemoteReward: the role in a Ray actor)
+        self.reward = reward
+        if reward is None and cfg.reward.active:
+            from .reward import RewardRole  # it builds on this module
+
+            self.reward = RewardRole(cfg, template.tok)
         cur = r.curriculum
         self.curriculum = Curriculum(cur.promote_at, cur.window) if cur.enabled else None
         self.version = 0
@@ -586,7 +602,8 @@ class RolloutManager:
         tasks cycle through the env's ``task_ids``, and the env and sampling seeds come from
         ``seed`` alone: evaluations at different steps play the same episodes, so their success
         rates compare. Training rollouts keep running meanwhile and share the generator's
-        batches; episodes that hit an infrastructure error are left out and counted."""
+        batches; the reward role scores them as it scores training episodes; episodes that hit
+        an infrastructure error (the judge's included) are left out and counted."""
         if self._loop is None:
             raise RuntimeError("evaluate() needs a started RolloutManager")
         return asyncio.run_coroutine_threadsafe(self._evaluate(episodes, seed), self._loop).result()
@@ -603,6 +620,8 @@ class RolloutManager:
                     max_turns=cfg.rollout.max_turns, max_seq_len=cfg.rollout.max_seq_len,
                     max_new_tokens=cfg.generation.max_new_tokens, executor=self._env_exec)
                 s.env_id = spec.id
+                if self.reward is not None:  # eval rewards mean what training rewards mean
+                    await self.reward.ascore(s)
                 return s
             finally:
                 env.close()
@@ -663,6 +682,8 @@ class RolloutManager:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self.gen.aclose()
+            if self.reward is not None:
+                await self.reward.aclose()
 
     async def _guard(self, coro) -> None:
         try:
@@ -708,6 +729,10 @@ class RolloutManager:
                 env, self.template, self.gen, seed=seed, task_id=task, sample_seed=_mix(cfg.seed, gid, i),
                 max_turns=cfg.rollout.max_turns, max_seq_len=cfg.rollout.max_seq_len,
                 max_new_tokens=cfg.generation.max_new_tokens, executor=self._env_exec, start=start, trace=turns)
+            s.env_id = spec.id
+            if self.reward is not None and not s.infra_error:  # while the group's other episodes play on
+                await self.reward.ascore(s)
+                self.counters["reward_infra_errors"] += int(bool(s.infra_error))
             return s, turns
 
         envs = [self.env_factory(spec) for _ in range(self.G + self.r)]
@@ -792,6 +817,8 @@ def batch_metrics(groups: list[Group], step: int) -> dict[str, float]:
         out["rollout/response_tokens"] = sum(sum(s.mask) for s in ss) / len(ss)
         out["rollout/seq_len"] = sum(len(s.token_ids) for s in ss) / len(ss)
         out["rollout/staleness_max"] = float(max(step - s.version for s in ss))
+        for part in sorted({k for s in ss for k in s.reward_parts}):  # the reward role's, by source
+            out[f"reward/{part}"] = sum(s.reward_parts.get(part, 0.0) for s in ss) / len(ss)
     return out
 
 

@@ -19,6 +19,7 @@ from . import credit as C
 from . import rhythm as R
 from .config import AlgorithmConfig
 from .rollout import Group
+from .sampling import processed_logits
 
 __all__ = ["ADVANTAGES", "LOSSES", "Batch", "collate", "compute_advantages", "compute_loss", "target_logp",
            "token_logp", "update_policy"]
@@ -95,32 +96,39 @@ def collate(groups: list[Group], pad_id: int) -> Batch:
 LOGP_CHUNK = 1024  # sequence positions per slice of the fp32 log-prob computation
 
 
-def _slice_logp(logits, targets, temperature: float, allowed=None):
-    logits = logits.float() / temperature  # the only fp32 copy of (a slice of) the logits
-    over = logits if allowed is None else logits.index_select(-1, allowed)
-    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - over.logsumexp(-1)
+def _slice_logp(logits, targets, temperature: float, allowed=None, top_k: int = 0, top_p: float = 1.0):
+    # the only fp32 copy of (a slice of) the logits: the generator's processed distribution.
+    # The target's logit is read from the unmasked logits: a target outside the support (an
+    # observation token, masked out of every loss; a sampled token that a moved policy's own
+    # top-p set leaves out) gets logit - logsumexp(support), finite, never -inf (whose ratios
+    # and gradients would be NaN); inside it, this is exactly the processed log-prob.
+    lse = processed_logits(logits, temperature, top_k, top_p, allowed).logsumexp(-1)
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1).float() / temperature - lse
 
 
-def target_logp(logits, targets, temperature: float, chunk: int = LOGP_CHUNK, allowed=None):
+def target_logp(logits, targets, temperature: float, chunk: int = LOGP_CHUNK, allowed=None, top_k: int = 0,
+                top_p: float = 1.0):
     """log softmax(logits / temperature)[target], (B, T), without a full-vocabulary fp32 tensor
     for all positions: ``logit[target] - logsumexp(logits)`` in fp32, ``chunk`` positions at a
     time. Under autograd each slice is checkpointed (recomputed in backward rather than
     keeping its fp32 logits), which keeps the peak near 1.5x the fp32 size of ``logits``
     instead of about 4x (bf16 logits of a 0.5B model: 150k vocabulary x 16k tokens is 10 GB
-    in fp32). ``allowed`` (a LongTensor of token ids, constrained decoding): the softmax is
-    over those ids only, the distribution the generator sampled from."""
+    in fp32). ``allowed`` (a LongTensor of token ids, constrained decoding), ``top_k`` and
+    ``top_p``: the softmax is over the tokens the generator could sample from, renormalised
+    (:func:`~.sampling.processed_logits`)."""
     parts = []
     for lg, tg in zip(logits.split(chunk, 1), targets.split(chunk, 1)):
         if torch.is_grad_enabled() and lg.requires_grad:
-            parts.append(torch.utils.checkpoint.checkpoint(_slice_logp, lg, tg, temperature, allowed,
+            parts.append(torch.utils.checkpoint.checkpoint(_slice_logp, lg, tg, temperature, allowed, top_k, top_p,
                                                            use_reentrant=False))
         else:
-            parts.append(_slice_logp(lg, tg, temperature, allowed))
+            parts.append(_slice_logp(lg, tg, temperature, allowed, top_k, top_p))
     return torch.cat(parts, 1)
 
 
-def token_logp(policy_forward, batch: Batch, temperature: float, micro_batch_size: int = 0, allowed=None):
-    """log pi(target_t) with logits / temperature (the distribution the generator sampled),
+def token_logp(policy_forward, batch: Batch, temperature: float, micro_batch_size: int = 0, allowed=None,
+               top_k: int = 0, top_p: float = 1.0):
+    """log pi(target_t) with logits / temperature, top-k and top-p (the distribution the generator sampled),
     and values if the module has a value head (else None), by :func:`target_logp`.
 
     Forwards ``micro_batch_size`` sequences at a time (0: all at once) and concatenates: for
@@ -134,7 +142,8 @@ def token_logp(policy_forward, batch: Batch, temperature: float, micro_batch_siz
     for mb in parts:
         n = int(mb.attention_mask.sum(-1).max())  # sequences are left-aligned: columns >= n are padding
         logits, v = policy_forward(mb.input_ids[:, :n], mb.attention_mask[:, :n])
-        lp = target_logp(logits[:, :-1], mb.targets[:, : n - 1], temperature, allowed=allowed)
+        lp = target_logp(logits[:, :-1], mb.targets[:, : n - 1], temperature, allowed=allowed, top_k=top_k,
+                         top_p=top_p)
         del logits  # this micro-batch's logits go before the next forward
         # back to the batch's width (the padding positions are masked out everywhere)
         logps.append(torch.nn.functional.pad(lp, (0, width - (n - 1))))
@@ -262,14 +271,16 @@ def _rows(x, idx):
 
 
 def update_policy(policy, a: AlgorithmConfig, batch: Batch, temperature: float,
-                  allowed_ids: list[int] | None = None, aux: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
+                  allowed_ids: list[int] | None = None, aux: dict[str, torch.Tensor] | None = None,
+                  top_k: int = 0, top_p: float = 1.0) -> dict[str, float]:
     """One training step on a batch: advantages, then ppo_epochs x mini_batches optimizer steps.
 
     A mini-batch runs in micro-batches of ``engine.micro_batch_size`` sequences (0: at once):
     each is forwarded and backwarded with its loss normalised by the *mini-batch's* token /
     sequence counts, and their gradients accumulate into the mini-batch's one optimizer step,
     the same step as unsplit. The batch moves to the policy's device first. ``allowed_ids``:
-    the token ids of constrained decoding (``generation.allowed_tokens``), None for all.
+    the token ids of constrained decoding (``generation.allowed_tokens``), None for all;
+    ``top_k``, ``top_p``: the generator's truncation, applied to every log-prob here too.
     ``aux``: what the batch roles computed on this batch (:class:`~.roles.BatchRole`), tensors
     aligned with its rows: ``ref_logp`` (B, T), the frozen reference's log-probs (KL);
     ``credit_scale`` (B, T), the attention-rhythm scale of each token's advantage.
@@ -284,7 +295,7 @@ def update_policy(policy, a: AlgorithmConfig, batch: Batch, temperature: float,
     ref_logp, credit = aux.get("ref_logp"), aux.get("credit_scale")
     with torch.no_grad():
         old_logp, old_values = (None, None) if single else token_logp(policy.forward, batch, temperature, micro,
-                                                                      allowed)
+                                                                      allowed, top_k, top_p)
 
     def advantages(old, values):
         ref = ref_logp if ref_logp is not None else old
@@ -300,7 +311,7 @@ def update_policy(policy, a: AlgorithmConfig, batch: Batch, temperature: float,
             micro_metrics = []
             for i, idx in enumerate(parts):
                 mb = batch if single else batch.select(idx)
-                logp, values = token_logp(policy.forward, mb, temperature, allowed=allowed)
+                logp, values = token_logp(policy.forward, mb, temperature, allowed=allowed, top_k=top_k, top_p=top_p)
                 if single:
                     old_logp = logp.detach()
                     adv, returns = advantages(old_logp, values)

@@ -234,6 +234,12 @@ class ProxyMode:
             return answer_of_response(call.kind, resp.json())
         raise ModeError(502, f"{last} (after {self.retries + 1} attempts)", code="upstream_error")
 
+    async def aclose(self) -> None:
+        """Close the HTTP client (in the loop that used it); the next call opens another."""
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
 
 def answer_of_response(kind: str, data: dict) -> Answer:
     """An OpenAI response body (chat or completion) as an ``Answer``."""

@@ -485,9 +485,12 @@ def test_the_built_tokenizers_chat_template_frames_turns_as_the_prefixes_do(tok,
     for obs in ["FrozenLake.\nP___", "Moves: Right.\n\n_P__"]:
         assert a.first(obs) == b.first(obs)
         assert a.next(obs, True) == b.next(obs, True) and a.next(obs, False) == b.next(obs, False)
-    custom = load_config({"tokenizer": {"user_prefix": "<|bos|>"}})  # the template follows the config
+    # hand-typed prefixes frame turns only for template: prefixes; with chat they are an error
+    custom = load_config({"tokenizer": {"template": "prefixes", "user_prefix": "<|bos|>"}})
     t = load_tokenizer(custom.tokenizer, [EnvConfig(id=LAT)], tmp_path / "tok")
     assert t.decode(PromptTemplate(t, custom.tokenizer).first("Say")) == "<|bos|>Say<|end|><|assistant|>"
+    with pytest.raises(ConfigError, match=r"tokenizer\.user_prefix: read only with template: prefixes"):
+        load_config({"tokenizer": {"user_prefix": "<|bos|>"}})
 
 
 def test_chat_framing_needs_a_chat_template(chatml_tok):

@@ -22,7 +22,7 @@ from rockroll.trainer.config import AlgorithmConfig, load_config  # noqa: E402
 from rockroll.trainer.controller import train  # noqa: E402
 from rockroll.trainer.engines import SamplingParams, VLLMEngine  # noqa: E402
 from rockroll.trainer.rollout import Group, PromptTemplate, Sample  # noqa: E402
-from rockroll.trainer.update import collate, update_policy  # noqa: E402
+from rockroll.trainer.update import collate, target_logp, update_policy  # noqa: E402
 
 T = 0.8  # a temperature != 1: the reported log-probs must be those of the sampled distribution
 
@@ -132,3 +132,23 @@ def test_allowed_token_ids_constrain_and_renormalise(run):
         assert o.logprobs == pytest.approx(expected, abs=2e-4)
         whole = torch.log_softmax(logits, -1)  # over the whole vocabulary: lower, not what was sampled
         assert all(lp > whole[i, t].item() + 1e-3 for i, (t, lp) in enumerate(zip(o.token_ids, o.logprobs)))
+
+
+@pytest.mark.parametrize("top_k, top_p", [(0, 0.6), (8, 1.0), (8, 0.9)])
+def test_top_k_top_p_log_probs_are_the_trainers(run, top_k, top_p):
+    """vLLM's processed log-probs under top-k and top-p are what the trainer computes under the
+    same truncation (``trainer/sampling.py``: the ratios compare the sampled distribution);
+    the untruncated softmax's would be lower on every sampled token."""
+    lm, stop = run["policy"].module.lm, run["template"].stop_id
+    prompts = _prompts(run)
+    sampling = SamplingParams(temperature=T, top_k=top_k, top_p=top_p, max_new_tokens=4, stop_token_ids=[stop],
+                              seeds=[31, 32, 33])
+    outs = run["generator"].generate(prompts, sampling)
+    for p, o in zip(prompts, outs):
+        with torch.no_grad():
+            logits = lm(input_ids=torch.tensor([p + o.token_ids])).logits[:, len(p) - 1: -1]
+            targets = torch.tensor([o.token_ids])
+            lp = target_logp(logits, targets, T, top_k=top_k, top_p=top_p)[0].tolist()
+            plain = target_logp(logits, targets, T)[0].tolist()
+        assert o.logprobs == pytest.approx(lp, abs=2e-4)
+        assert all(b > a + 1e-3 for a, b in zip(plain, o.logprobs))

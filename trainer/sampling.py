@@ -1,0 +1,51 @@
+"""The processed distribution a generator samples from, written once for the generator and
+the trainer: so the trainer's log-probs of generated tokens are those of the distribution the
+generator drew them from, and every importance ratio compares like with like.
+
+From a position's logits, in vLLM's order: constrained decoding (``allowed``: every other
+token removed), temperature, top-k (the ``k`` largest logits, ties at the k-th kept), then
+top-p over what top-k left (the smallest set of most likely tokens whose mass reaches ``p``:
+a token stays while the mass of the tokens above it is below ``p``). Removed tokens get
+``-inf``; the softmax over the rest renormalises. The truncation is a set, decided without
+gradient: the trainer differentiates the renormalised log-prob of the kept set.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["processed_logits", "truncated"]
+
+
+@torch.no_grad()
+def truncated(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor | None:
+    """Bool (..., V): True where top-k / top-p remove a token of ``logits`` (temperature and
+    masks already applied); None when neither truncates."""
+    V = logits.shape[-1]
+    removed = None
+    if 0 < top_k < V:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        removed = logits < kth
+    if top_p < 1.0:
+        lg = logits if removed is None else logits.masked_fill(removed, float("-inf"))
+        sorted_lg, idx = lg.sort(-1, descending=True)
+        p = sorted_lg.softmax(-1)
+        above = p.cumsum(-1) - p  # mass of the tokens ranked above each one
+        by_p = torch.zeros_like(removed if removed is not None else logits, dtype=torch.bool)
+        by_p.scatter_(-1, idx, above >= top_p)
+        removed = by_p if removed is None else removed | by_p
+    return removed
+
+
+def processed_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                     allowed: torch.Tensor | None = None) -> torch.Tensor:
+    """fp32 logits of the distribution sampled from (``log_softmax`` of them: its log-probs),
+    ``-inf`` outside its support. ``allowed``: a LongTensor of the token ids constrained
+    decoding may use (None: all)."""
+    lg = logits.float() / temperature  # a new tensor: the masks below go in place (one fp32 copy)
+    if allowed is not None:
+        mask = torch.full((lg.shape[-1],), float("-inf"), device=lg.device)
+        mask[allowed.to(lg.device)] = 0.0
+        lg.add_(mask)
+    removed = truncated(lg, top_k, top_p)
+    return lg if removed is None else lg.masked_fill_(removed, float("-inf"))
