@@ -27,6 +27,7 @@ import torch
 
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import EnvConfig, TrainConfig, config_to_dict
+from .critics import CriticsRole
 from .engines import TransformersEngine, VLLMEngine
 from .models import allowed_token_ids, build_model, load_tokenizer
 from .policy import ActorModule, make_policy
@@ -171,8 +172,8 @@ def build_policy(cfg: TrainConfig, lm) -> Any:
 def batch_role_classes(cfg: TrainConfig) -> list[type]:
     """The batch roles a config asks for. Each is built as ``cls(cfg, lm, tokenizer)``, ``lm``
     a copy of the policy's starting model of its own (which a role may ignore): the KL
-    reference when ``algorithm.kl_coef > 0``."""
-    return [ReferenceRole] if cfg.algorithm.kl_coef > 0 else []
+    reference when ``algorithm.kl_coef > 0``, AsyPPO's mini-critics for ``algorithm.name: asyppo``."""
+    return ([ReferenceRole] if cfg.algorithm.kl_coef > 0 else []) + ([CriticsRole] if cfg.algorithm.spec.critics else [])
 
 
 def batch_roles(cfg: TrainConfig, lm, tokenizer: Any) -> list[BatchRole]:
