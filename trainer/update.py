@@ -344,6 +344,8 @@ def update_policy(policy, a: AlgorithmConfig, batch: Batch, temperature: float,
                 mb = batch if single else batch.select(idx)
                 logp, values, entropy = token_logp(policy.forward, mb, temperature, allowed=allowed,
                                                    with_entropy=True)
+                if a.entropy_coef == 0:  # a metric only: its graph would keep this micro-batch's logits alive
+                    entropy = entropy.detach()
                 if single:
                     old_logp = logp.detach()
                     adv, returns = advantages(old_logp, values)

@@ -129,3 +129,16 @@ def test_two_workers_two_generators_collective_sync(tmp_path, local_ray):
         assert len(samples) == 6 and all(s.version == 1 and set(s.versions) == {1} for s in samples)
     finally:
         roles.close()
+
+
+def test_asyppo_critics_train_in_an_actor_of_their_own(tmp_path, local_ray):
+    """algorithm asyppo on Ray: the CriticsRole runs in its own actor (a batch role), annotates
+    the steps' values for the trainer actor and trains on its shards: both critics report."""
+    from rockroll.trainer import train
+
+    out = train(run_config(tmp_path, ray={"enabled": True, "num_env_workers": 2}, algorithm__name="asyppo",
+                           algorithm__critics={"hidden_size": 16, "intermediate_size": 16},
+                           logging__tensorboard=False, logging__plot=False))
+    for h in out["history"]:
+        assert h["critic/0/value_loss"] > 0 and h["critic/1/value_loss"] > 0
+        assert 0 <= h["asyppo/adv_masked_frac"] < 1 and h["loss/entropy"] > 0
