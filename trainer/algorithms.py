@@ -358,7 +358,8 @@ def raft_accept(rewards: Tensor, group_ids: Tensor, *, top_k: int, min_reward: f
     B = r.shape[0]
     idx = torch.arange(B, device=r.device)
     same = group_ids.unsqueeze(0) == group_ids.unsqueeze(1)                          # [i, j]: j in i's group
-    before = (r.unsqueeze(0) > r.unsqueeze(1)) | ((r.unsqueeze(0) == r.unsqueeze(1)) & (idx.unsqueeze(0) < idx.unsqueeze(1)))
+    rj, ri = r.unsqueeze(0), r.unsqueeze(1)
+    before = (rj > ri) | ((rj == ri) & (idx.unsqueeze(0) < idx.unsqueeze(1)))       # [i, j]: j ranks before i
     ahead = (same & before).float() @ w                                              # episodes ranked before row i
     ok = torch.ones(B, dtype=torch.bool, device=r.device)
     if top_k > 0:

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "AlgorithmConfig", "CheckpointConfig", "ConfigError", "CriticsConfig", "RAFTConfig", "CurriculumConfig", "EngineConfig", "EnvConfig", "EvalConfig",
+    "AlgorithmConfig", "CheckpointConfig", "ConfigError", "CurriculumConfig", "EngineConfig", "EnvConfig", "EvalConfig",
     "GenerationConfig", "IPAConfig", "LoggingConfig", "ModelConfig", "RayConfig", "RolloutConfig",
     "TokenizerConfig", "TrainConfig", "config_to_dict", "load_config",
+    "CriticsConfig", "RAFTConfig",
 ]
 
 TURN_CREDIT = ("outcome", "discounted")

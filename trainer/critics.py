@@ -86,10 +86,11 @@ class CriticsRole:
         r_tok = A.outcome_on_last_token(batch.rewards, batch.mask)
         _, returns = A.gae(r_tok, aux["values"].cpu(), batch.mask, gamma=a.gamma, lam=a.lam)
         metrics, losses = {}, []
-        for i, (critic, opt, shard) in enumerate(zip(self.critics, self.optimizers, shards(groups, len(self.critics)))):
+        parts = shards(groups, len(self.critics))
+        for i, (critic, opt, shard) in enumerate(zip(self.critics, self.optimizers, parts)):
             gids = [g.group_id for g in shard]
             self.seen[i] = gids
-            rows = torch.nonzero(torch.isin(batch.group_ids, torch.tensor(gids, dtype=batch.group_ids.dtype))).squeeze(-1)
+            rows = torch.isin(batch.group_ids, torch.tensor(gids, dtype=batch.group_ids.dtype)).nonzero().squeeze(-1)
             if not len(rows):
                 continue
             mb = batch.select(rows)

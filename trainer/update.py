@@ -246,7 +246,8 @@ LOSSES: dict[str, Callable] = {
 
 
 def compute_loss(a: AlgorithmConfig, logp, old_logp, adv, batch: Batch, ref_logp=None, values=None,
-                 returns=None, norm_mask=None, entropy=None, entropy_mask=None) -> tuple[torch.Tensor, dict[str, float]]:
+                 returns=None, norm_mask=None, entropy=None,
+                 entropy_mask=None) -> tuple[torch.Tensor, dict[str, float]]:
     """The configured policy loss over masked response tokens (+ KL, + value loss, - entropy bonus).
 
     Ratios: PPO's clip (grpo, ppo, reinforce_pp) is taken against the proximal policy

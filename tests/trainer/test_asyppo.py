@@ -7,12 +7,13 @@ import pytest
 import torch
 
 from rockroll.trainer import algorithms as A
-from rockroll.trainer.config import AlgorithmConfig, ConfigError, CriticsConfig, ModelConfig, RAFTConfig, load_config
+from rockroll.trainer.config import (
+    AlgorithmConfig, ConfigError, CriticsConfig, EngineConfig, ModelConfig, RAFTConfig, load_config,
+)
 from rockroll.trainer.controller import train
 from rockroll.trainer.critics import CriticsRole
 from rockroll.trainer.models import build_model
 from rockroll.trainer.policy import ActorModule, make_policy
-from rockroll.trainer.config import EngineConfig
 from rockroll.trainer.rollout import Group, Sample
 from rockroll.trainer.update import collate, compute_loss, token_entropy, token_logp, update_policy
 
@@ -70,7 +71,8 @@ def test_raft_accepts_the_best_of_each_group_above_the_threshold():
     assert A.raft_accept(r, g, top_k=0, min_reward=0.0).tolist() == [0, 1, 1, 1, 1, 1, 0]
     # an episode split into two rows (weights 1/2) counts once: both its rows are the best one
     w = t([1.0, 0.5, 0.5, 1.0])
-    assert A.raft_accept(t([0.0, 1.0, 1.0, 0.5]), torch.tensor([0, 0, 0, 0]), top_k=1, weights=w).tolist() == [0, 1, 1, 0]
+    acc = A.raft_accept(t([0.0, 1.0, 1.0, 0.5]), torch.tensor([0, 0, 0, 0]), top_k=1, weights=w)
+    assert acc.tolist() == [0, 1, 1, 0]
 
 
 def test_sft_loss_is_the_nll_of_the_accepted_tokens():
