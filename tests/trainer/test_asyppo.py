@@ -206,9 +206,9 @@ def test_agreed_states_get_no_policy_gradient():
     g = g[:, :-1].abs().sum(-1)  # position t predicts target t
     assert agree.any() and (g[agree] == 0).all()
     assert (g[batch.mask & ~agree] > 0).all()
-    close(met["asyppo/adv_masked_frac"], agree.sum() / batch.mask.sum())
+    close(met["asyppo/adv_masked_frac"], float(agree.sum() / batch.mask.sum()))
     assert 0 < disagree.sum() < agree.sum()
-    close(met["asyppo/entropy_excluded_frac"], disagree.sum() / batch.mask.sum())
+    close(met["asyppo/entropy_excluded_frac"], float(disagree.sum() / batch.mask.sum()))
     assert met["loss/entropy"] > 0
 
 
