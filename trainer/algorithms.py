@@ -21,6 +21,7 @@ Every function is a pure function of tensors. Shared conventions:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -141,6 +142,17 @@ def reinforce_pp_advantages(rewards: Tensor, mask: Tensor, logp_old: Tensor, ref
     mean = masked_mean(returns, m)
     std = masked_mean((returns - mean) ** 2, m).sqrt()
     return torch.where(m, (returns - mean) / (std + eps), 0.0)
+
+
+def outcome_on_last_token(rewards: Tensor, mask: Tensor) -> Tensor:
+    """Per-token rewards (B, T) for an outcome reward (B,): R on each row's last masked token,
+    0 elsewhere (a row with an empty mask gets it on token 0, where the mask drops it)."""
+    m = _bool(mask)
+    pos = torch.arange(m.shape[-1], device=m.device).expand_as(m)
+    last = torch.where(m, pos, -1).max(-1).values.clamp(min=0)
+    r_tok = torch.zeros(m.shape, dtype=torch.float32, device=m.device)
+    r_tok[torch.arange(m.shape[0], device=m.device), last] = rewards.float()
+    return r_tok
 
 
 def gae(rewards_tok: Tensor, values: Tensor, mask: Tensor, *, gamma: float,
@@ -310,6 +322,82 @@ def cispo_loss(logp: Tensor, behav_logp: Tensor, advantages: Tensor, mask: Tenso
     return loss, metrics
 
 
+def sft_loss(logp: Tensor, weights: Tensor, mask: Tensor, *, agg: str = "token-mean",
+             denom: Tensor | float | None = None) -> tuple[Tensor, dict]:
+    """Maximum likelihood on weighted sequences (RAFT's fine-tuning step), scalar loss + metrics.
+
+    l_t = -w_b * logp_t with ``weights`` (B,) detached (RAFT: 1 on accepted samples, 0 on the
+    rest). Rejected tokens stay in the denominator: the step shrinks when few samples are
+    accepted, as a REINFORCE step with 0/1 rewards would. Metrics: accepted_frac (of the
+    sequences), nll_accepted (mean -logp over the accepted sequences' tokens).
+    """
+    m = _bool(mask)
+    w = weights.detach().float()
+    loss = aggregate(-w.unsqueeze(-1) * logp, m, agg, denom)
+    with torch.no_grad():
+        acc = m & (w > 0).unsqueeze(-1)
+        metrics = {
+            "accepted_frac": (w > 0).float().mean().item() if w.numel() else 0.0,
+            "nll_accepted": masked_mean(-logp, acc).item(),
+        }
+    return loss, metrics
+
+
+def raft_accept(rewards: Tensor, group_ids: Tensor, *, top_k: int, min_reward: float | None = None,
+                weights: Tensor | None = None) -> Tensor:
+    """RAFT's rejection sampling (Dong et al. 2023), (B,) -> (B,) float: 1 accepted, 0 rejected.
+
+    Within each group, rows are ranked by reward (ties: the earlier row first); a row is
+    accepted if fewer than ``top_k`` episodes rank before it (``top_k`` = 0: no limit) and its
+    reward is > ``min_reward`` (None: no threshold). ``weights`` (B,), as in
+    :func:`grpo_advantages`: an episode split into n consecutive rows weighs 1/n per row, so
+    the rank counts episodes.
+    """
+    r = rewards.float()
+    w = torch.ones_like(r) if weights is None else weights.to(r)
+    B = r.shape[0]
+    idx = torch.arange(B, device=r.device)
+    same = group_ids.unsqueeze(0) == group_ids.unsqueeze(1)                          # [i, j]: j in i's group
+    rj, ri = r.unsqueeze(0), r.unsqueeze(1)
+    before = (rj > ri) | ((rj == ri) & (idx.unsqueeze(0) < idx.unsqueeze(1)))       # [i, j]: j ranks before i
+    ahead = (same & before).float() @ w                                              # episodes ranked before row i
+    ok = torch.ones(B, dtype=torch.bool, device=r.device)
+    if top_k > 0:
+        ok &= ahead < top_k - 1e-6
+    if min_reward is not None:
+        ok &= r > min_reward
+    return ok.float()
+
+
+def uncertainty_masks(value_std: Tensor, mask: Tensor, *, mask_quantile: float,
+                      entropy_quantile: float) -> tuple[Tensor, Tensor]:
+    """AsyPPO's uncertainty-aware loss reconstruction (Liu et al. 2025): (agree, disagree), bool (B, T).
+
+    ``value_std`` (B, T): the spread of the mini-critics' values per state. Of the n masked
+    states of the batch ranked by std,
+        agree    = the floor(mask_quantile * n) lowest: advantage masked to 0 (the critics are
+                   sure, the gradient adds little signal),
+        disagree = the floor((1 - entropy_quantile) * n) highest: left out of the entropy
+                   bonus (exploring where the value is unknown is spurious),
+    i.e. the states below / above those quantiles of the std. By rank rather than by
+    comparing to the quantile's value: identical states (every episode's first turn on one
+    map) tie, and a tie at the threshold would mask all or none of them. Ties go by position
+    (the earlier state ranks lower). Quantile 0 / 1 switch each effect off.
+    """
+    m = _bool(mask)
+    s = value_std.detach().float().flatten()
+    on = m.flatten().nonzero().squeeze(-1)
+    order = on[s[on].argsort(stable=True)]  # masked positions, lowest std first
+    n = order.numel()
+    n_agree = math.floor(mask_quantile * n + 1e-9)
+    n_disagree = math.floor((1 - entropy_quantile) * n + 1e-9)
+    agree = torch.zeros(m.numel(), dtype=torch.bool, device=m.device)
+    disagree = torch.zeros_like(agree)
+    agree[order[:n_agree]] = True
+    disagree[order[n - n_disagree:]] = True
+    return agree.view_as(m), disagree.view_as(m)
+
+
 # --------------------------------------------------------------------------- the table
 # What each ``algorithm.name`` runs, by name: an advantage estimator and a policy loss (the
 # functions :mod:`.update` runs on a batch under these names: ``update.ADVANTAGES`` and
@@ -321,6 +409,7 @@ LOSS_KEYS: dict[str, tuple[str, ...]] = {
     "topr": (),                                                     # no clip: TOPR tapers by the sequence ratio
     "cispo": ("clip_low", "clip_high"),                             # ratio to the generator, directly
     "ipa": ("clip_low", "clip_high"),                               # chunk ratios (ipa.ratio_low/high)
+    "sft": (),                                                      # maximum likelihood, no ratio (raft)
 }
 ADVANTAGE_KEYS: dict[str, tuple[str, ...]] = {
     "grpo": ("std_normalize",),
@@ -329,6 +418,7 @@ ADVANTAGE_KEYS: dict[str, tuple[str, ...]] = {
     "reinforce_pp": (),                     # kl_coef shapes its per-token reward
     "turn": ("std_normalize", "gamma"),     # turn_credit=discounted (credit.turn_advantages)
     "ipa": ("std_normalize",),              # ipa.enabled (credit.ipa_advantages, ipa.gamma)
+    "raft": (),                             # 0/1 acceptance weights (algorithm.raft.*)
 }
 
 
@@ -338,7 +428,8 @@ class AlgorithmSpec:
     :data:`ADVANTAGE_KEYS` / :data:`LOSS_KEYS`), a critic (value head, GAE, ``vf_coef``),
     whether the KL to the reference is part of the reward (then not of the loss), and which
     credit options apply (``turn_credit: discounted``, ``ipa.enabled``: group-normalised
-    advantages only)."""
+    advantages only). ``critics``: separate mini-critics (:mod:`.critics`, AsyPPO) give the
+    values, and their disagreement reshapes the loss (``algorithm.critics.*``)."""
 
     advantages: str
     loss: str
@@ -346,6 +437,7 @@ class AlgorithmSpec:
     kl_in_reward: bool = False
     turn_credit: bool = False
     ipa: bool = False
+    critics: bool = False
 
     def parts(self, turn_credit: str = "outcome", ipa: bool = False) -> tuple[str, str]:
         """(advantage estimator, loss) with the credit options applied where they apply:
@@ -369,4 +461,6 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
     "reinforce_pp": AlgorithmSpec("reinforce_pp", "ppo_clip", kl_in_reward=True),
     "topr": AlgorithmSpec("dr_grpo", "topr"),
     "cispo": AlgorithmSpec("grpo", "cispo", turn_credit=True),
+    "asyppo": AlgorithmSpec("gae", "ppo_clip", critics=True),
+    "raft": AlgorithmSpec("raft", "sft"),
 }

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "AlgorithmConfig", "CheckpointConfig", "ConfigError", "CurriculumConfig", "EngineConfig", "EnvConfig", "EvalConfig",
-    "GenerationConfig", "IPAConfig", "JudgeConfig", "LoggingConfig", "ModelConfig", "RayConfig", "RewardConfig",
-    "RhythmConfig", "RolloutConfig", "TokenizerConfig", "TrainConfig", "VerifierConfig", "config_to_dict", "load_config",
+    "AlgorithmConfig", "CheckpointConfig", "ConfigError", "CriticsConfig", "CurriculumConfig", "EngineConfig", "EnvConfig",
+    "EvalConfig", "GenerationConfig", "IPAConfig", "JudgeConfig", "LoggingConfig", "ModelConfig", "RAFTConfig", "RayConfig",
+    "RewardConfig", "RhythmConfig", "RolloutConfig", "TokenizerConfig", "TrainConfig", "VerifierConfig", "config_to_dict",
+    "load_config",
 ]
 
 TURN_CREDIT = ("outcome", "discounted")
@@ -203,6 +204,52 @@ class RhythmConfig:
 
 
 @dataclass
+class CriticsConfig:
+    """AsyPPO's mini-critics (``algorithm.name: asyppo``, :mod:`rockroll.trainer.critics`):
+    ``count`` small value models of their own (a tiny Llama of these dims, or ``name_or_path``),
+    each trained with its own optimizer on a disjoint prompt-level shard of every batch (a
+    step's groups dealt out among them). Their mean value is the GAE baseline; the spread
+    (std) of their values per state reshapes the policy loss: the states where they agree most
+    (the ``mask_quantile`` fraction of the batch's response states with the lowest std) get
+    advantage 0, those where they disagree most (the ``1 - entropy_quantile`` fraction with the
+    highest std) are left out of the entropy bonus (``algorithm.entropy_coef``)."""
+
+    count: int = 2
+    name_or_path: str | None = None
+    hidden_size: int = 64
+    num_layers: int = 1
+    num_heads: int = 1
+    intermediate_size: int = 128
+    lr: float = 1e-3
+    mask_quantile: float = 0.2      # 0: mask no advantage
+    entropy_quantile: float = 0.8   # 1: exclude no state from the entropy bonus
+
+    def validate(self, p: str) -> None:
+        _check(self.count >= 2, f"{p}.count", "must be >= 2 (AsyPPO's uncertainty is their disagreement)")
+        for k in ("hidden_size", "num_layers", "num_heads", "intermediate_size"):
+            _check(getattr(self, k) >= 1, f"{p}.{k}", "must be >= 1")
+        _check(self.hidden_size % self.num_heads == 0, f"{p}.num_heads", "must divide hidden_size")
+        _check(self.lr > 0, f"{p}.lr", "must be > 0")
+        _check(0 <= self.mask_quantile <= 1, f"{p}.mask_quantile", "must be in [0, 1]")
+        _check(0 <= self.entropy_quantile <= 1, f"{p}.entropy_quantile", "must be in [0, 1]")
+
+
+@dataclass
+class RAFTConfig:
+    """RAFT (``algorithm.name: raft``): per group, the ``top_k`` samples of highest reward are
+    accepted (0: no rank limit), and only those whose reward is above ``min_reward`` (null: no
+    threshold); the policy trains by maximum likelihood on the accepted samples."""
+
+    top_k: int = 1
+    min_reward: float | None = None
+
+    def validate(self, p: str) -> None:
+        _check(self.top_k >= 0, f"{p}.top_k", "must be >= 0")
+        _check(self.top_k > 0 or self.min_reward is not None, f"{p}.top_k",
+               "0 (no rank limit) needs a min_reward, else every sample is accepted")
+
+
+@dataclass
 class AlgorithmConfig:
     name: str = "grpo"
     clip_low: float = 0.2
@@ -231,6 +278,10 @@ class AlgorithmConfig:
     vf_coef: float = 0.5
     ipa: IPAConfig = field(default_factory=IPAConfig)
     rhythm: RhythmConfig = field(default_factory=RhythmConfig)
+    # entropy bonus: loss -= entropy_coef * H(pi) over response tokens (the entropy is logged always)
+    entropy_coef: float = 0.0
+    critics: CriticsConfig = field(default_factory=CriticsConfig)   # asyppo only
+    raft: RAFTConfig = field(default_factory=RAFTConfig)            # raft only
 
     @property
     def spec(self):
@@ -269,6 +320,9 @@ class AlgorithmConfig:
         _check(self.turn_credit in TURN_CREDIT, f"{p}.turn_credit", f"must be one of {', '.join(TURN_CREDIT)}")
         self.ipa.validate(f"{p}.ipa")
         self.rhythm.validate(f"{p}.rhythm")
+        _check(self.entropy_coef >= 0, f"{p}.entropy_coef", "must be >= 0")
+        self.critics.validate(f"{p}.critics")
+        self.raft.validate(f"{p}.raft")
         # A combination the trainer would silently ignore is an error naming the ignored key.
         spec = self.spec
         _check(not self.ipa.enabled or spec.ipa, f"{p}.ipa.enabled",
@@ -289,6 +343,9 @@ class AlgorithmConfig:
             _check(key in reads or getattr(self, key) == getattr(defaults, key), f"{p}.{key}",
                    f"not used by algorithm.name={self.name}{' with ipa.enabled' if self.ipa.enabled else ''}: "
                    "remove it")
+        for key, used in (("critics", spec.critics), ("raft", spec.advantages == "raft")):
+            _check(used or getattr(self, key) == getattr(defaults, key), f"{p}.{key}",
+                   f"not used by algorithm.name={self.name}: remove it")
 
 
 @dataclass
@@ -535,6 +592,9 @@ class TrainConfig:
         if self.ray.enabled:  # every env worker fills its share of a step's groups
             _check(self.ray.num_env_workers <= self.rollout.batch_groups, "ray.num_env_workers",
                    "must be <= rollout.batch_groups")
+        if self.algorithm.spec.critics:  # a critic without a shard of its own would never train
+            _check(self.algorithm.critics.count <= self.rollout.batch_groups, "algorithm.critics.count",
+                   "must be <= rollout.batch_groups (each critic trains on groups of its own)")
         if self.rollout.curriculum.enabled:  # a saved trajectory belongs to one task of one env
             key = "rollout.curriculum.enabled"
             _check(any(e.task_ids for e in self.envs), key, "needs an env with task_ids")

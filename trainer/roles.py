@@ -28,6 +28,7 @@ import torch
 from . import rhythm as R
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import EnvConfig, TrainConfig, config_to_dict
+from .critics import CriticsRole
 from .engines import TransformersEngine, VLLMEngine
 from .models import allowed_token_ids, build_model, load_tokenizer
 from .policy import ActorModule, make_policy
@@ -173,9 +174,11 @@ def build_policy(cfg: TrainConfig, lm) -> Any:
 def batch_role_classes(cfg: TrainConfig) -> list[type]:
     """The batch roles a config asks for. Each is built as ``cls(cfg, lm, tokenizer)``, ``lm``
     a copy of the policy's starting model of its own (which a role may ignore): the KL
-    reference when ``algorithm.kl_coef > 0``, the attention pass when ``algorithm.rhythm.enabled``."""
-    roles = [ReferenceRole] if cfg.algorithm.kl_coef > 0 else []
-    return roles + ([AttentionRole] if cfg.algorithm.rhythm.enabled else [])
+    reference when ``algorithm.kl_coef > 0``, AsyPPO's mini-critics for ``algorithm.name: asyppo``,
+    the attention pass when ``algorithm.rhythm.enabled``."""
+    a = cfg.algorithm
+    return ([ReferenceRole] if a.kl_coef > 0 else []) + ([CriticsRole] if a.spec.critics else []) + \
+        ([AttentionRole] if a.rhythm.enabled else [])
 
 
 def batch_roles(cfg: TrainConfig, lm, tokenizer: Any) -> list[BatchRole]:

@@ -116,20 +116,42 @@ def target_logp(logits, targets, temperature: float, chunk: int = LOGP_CHUNK, al
     in fp32). ``allowed`` (a LongTensor of token ids, constrained decoding), ``top_k`` and
     ``top_p``: the softmax is over the tokens the generator could sample from, renormalised
     (:func:`~.sampling.processed_logits`)."""
+    return _by_slices(_slice_logp, chunk, logits, targets, temperature, allowed, top_k, top_p)
+
+
+def _by_slices(fn, chunk: int, logits, *args):
+    """``fn(logits slice, args slices...)`` over ``chunk`` positions at a time, concatenated:
+    tensor ``args`` are sliced along dim 1 like ``logits``, others passed whole. Checkpointed
+    under autograd (see :func:`target_logp`)."""
     parts = []
-    for lg, tg in zip(logits.split(chunk, 1), targets.split(chunk, 1)):
+    for i, lg in enumerate(logits.split(chunk, 1)):
+        sl = [a[:, i * chunk:(i + 1) * chunk] if torch.is_tensor(a) and a.dim() >= 2 else a for a in args]
         if torch.is_grad_enabled() and lg.requires_grad:
-            parts.append(torch.utils.checkpoint.checkpoint(_slice_logp, lg, tg, temperature, allowed, top_k, top_p,
-                                                           use_reentrant=False))
+            parts.append(torch.utils.checkpoint.checkpoint(fn, lg, *sl, use_reentrant=False))
         else:
-            parts.append(_slice_logp(lg, tg, temperature, allowed, top_k, top_p))
+            parts.append(fn(lg, *sl))
     return torch.cat(parts, 1)
 
 
+def _slice_entropy(logits, temperature: float, allowed=None, top_k: int = 0, top_p: float = 1.0):
+    logp = processed_logits(logits, temperature, top_k, top_p, allowed).log_softmax(-1)
+    p = logp.exp()
+    return -torch.where(p > 0, p * logp, 0.0).sum(-1)  # 0 * log 0 = 0 outside the support
+
+
+def token_entropy(logits, temperature: float, chunk: int = LOGP_CHUNK, allowed=None, top_k: int = 0,
+                  top_p: float = 1.0):
+    """The entropy of the distribution sampled from (:func:`~.sampling.processed_logits`) per
+    position, (B, T): the policy's entropy at each predicted token, computed like
+    :func:`target_logp`, ``chunk`` positions at a time in fp32 (checkpointed under autograd)."""
+    return _by_slices(_slice_entropy, chunk, logits, temperature, allowed, top_k, top_p)
+
+
 def token_logp(policy_forward, batch: Batch, temperature: float, micro_batch_size: int = 0, allowed=None,
-               top_k: int = 0, top_p: float = 1.0):
-    """log pi(target_t) with logits / temperature, top-k and top-p (the distribution the generator sampled),
-    and values if the module has a value head (else None), by :func:`target_logp`.
+               top_k: int = 0, top_p: float = 1.0, with_entropy: bool = False):
+    """log pi(target_t) with logits / temperature, top-k and top-p (the distribution the generator
+    sampled), and values if the module has a value head (else None), by :func:`target_logp`; with
+    ``with_entropy`` a third item, the policy's entropy per position (:func:`token_entropy`).
 
     Forwards ``micro_batch_size`` sequences at a time (0: all at once) and concatenates: for
     no-grad passes (under autograd every micro-batch's graph would be kept). Each forward
@@ -138,20 +160,24 @@ def token_logp(policy_forward, batch: Batch, temperature: float, micro_batch_siz
     step = micro_batch_size or batch.size
     parts = [batch] if step >= batch.size else [batch.select(i) for i in torch.arange(batch.size).split(step)]
     width = batch.targets.shape[1]
-    logps, values = [], []
+    logps, values, ents = [], [], []
     for mb in parts:
         n = int(mb.attention_mask.sum(-1).max())  # sequences are left-aligned: columns >= n are padding
         logits, v = policy_forward(mb.input_ids[:, :n], mb.attention_mask[:, :n])
         lp = target_logp(logits[:, :-1], mb.targets[:, : n - 1], temperature, allowed=allowed, top_k=top_k,
                          top_p=top_p)
+        if with_entropy:
+            ents.append(torch.nn.functional.pad(token_entropy(logits[:, :-1], temperature, allowed=allowed,
+                                                              top_k=top_k, top_p=top_p), (0, width - (n - 1))))
         del logits  # this micro-batch's logits go before the next forward
         # back to the batch's width (the padding positions are masked out everywhere)
         logps.append(torch.nn.functional.pad(lp, (0, width - (n - 1))))
         values.append(None if v is None else torch.nn.functional.pad(v[:, :-1], (0, width - (n - 1))))
     logp = logps[0] if len(logps) == 1 else torch.cat(logps)
-    if values[0] is None:
-        return logp, None
-    return logp, values[0] if len(values) == 1 else torch.cat(values)
+    value = None if values[0] is None else values[0] if len(values) == 1 else torch.cat(values)
+    if with_entropy:
+        return logp, value, ents[0] if len(ents) == 1 else torch.cat(ents)
+    return logp, value
 
 
 # ----------------------------------------------------------------------------- advantages
@@ -160,11 +186,7 @@ def token_logp(policy_forward, batch: Batch, temperature: float, micro_batch_siz
 
 def _gae(a: AlgorithmConfig, batch: Batch, old_logp, ref_logp, values):
     # outcome reward on the last response token; GAE over response tokens (observations transparent)
-    T = batch.mask.shape[1]
-    pos = torch.arange(T, device=batch.mask.device).expand_as(batch.mask)
-    last = torch.where(batch.mask, pos, -1).max(-1).values.clamp(min=0)
-    r_tok = torch.zeros_like(old_logp)
-    r_tok[torch.arange(batch.size, device=r_tok.device), last] = batch.rewards
+    r_tok = A.outcome_on_last_token(batch.rewards, batch.mask)
     adv, returns = A.gae(r_tok, values, batch.mask, gamma=a.gamma, lam=a.lam)
     mean = A.masked_mean(adv, batch.mask)
     std = A.masked_mean((adv - mean) ** 2, batch.mask).sqrt()
@@ -194,6 +216,9 @@ ADVANTAGES: dict[str, Callable] = {
     "ipa": lambda a, b, old, ref, v: (
         C.ipa_advantages(b.rewards, b.group_ids, b.mask, a.ipa.gamma, std_normalize=a.std_normalize,
                          weights=b.row_weights, chunks_after=b.chunks_after), None),
+    "raft": lambda a, b, old, ref, v: (  # 0/1 acceptance weights, not advantages
+        A.raft_accept(b.rewards, b.group_ids, top_k=a.raft.top_k, min_reward=a.raft.min_reward,
+                      weights=b.row_weights), None),
 }
 
 
@@ -225,12 +250,14 @@ LOSSES: dict[str, Callable] = {
     "ipa": lambda a, logp, old, adv, b, denom: C.ipa_loss(
         logp, b.behav_logp, adv, b.mask, ratio_low=a.ipa.ratio_low, ratio_high=a.ipa.ratio_high,
         clip_low=a.clip_low, clip_high=a.clip_high, agg=a.loss_agg, denom=denom),
+    "sft": lambda a, logp, old, adv, b, denom: A.sft_loss(logp, adv, b.mask, agg=a.loss_agg, denom=denom),
 }
 
 
 def compute_loss(a: AlgorithmConfig, logp, old_logp, adv, batch: Batch, ref_logp=None, values=None,
-                 returns=None, norm_mask=None) -> tuple[torch.Tensor, dict[str, float]]:
-    """The configured policy loss over masked response tokens (+ KL, + value loss).
+                 returns=None, norm_mask=None, entropy=None,
+                 entropy_mask=None) -> tuple[torch.Tensor, dict[str, float]]:
+    """The configured policy loss over masked response tokens (+ KL, + value loss, - entropy bonus).
 
     Ratios: PPO's clip (grpo, ppo, reinforce_pp) is taken against the proximal policy
     ``old_logp``, times the truncated IS weight pi_old / mu when ``tis_cap`` > 0 (decoupled
@@ -239,6 +266,10 @@ def compute_loss(a: AlgorithmConfig, logp, old_logp, adv, batch: Batch, ref_logp
     ``norm_mask``: the mask of the whole mini-batch when ``batch`` is one micro-batch of it,
     whose counts then normalise every term, so the micro-batch losses add up to the
     mini-batch's (None: ``batch`` is the whole mini-batch).
+    ``entropy`` (B, T): the policy's entropy per token, logged as ``loss/entropy`` (token mean)
+    and, with ``entropy_coef`` > 0, a bonus  - entropy_coef * aggregate(H, entropy_mask)  on the
+    tokens of ``entropy_mask`` (default: ``batch.mask``; AsyPPO leaves out the states its
+    critics disagree on).
     """
     m, spec = batch.mask, a.spec
     nm = m if norm_mask is None else norm_mask
@@ -254,12 +285,18 @@ def compute_loss(a: AlgorithmConfig, logp, old_logp, adv, batch: Batch, ref_logp
         vf = A.aggregate((values - returns) ** 2, m, "token-mean", A.agg_denominator(nm, "token-mean"))
         loss = loss + a.vf_coef * vf
         met["loss/value"] = float(vf.detach())
+    if entropy is not None:
+        met["loss/entropy"] = float(A.aggregate(entropy.detach(), m, "token-mean", A.agg_denominator(nm, "token-mean")))
+        if a.entropy_coef > 0:
+            bonus = A.aggregate(entropy, m if entropy_mask is None else entropy_mask, a.loss_agg, denom)
+            loss = loss - a.entropy_coef * bonus
+            met["loss/entropy_bonus"] = float(bonus.detach())
     met["loss/total"] = float(loss.detach())
     return loss, met
 
 
 # Each micro-batch's loss is its share of the mini-batch's: these add up, other metrics average.
-_ADDITIVE = ("loss/pg", "loss/kl", "loss/value", "loss/total")
+_ADDITIVE = ("loss/pg", "loss/kl", "loss/value", "loss/total", "loss/entropy", "loss/entropy_bonus")
 
 
 def _combine(parts: list[dict[str, float]], additive=()) -> dict[str, float]:
@@ -293,13 +330,22 @@ def update_policy(policy, a: AlgorithmConfig, batch: Batch, temperature: float,
     single = a.ppo_epochs == 1 and a.mini_batches == 1 and not 0 < micro < batch.size
     aux = {k: v.to(policy.device) for k, v in (aux or {}).items()}
     ref_logp, credit = aux.get("ref_logp"), aux.get("credit_scale")
+    # AsyPPO: the mini-critics' mean value is the baseline (values), their spread (value_std)
+    # masks the advantages where they agree and the entropy bonus where they disagree
+    critic_values = aux.get("values")
+    agree, disagree = (A.uncertainty_masks(aux["value_std"], batch.mask, mask_quantile=a.critics.mask_quantile,
+                                           entropy_quantile=a.critics.entropy_quantile)
+                       if a.spec.critics else (None, None))
     with torch.no_grad():
         old_logp, old_values = (None, None) if single else token_logp(policy.forward, batch, temperature, micro,
                                                                       allowed, top_k, top_p)
 
     def advantages(old, values):
         ref = ref_logp if ref_logp is not None else old
+        values = values if values is not None else critic_values
         adv, returns = compute_advantages(a, batch, old, ref, None if values is None else values.detach())
+        if agree is not None:
+            adv = torch.where(agree, 0.0, adv)
         return (adv, returns) if credit is None else (R.scale_advantages(adv, credit), returns)
 
     adv, returns = (None, None) if single else advantages(old_logp, old_values)
@@ -311,13 +357,21 @@ def update_policy(policy, a: AlgorithmConfig, batch: Batch, temperature: float,
             micro_metrics = []
             for i, idx in enumerate(parts):
                 mb = batch if single else batch.select(idx)
-                logp, values = token_logp(policy.forward, mb, temperature, allowed=allowed, top_k=top_k, top_p=top_p)
+                logp, values, entropy = token_logp(policy.forward, mb, temperature, allowed=allowed, top_k=top_k,
+                                                   top_p=top_p, with_entropy=True)
+                if a.entropy_coef == 0:  # a metric only: its graph would keep this micro-batch's logits alive
+                    entropy = entropy.detach()
                 if single:
                     old_logp = logp.detach()
                     adv, returns = advantages(old_logp, values)
                 loss, met = compute_loss(a, logp, old_logp[idx], adv[idx], mb, _rows(ref_logp, idx), values,
-                                         _rows(returns, idx), norm_mask=norm_mask)
+                                         _rows(returns, idx), norm_mask=norm_mask, entropy=entropy,
+                                         entropy_mask=None if disagree is None else mb.mask & ~disagree[idx])
                 policy.backward(loss, last=i == len(parts) - 1)
                 micro_metrics.append(met)
             steps.append({**_combine(micro_metrics, _ADDITIVE), "grad_norm": policy.step()})
-    return _combine(steps)
+    metrics = _combine(steps)
+    if agree is not None:
+        metrics["asyppo/adv_masked_frac"] = A.masked_mean(agree.float(), batch.mask).item()
+        metrics["asyppo/entropy_excluded_frac"] = A.masked_mean(disagree.float(), batch.mask).item()
+    return metrics

@@ -443,7 +443,10 @@ def test_each_algorithm_runs_its_own_estimator_and_loss():
         "reinforce_pp": (("reinforce_pp", "ppo_clip"), False, True),
         "topr": (("dr_grpo", "topr"), False, False),
         "cispo": (("grpo", "cispo"), False, False),
+        "asyppo": (("gae", "ppo_clip"), False, False),  # GAE on its mini-critics (critics=True), no value head
+        "raft": (("raft", "sft"), False, False),
     }
+    assert [name for name, spec in ALGORITHMS.items() if spec.critics] == ["asyppo"]
 
 
 def test_credit_options_replace_the_estimator_only_where_they_apply():
@@ -453,7 +456,7 @@ def test_credit_options_replace_the_estimator_only_where_they_apply():
              for name, spec in ALGORITHMS.items()}
     assert parts["grpo"] == (("turn", "ppo_clip"), ("ipa", "ipa"), ("turn", "ipa"))
     assert parts["cispo"] == (("turn", "cispo"), ("grpo", "cispo"), ("turn", "cispo"))
-    for name in ("ppo", "reinforce_pp", "topr"):  # a critic or their own estimator: untouched
+    for name in ("ppo", "reinforce_pp", "topr", "asyppo", "raft"):  # a critic or their own estimator: untouched
         plain = ALGORITHMS[name].parts()
         assert parts[name] == (plain, plain, plain), name
 

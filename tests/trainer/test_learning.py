@@ -29,6 +29,10 @@ ALGORITHMS = {
     "reinforce_pp": ({"name": "reinforce_pp"}, {}, ONE_TURN),
     "topr": ({"name": "topr"}, {}, ONE_TURN),
     "cispo": ({"name": "cispo"}, {}, ONE_TURN),
+    # GAE on two mini-critics of their own (a batch role), advantages masked where they agree
+    "asyppo": ({"name": "asyppo", "critics": {"hidden_size": 16, "intermediate_size": 32, "lr": 0.01}}, {}, ONE_TURN),
+    # maximum likelihood on the best sample of each group, if it won
+    "raft": ({"name": "raft", "raft": {"top_k": 1, "min_reward": 0.5}}, {}, ONE_TURN),
     # decoupled PPO: rollouts one version stale (behaviour != proximal), two epochs of two
     # mini-batches (proximal != current), clip to the proximal policy, weight pi_prox / mu
     "decoupled_ppo": ({"name": "grpo", "ppo_epochs": 2, "mini_batches": 2, "tis_cap": 2.0}, {"async_ratio": 1},

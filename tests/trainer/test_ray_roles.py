@@ -143,3 +143,16 @@ def test_the_attention_role_runs_in_an_actor_of_its_own_and_follows_the_policy(t
     for h in hist:
         assert h["rhythm/weights_version"] == h["step"] and h["rhythm/scale_mean"] > 1
         assert torch.isfinite(torch.tensor(h["loss/total"]))
+
+
+def test_asyppo_critics_train_in_an_actor_of_their_own(tmp_path, local_ray):
+    """algorithm asyppo on Ray: the CriticsRole runs in its own actor (a batch role), annotates
+    the steps' values for the trainer actor and trains on its shards: both critics report."""
+    from rockroll.trainer import train
+
+    out = train(run_config(tmp_path, ray={"enabled": True, "num_env_workers": 2}, algorithm__name="asyppo",
+                           algorithm__critics={"hidden_size": 16, "intermediate_size": 16},
+                           logging__tensorboard=False, logging__plot=False))
+    for h in out["history"]:
+        assert h["critic/0/value_loss"] > 0 and h["critic/1/value_loss"] > 0
+        assert 0 <= h["asyppo/adv_masked_frac"] < 1 and h["loss/entropy"] > 0

@@ -52,7 +52,7 @@ def _tiny_policy(engine=None, with_value=False):
     return make_policy(ActorModule(lm, with_value=with_value), engine or EngineConfig(lr=0.01), batch_size=6)
 
 
-@pytest.mark.parametrize("algo", ["grpo", "grpo_ipa", "cispo", "topr", "reinforce_pp", "ppo"])
+@pytest.mark.parametrize("algo", ["grpo", "grpo_ipa", "cispo", "topr", "reinforce_pp", "ppo", "raft"])
 def test_every_algorithm_updates_the_policy(algo):
     """update_policy on a hand-made multi-turn batch: finite loss, weights move, and only
     through response tokens: the logits at every position that predicts a prompt, observation

@@ -1,0 +1,111 @@
+"""AsyPPO's mini-critics (Liu et al. 2025, arXiv 2510.01656) as a batch role.
+
+:class:`CriticsRole` holds ``algorithm.critics.count`` small value models of their own (not
+heads on the policy): before the policy's update it annotates each state with the critics'
+mean value (``values``, GAE's baseline) and their spread (``value_std``, which
+:func:`~.algorithms.uncertainty_masks` turns into the loss reconstruction); after it, each
+critic trains with its own optimizer on a disjoint prompt-level shard of the step: the step's
+groups (one prompt each) are dealt out among the critics, so no two critics see the same
+prompt, which keeps them diverse although they start alike.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import algorithms as A
+from .config import ModelConfig, TrainConfig
+from .models import build_model
+from .rollout import Group
+from .update import Batch, collate
+
+__all__ = ["Critic", "CriticsRole", "shards"]
+
+
+class Critic(nn.Module):
+    """A value model: a causal LM's backbone (its hidden states, no vocabulary projection)
+    and a scalar head, V(s_t) for every position t."""
+
+    def __init__(self, lm: nn.Module):
+        super().__init__()
+        self.backbone = lm.base_model
+        self.head = nn.Linear(lm.config.hidden_size, 1)
+
+    def forward(self, input_ids, attention_mask):
+        h = self.backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        return self.head(h.float()).squeeze(-1)
+
+
+def shards(groups: list[Group], count: int) -> list[list[Group]]:
+    """The step's groups dealt out among ``count`` critics, round robin: disjoint, and as even
+    as the number of groups allows (a group is one prompt, whose samples stay together)."""
+    return [groups[i::count] for i in range(count)]
+
+
+class CriticsRole:
+    """:class:`~.roles.BatchRole`: AsyPPO's mini-critics. ``annotate`` -> ``values`` (their
+    mean) and ``value_std`` (their population std), (B, T) on predicted tokens; ``train``:
+    each critic one optimizer step on its shard, regressing the GAE returns of the step (from
+    the annotated mean value, the baseline the policy used) with a squared error over the
+    response tokens. ``lm`` (the policy's copy) is not used: the critics are models of their own."""
+
+    def __init__(self, cfg: TrainConfig, lm: Any, tokenizer: Any):
+        self.cfg, self.pad_id = cfg, tokenizer.pad_token_id
+        c = cfg.algorithm.critics
+        dims = ModelConfig(name_or_path=c.name_or_path, hidden_size=c.hidden_size, num_layers=c.num_layers,
+                           num_heads=c.num_heads, intermediate_size=c.intermediate_size,
+                           max_position_embeddings=cfg.model.max_position_embeddings, dtype=cfg.model.dtype)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        # a seed each: tiny critics built from scratch would otherwise start identical
+        self.critics = [Critic(build_model(dims, tokenizer, cfg.seed + 1 + i)).to(device) for i in range(c.count)]
+        self.optimizers = [torch.optim.AdamW(m.parameters(), lr=c.lr) for m in self.critics]
+        self.seen: list[list[int]] = [[] for _ in self.critics]  # group ids each critic trained on, last step
+
+    def _values(self, critic: Critic, batch: Batch) -> torch.Tensor:
+        """V per predicted token (B, T) on the critic's device: the value of the state before
+        token t+1, as the policy's value head gives it (``update.token_logp``), forwarded
+        ``engine.micro_batch_size`` sequences at a time like the policy (0: all at once)."""
+        dev = next(critic.parameters()).device
+        step = self.cfg.engine.micro_batch_size or batch.size
+        out = [critic(batch.input_ids[idx].to(dev), batch.attention_mask[idx].to(dev))[:, :-1]
+               for idx in torch.arange(batch.size).split(step)]
+        return torch.cat(out) if len(out) > 1 else out[0]
+
+    def annotate(self, groups: list[Group]) -> dict[str, torch.Tensor]:
+        batch = collate(groups, self.pad_id)
+        with torch.no_grad():
+            v = torch.stack([self._values(c.eval(), batch).cpu() for c in self.critics])
+        return {"values": v.mean(0), "value_std": v.std(0, unbiased=False)}
+
+    def train(self, groups: list[Group], aux: dict[str, torch.Tensor]) -> dict[str, float]:
+        a = self.cfg.algorithm
+        batch = collate(groups, self.pad_id)
+        r_tok = A.outcome_on_last_token(batch.rewards, batch.mask)
+        _, returns = A.gae(r_tok, aux["values"].cpu(), batch.mask, gamma=a.gamma, lam=a.lam)
+        metrics, losses = {}, []
+        parts = shards(groups, len(self.critics))
+        for i, (critic, opt, shard) in enumerate(zip(self.critics, self.optimizers, parts)):
+            gids = [g.group_id for g in shard]
+            self.seen[i] = gids
+            rows = torch.isin(batch.group_ids, torch.tensor(gids, dtype=batch.group_ids.dtype)).nonzero().squeeze(-1)
+            if not len(rows):
+                continue
+            mb = batch.select(rows)
+            critic.train()
+            v = self._values(critic, mb)
+            loss = A.masked_mean((v - returns[rows].to(v.device)) ** 2, mb.mask.to(v.device))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(critic.parameters(), self.cfg.engine.grad_clip or float("inf"))
+            opt.step()
+            metrics[f"critic/{i}/value_loss"] = float(loss.detach())
+            losses.append(float(loss.detach()))
+        if losses:
+            metrics["critic/value_loss"] = sum(losses) / len(losses)
+        return metrics
+
+    def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        pass  # the critics are their own models; they learn from the returns, not the policy's weights
