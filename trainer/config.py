@@ -279,9 +279,16 @@ class GenerationConfig:
     # learned log-probs are those of the distribution sampled from. For action-space tasks and
     # a policy trained from scratch, which has no prior for the reply format.
     allowed_tokens: list[str] = field(default_factory=list)
+    # Continuous batching (queue scheduling): each request joins the engine's running batch and
+    # leaves it when done; false: the rollout sends one blocking batch call at a time.
+    continuous: bool = True
+    # What a weight load does to requests in flight (continuous engines): "wait" lets them
+    # finish on the old weights first; "abort" restarts them on the new ones (same seed).
+    on_weight_load: str = "wait"
 
     def validate(self, p: str) -> None:
         _check(self.backend in ("transformers", "vllm"), f"{p}.backend", "must be transformers or vllm")
+        _check(self.on_weight_load in ("wait", "abort"), f"{p}.on_weight_load", "must be wait or abort")
         _check(all(isinstance(t, str) and t for t in self.allowed_tokens), f"{p}.allowed_tokens",
                "must be a list of non-empty strings")
         _check(self.temperature > 0, f"{p}.temperature", "must be > 0")

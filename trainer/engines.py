@@ -12,6 +12,7 @@ Engines never see text: the rollout keeps exact token ids, so nothing is re-toke
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ class GenOutput:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str  # "stop" (a stop token was generated, and kept) or "length"
+    version: int | None = None  # the weights' version that generated every token (None: ask the engine)
 
 
 class GenerationEngine(Protocol):
@@ -50,105 +52,127 @@ class EngineUnavailable(RuntimeError):
 
 
 class TransformersEngine:
-    """Batched sampling with a Hugging Face causal LM and its KV cache.
+    """A Hugging Face causal LM with continuous batching over its KV cache
+    (:class:`~.scheduler.ContinuousBatcher`): concurrent callers share one running batch, a
+    request joins it at the next decode step and leaves it the step it finishes.
 
-    Prompts are left-padded into one batch; each step feeds only the newly sampled token
-    (the cache holds the rest). Each row samples with its own ``torch.Generator`` seeded
-    from ``sampling.seeds``, so a request's tokens do not depend on its batch-mates.
+    Each row samples with its own ``torch.Generator`` seeded from ``sampling.seeds``, so a
+    request's tokens do not depend on its batch-mates. ``generate`` blocks until all its
+    prompts are done; :meth:`submit` returns a future per request (what the rollout uses, so a
+    finished episode's next turn never waits for a whole batch). ``on_load``: what a weight
+    load does to requests in flight, ``"wait"`` or ``"abort"`` (see :mod:`.scheduler`).
     """
 
-    def __init__(self, model: Any, pad_token_id: int, version: int = 0):
+    def __init__(self, model: Any, pad_token_id: int, version: int = 0, *, max_batch: int = 256,
+                 on_load: str = "wait"):
+        from .scheduler import ContinuousBatcher
+
         self.model = model.eval()
         self.pad_token_id = int(pad_token_id)
-        self.version = version
-        self._lock = threading.Lock()  # generate and load_weights never interleave
+        self.batcher = ContinuousBatcher(_KVBatch(self.model, self.pad_token_id), version=version,
+                                         max_batch=max_batch, on_load=on_load)
+
+    @property
+    def version(self) -> int:
+        return self.batcher.version
 
     def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
-        with self._lock:
-            self.model.load_state_dict(state_dict)
-            self.version = version
+        self.batcher.load_weights(state_dict, version)
+
+    def submit(self, prompt: Sequence[int], sampling: SamplingParams):
+        """One request (``sampling.seeds``: None or one seed): a future of its :class:`GenOutput`."""
+        return self.batcher.submit(list(prompt), sampling)
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> list[GenOutput]:
+        seeds = sampling.seeds or [None] * len(prompts)
+        futs = [self.submit(p, dataclasses.replace(sampling, seeds=None if s is None else [s]))
+                for p, s in zip(prompts, seeds)]
+        return [f.result() for f in futs]
+
+    def close(self) -> None:
+        self.batcher.close()
+
+
+class _KVBatch:
+    """:class:`~.scheduler.Stepper` over a Hugging Face model: the running rows left-padded to
+    one length in one ``DynamicCache`` (padding masked out of attention, positions counted per
+    row). New rows are prefilled on their own and concatenated to the batch, each side padded on
+    the left to the longer; rows that leave are cut out, and columns that only padding holds
+    any more are trimmed, so the cache is as long as the longest running row."""
+
+    def __init__(self, model: Any, pad_token_id: int):
+        self.model, self.pad = model, pad_token_id
+        self.vocab_size = model.config.vocab_size
+        self.cache: Any = None
+        self.attn = self.pos = None  # (B, T) attention mask of the cache; (B,) next position of each row
+
+    def _device(self):
+        return next(self.model.parameters()).device
+
+    def prefill(self, prompts: list[list[int]]):
         import torch
 
-        with self._lock, torch.no_grad():
-            return self._generate(prompts, sampling)
-
-    def _generate(self, prompts, sampling: SamplingParams) -> list[GenOutput]:
-        import torch
-
-        B = len(prompts)
-        if B == 0:
-            return []
-        device = next(self.model.parameters()).device
-        width = max(len(p) for p in prompts)
-        ids = torch.full((B, width), self.pad_token_id, dtype=torch.long)
+        B, width = len(prompts), max(len(p) for p in prompts)
+        ids = torch.full((B, width), self.pad, dtype=torch.long)
         attn = torch.zeros(B, width, dtype=torch.long)
         for i, p in enumerate(prompts):
-            ids[i, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
+            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
             attn[i, width - len(p):] = 1
-        ids, attn = ids.to(device), attn.to(device)
-        seeds = sampling.seeds or [int(torch.randint(0, 2**62, ()).item()) for _ in range(B)]
-        gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
-        stop = set(sampling.stop_token_ids)
-        out_ids: list[list[int]] = [[] for _ in range(B)]
-        out_lp: list[list[float]] = [[] for _ in range(B)]
-        done = [False] * B
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        allowed = _vocab_mask(sampling.allowed_token_ids, self.model.config.vocab_size, device)
-        past, step_ids, step_pos = None, ids, pos
-        for _ in range(sampling.max_new_tokens):
-            out = self.model(input_ids=step_ids, attention_mask=attn, position_ids=step_pos,
-                             past_key_values=past, use_cache=True)
-            past = out.past_key_values
-            logits = out.logits[:, -1, :].float() / (sampling.temperature or 1.0)
-            if allowed is not None:
-                logits = logits + allowed
-            logp = torch.log_softmax(logits, -1).cpu()
-            probs = logp.exp()
-            if sampling.top_p < 1.0:
-                probs = _top_p(probs, sampling.top_p)
-            nxt = torch.full((B,), self.pad_token_id, dtype=torch.long)
-            for i in range(B):
-                if done[i]:
-                    continue
-                if sampling.temperature == 0:
-                    tok = int(probs[i].argmax())
-                else:
-                    tok = int(torch.multinomial(probs[i], 1, generator=gens[i]).item())
-                nxt[i] = tok
-                out_ids[i].append(tok)
-                # log-prob under the distribution actually sampled from (renormalised by top-p)
-                out_lp[i].append(float(torch.log(probs[i, tok] / probs[i].sum())))
-                if tok in stop:
-                    done[i] = True
-            if all(done):
-                break
-            step_ids = nxt.view(B, 1).to(device)
-            step_pos = step_pos[:, -1:] + 1
-            attn = torch.cat([attn, torch.ones(B, 1, dtype=attn.dtype, device=device)], dim=1)
-        return [GenOutput(out_ids[i], out_lp[i], "stop" if out_ids[i] and out_ids[i][-1] in stop else "length")
-                for i in range(B)]
+        dev = self._device()
+        ids, attn = ids.to(dev), attn.to(dev)
+        with torch.no_grad():
+            out = self.model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
+                             use_cache=True)
+        lengths = attn.sum(-1)
+        if self.cache is None:
+            self.cache, self.attn, self.pos = out.past_key_values, attn, lengths
+        else:
+            T = max(self.attn.shape[1], width)
+            for old, new in zip(self.cache.layers, out.past_key_values.layers):
+                old.keys = torch.cat([_left_pad(old.keys, T), _left_pad(new.keys, T)], 0)
+                old.values = torch.cat([_left_pad(old.values, T), _left_pad(new.values, T)], 0)
+            self.attn = torch.cat([_left_pad(self.attn, T, dim=1), _left_pad(attn, T, dim=1)], 0)
+            self.pos = torch.cat([self.pos, lengths])
+        return out.logits[:, -1, :]
+
+    def decode(self, tokens: list[int]):
+        import torch
+
+        dev = self._device()
+        attn = torch.cat([self.attn, torch.ones(len(tokens), 1, dtype=self.attn.dtype, device=dev)], 1)
+        with torch.no_grad():
+            out = self.model(input_ids=torch.tensor(tokens, device=dev).view(-1, 1), attention_mask=attn,
+                             position_ids=self.pos.view(-1, 1), past_key_values=self.cache, use_cache=True)
+        self.cache, self.attn, self.pos = out.past_key_values, attn, self.pos + 1
+        return out.logits[:, -1, :]
+
+    def keep(self, rows: list[int]) -> None:
+        import torch
+
+        if not rows:
+            self.cache = self.attn = self.pos = None
+            return
+        idx = torch.tensor(rows, device=self.attn.device)
+        attn = self.attn[idx]
+        start = int(attn.any(0).nonzero()[0])  # leading columns that only padding holds
+        for layer in self.cache.layers:
+            layer.keys, layer.values = layer.keys[idx, :, start:], layer.values[idx, :, start:]
+        self.attn, self.pos = attn[:, start:], self.pos[idx]
+
+    def load_weights(self, state_dict: dict[str, Any]) -> None:
+        self.model.load_state_dict(state_dict)
 
 
-def _vocab_mask(ids: list[int] | None, vocab_size: int, device):
-    """0 at ``ids``, -inf elsewhere (None when every token is allowed)."""
+def _left_pad(x, length: int, dim: int = 2):
+    """``x`` padded with zeros on the left of ``dim`` to ``length`` (KV: (B, H, T, D), dim 2)."""
     import torch
 
-    if ids is None:
-        return None
-    mask = torch.full((vocab_size,), float("-inf"), device=device)
-    mask[torch.tensor(ids, device=device)] = 0.0
-    return mask
-
-
-def _top_p(probs, top_p: float):
-    import torch
-
-    sorted_p, idx = probs.sort(-1, descending=True)
-    keep = sorted_p.cumsum(-1) - sorted_p < top_p
-    sorted_p = torch.where(keep, sorted_p, 0.0)
-    return torch.zeros_like(probs).scatter(-1, idx, sorted_p)
+    missing = length - x.shape[dim]
+    if missing == 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = missing
+    return torch.cat([x.new_zeros(shape), x], dim)
 
 
 class VLLMEngine:

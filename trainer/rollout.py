@@ -8,7 +8,9 @@ Pieces, bottom up:
 - :func:`run_episode` plays one episode: generate -> env.step -> append observation tokens.
 - :class:`BatchingGenerator` gathers generation requests from every running episode and
   sends them to the engine as one batch: when the batch is full, when every running episode
-  is waiting (nothing more can arrive), or ``batch_wait_ms`` after the first request.
+  is waiting (nothing more can arrive), or ``batch_wait_ms`` after the first request. With
+  ``generation.continuous`` and an engine that batches continuously (``engine.submit``), each
+  request goes to the engine at once instead and joins its running batch (queue scheduling).
 - :class:`RolloutManager` runs groups of G (+ r redundant) episodes that share a task and a
   seed on an asyncio loop in a background thread, admits new groups under the staleness
   bound ``async_ratio`` (alpha), and hands the trainer whole groups with
@@ -211,11 +213,15 @@ class BatchingGenerator:
     A batch leaves when it holds ``max_batch`` requests, when every active episode is waiting
     on generation (no request can come before this batch answers), or ``wait_s`` after its
     first request. One engine call at a time, in a dedicated thread, so envs keep stepping.
+
+    ``continuous``: no batching here; each request is ``engine.submit``-ted at once and joins
+    the engine's running batch, and its answer comes back the step it is done (the engine
+    orders weight loads itself, so no lock is held around it).
     """
 
     def __init__(self, engine: Any, sampling: SamplingParams, *, max_batch: int, wait_s: float,
-                 lock: threading.Lock | None = None):
-        self.engine, self.sampling = engine, sampling
+                 lock: threading.Lock | None = None, continuous: bool = False):
+        self.engine, self.sampling, self.continuous = engine, sampling, continuous
         self.max_batch, self.wait_s = max_batch, wait_s
         # Held around each engine call and by whoever loads new weights (RolloutManager.load_weights),
         # so the version a batch is labelled with is the one whose weights generated it.
@@ -246,6 +252,10 @@ class BatchingGenerator:
             self._changed.set()
 
     async def generate(self, prompt: list[int], seed: int) -> tuple[GenOutput, int]:
+        if self.continuous:
+            self.calls += 1
+            out = await asyncio.wrap_future(self.engine.submit(prompt, dataclasses.replace(self.sampling, seeds=[seed])))
+            return out, out.version
         fut = asyncio.get_running_loop().create_future()
         self._pending.append((prompt, seed, fut))
         self.poke()
@@ -292,8 +302,8 @@ class BatchingGenerator:
                         fut.set_exception(e)
                 continue
             for (_, _, fut), out in zip(batch, outs):
-                if not fut.done():
-                    fut.set_result((out, version))
+                if not fut.done():  # an output labelled by its engine (generators routed per sample) keeps it
+                    fut.set_result((out, version if out.version is None else out.version))
 
 
 async def _env_call(env: Any, name: str, executor, *args, **kwargs):
@@ -644,7 +654,8 @@ class RolloutManager:
         self._wake = asyncio.Event()
         r = self.cfg.rollout
         self.gen = BatchingGenerator(self.engine, self.sampling, max_batch=r.max_batch_size,
-                                     wait_s=r.batch_wait_ms / 1000, lock=self._engine_lock)
+                                     wait_s=r.batch_wait_ms / 1000, lock=self._engine_lock,
+                                     continuous=self.cfg.generation.continuous and hasattr(self.engine, "submit"))
         self.gen.start()
         self._started_evt.set()
         tasks: set[asyncio.Task] = set()

@@ -62,5 +62,17 @@ class RecordingEngine:
         self.records += [(list(p), o) for p, o in zip(prompts, outs)]
         return outs
 
+    @property
+    def submit(self):
+        """The inner engine's continuous ``submit``, recorded (absent when the inner has none)."""
+        inner = self.inner.submit
+
+        def submit(prompt, sampling):
+            fut = inner(prompt, sampling)
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception() or self.records.append((list(prompt), f.result())))
+            return fut
+
+        return submit
+
     def load_weights(self, state_dict, version):
         self.inner.load_weights(state_dict, version)
