@@ -460,7 +460,12 @@ class RolloutManager:
         self.cfg, self.engine, self.template = cfg, engine, template
         r = cfg.rollout
         self.G, self.r, self.alpha, self.bg = r.group_size, r.redundant, r.async_ratio, r.batch_groups
-        self.max_groups = r.max_concurrent_groups or self.bg * (self.alpha + 1)
+        # spare groups: started beyond what a step needs; a step trains on the first to finish
+        # ("first") or on a random batch_groups of them once all are in ("quorum", no length bias)
+        self.spare, self.quorum = r.spare_groups, r.spare_selection == "quorum"
+        self.max_groups = r.max_concurrent_groups or self.bg * (self.alpha + 1) + self.spare
+        self._pick_rng = random.Random(_mix(cfg.seed, 0x5BA7E))  # quorum's pick; self.rng draws tasks
+        self.finished = [0, 0.0, 0.0]  # groups finished (trained or not), sums of their mean turns and reward
         fp = cfg.algorithm.format_penalty
         self.env_factory = env_factory or (lambda spec: make_env(spec, fp))
         self.sampling = SamplingParams(temperature=cfg.generation.temperature, top_p=cfg.generation.top_p,
@@ -535,8 +540,9 @@ class RolloutManager:
                         self.counters["stale_groups_dropped"] += 1
                         self.replaced += 1
                     take = self.bg - len(batch)
-                    batch += fresh[:take]
-                    self.ready = fresh[take:]
+                    picked = self._quorum_pick(fresh, take) if self.quorum else fresh[:take]
+                    batch += picked
+                    self.ready = [g for g in fresh if all(g is not p for p in picked)]
                     if stale:
                         self._notify()
                 if len(batch) >= self.bg:
@@ -551,11 +557,25 @@ class RolloutManager:
         metrics = {f"rollout/{k}": float(v - self._reported.get(k, 0)) for k, v in now.items()}
         self._reported = now
         metrics.update(batch_metrics(batch, step))
+        with self._cond:  # every finished group's means: the trained ones' bias shows against them
+            n, turns, reward = self.finished
+        if n:
+            metrics.update({"rollout/finished_turns": turns / n, "rollout/finished_reward": reward / n})
         if self.curriculum is not None:
             with self._cond:
                 metrics.update(self.curriculum.metrics())
             metrics.update(initialized_metrics(batch))
         return batch, metrics
+
+    def _quorum_pick(self, fresh: list[Group], take: int) -> list[Group]:
+        """``rollout.spare_selection: quorum``: ``take`` groups chosen at random among the first
+        ``take + spare_groups`` started, once they have all finished (or nothing else is
+        running): which groups train then does not depend on how long their episodes took.
+        Too few in yet: none (get_batch waits)."""
+        pool = sorted(fresh, key=lambda g: g.group_id)[: take + self.spare]
+        if not take or len(pool) < take or (len(pool) < take + self.spare and self.in_flight):
+            return []
+        return [pool[i] for i in sorted(self._pick_rng.sample(range(len(pool)), take))]
 
     def pause(self) -> None:
         """Start no new group and wait for the running ones to finish (for a checkpoint)."""
@@ -688,7 +708,7 @@ class RolloutManager:
 
     def _can_start(self) -> bool:
         with self._cond:
-            allowed = (self.version + self.alpha + 1) * self.bg + self.replaced
+            allowed = (self.version + self.alpha + 1) * self.bg + self.replaced + self.spare
             return (not self.paused and self.in_flight < self.max_groups and self.started < allowed)
 
     def _next_group(self) -> dict[str, Any]:
@@ -771,6 +791,9 @@ class RolloutManager:
             if keep:
                 self.ready.append(Group(gid, spec.id, task, seed, valid, start_level=level))
                 self.counters["groups_done"] += 1
+                self.finished[0] += 1
+                self.finished[1] += sum(s.num_turns for s in valid) / len(valid)
+                self.finished[2] += sum(s.reward for s in valid) / len(valid)
                 self.zero_adv_streak = 0
             else:
                 self.replaced += 1
