@@ -286,7 +286,8 @@ class GenerationConfig:
     # a policy trained from scratch, which has no prior for the reply format.
     allowed_tokens: list[str] = field(default_factory=list)
     # Continuous batching (queue scheduling): each request joins the engine's running batch and
-    # leaves it when done; false: the rollout sends one blocking batch call at a time.
+    # leaves it when done; false (and under deterministic: true, whose batches must not depend
+    # on timing): the rollout sends one blocking batch call at a time.
     continuous: bool = True
     # What a weight load does to requests in flight (continuous engines): "wait" lets them
     # finish on the old weights first; "abort" restarts them on the new ones (same seed).

@@ -71,8 +71,8 @@ class ContinuousEngine:
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> list[GenOutput]:
         seeds = sampling.seeds or [None] * len(prompts)
-        futs = [self.submit(p, dataclasses.replace(sampling, seeds=None if s is None else [s]))
-                for p, s in zip(prompts, seeds)]
+        futs = self.batcher.submit_many([(list(p), dataclasses.replace(sampling, seeds=None if s is None else [s]))
+                                         for p, s in zip(prompts, seeds)])
         return [f.result() for f in futs]
 
     def close(self) -> None:

@@ -675,7 +675,7 @@ class RolloutManager:
         r = self.cfg.rollout
         self.gen = BatchingGenerator(self.engine, self.sampling, max_batch=r.max_batch_size,
                                      wait_s=r.batch_wait_ms / 1000, lock=self._engine_lock,
-                                     continuous=self.cfg.generation.continuous and hasattr(self.engine, "submit"))
+                                     continuous=self._continuous())
         self.gen.start()
         self._started_evt.set()
         tasks: set[asyncio.Task] = set()
@@ -694,6 +694,13 @@ class RolloutManager:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self.gen.aclose()
+
+    def _continuous(self) -> bool:
+        """Requests go to the engine one by one into its running batch (``generation.continuous``
+        and an engine with ``submit``), except under ``deterministic: true``: which requests
+        share a step then depends on timing, and batched kernels round differently per batch,
+        so a rerun would differ in the last bits; blocking calls keep batches reproducible."""
+        return self.cfg.generation.continuous and not self.cfg.deterministic and hasattr(self.engine, "submit")
 
     async def _guard(self, coro) -> None:
         try:

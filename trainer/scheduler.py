@@ -125,22 +125,28 @@ class ContinuousBatcher:
 
     def submit(self, prompt: list[int], sampling: SamplingParams) -> concurrent.futures.Future:
         """Queue one request (``sampling.seeds``: None or one seed) for the next step."""
-        fut: concurrent.futures.Future = concurrent.futures.Future()
-        seed = sampling.seeds[0] if sampling.seeds else int(torch.randint(0, 2**62, ()).item())
-        allowed = None
-        if sampling.allowed_token_ids is not None:
-            allowed = torch.full((self.stepper.vocab_size,), float("-inf"))
-            allowed[torch.tensor(sampling.allowed_token_ids)] = 0.0
-        req = _Request(list(prompt), sampling, int(seed), fut, allowed)
+        return self.submit_many([(prompt, sampling)])[0]
+
+    def submit_many(self, requests: list[tuple[list[int], SamplingParams]]) -> list[concurrent.futures.Future]:
+        """Queue requests at once: they join the batch together (a blocking batch call's
+        prompts are prefilled as one batch, as the same call always is: reproducible numerics)."""
+        reqs = []
+        for prompt, sampling in requests:
+            seed = sampling.seeds[0] if sampling.seeds else int(torch.randint(0, 2**62, ()).item())
+            allowed = None
+            if sampling.allowed_token_ids is not None:
+                allowed = torch.full((self.stepper.vocab_size,), float("-inf"))
+                allowed[torch.tensor(sampling.allowed_token_ids)] = 0.0
+            reqs.append(_Request(list(prompt), sampling, int(seed), concurrent.futures.Future(), allowed))
         with self._cv:
             if self._stop:
                 raise RuntimeError("the generation engine is closed")
-            self._queue.append(req)
+            self._queue.extend(reqs)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._main, name="rockroll-continuous", daemon=True)
                 self._thread.start()
             self._cv.notify_all()
-        return fut
+        return [r.future for r in reqs]
 
     def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
         """Load weights between two steps, as ``on_load`` says (module docstring)."""
