@@ -13,7 +13,9 @@ Engines never see text: the rollout keeps exact token ids, so nothing is re-toke
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import itertools
 import os
 import threading
 from dataclasses import dataclass, field
@@ -196,6 +198,10 @@ class VLLMEngine:
     - ``logprobs_mode="processed_logprobs"``: vLLM reports log-probs after temperature and
       top-p, the distribution it sampled from, like :class:`TransformersEngine` (the default
       would be the raw model's).
+    - Continuous batching: a thread of its own adds each request to vLLM's engine between two
+      of its steps (``LLMEngine.add_request`` / ``step``, in this process), so requests that
+      arrive while others decode join vLLM's running batch, and each is answered the step it
+      finishes (:meth:`submit`); a weight load waits for the requests in flight.
     - :meth:`load_weights` uses vLLM's in-place reload (the ``reload_weights`` worker call),
       which runs the post-load processing again: the CPU backend repacks linear weights for
       its GEMM kernels and drops the originals, so copying into parameters would not reach
@@ -216,32 +222,118 @@ class VLLMEngine:
         self.llm = vllm.LLM(model=model_path, gpu_memory_utilization=gpu_memory_utilization, seed=seed,
                             dtype=dtype, enable_prefix_caching=True, logprobs_mode="processed_logprobs")
         self.version = version
-        self._lock = threading.Lock()  # the LLM is not thread-safe: generate and load_weights take turns
+        # The LLM is not thread-safe: one thread (:meth:`_main`) adds requests and steps the
+        # engine; weight loads take the step lock between two steps.
+        self._queue: list = []
+        self._cv = threading.Condition()
+        self._step_lock = threading.Lock()
+        self._ids = itertools.count()
+        self._loading = self._stop = False
+        self._running = 0
+        self._live: dict[str, tuple[concurrent.futures.Future, int]] = {}  # request id -> (future, version)
+        self._thread: threading.Thread | None = None
+
+    def _params(self, sampling: SamplingParams, seed: int | None):
+        return self._vllm.SamplingParams(
+            temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_new_tokens, logprobs=0,
+            stop_token_ids=list(sampling.stop_token_ids), seed=None if seed is None else int(seed % 2**31),
+            allowed_token_ids=sampling.allowed_token_ids, detokenize=False)
+
+    def submit(self, prompt: Sequence[int], sampling: SamplingParams) -> concurrent.futures.Future:
+        """One request (``sampling.seeds``: None or one seed) into vLLM's running batch: a future
+        of its :class:`GenOutput`, resolved the step it finishes."""
+        return self._submit_many([(list(prompt), self._params(sampling, sampling.seeds[0] if sampling.seeds else None))])[0]
 
     def generate(self, prompts, sampling: SamplingParams) -> list[GenOutput]:
-        vllm = self._vllm
-        params = [
-            vllm.SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p,
-                                max_tokens=sampling.max_new_tokens, logprobs=0,
-                                stop_token_ids=list(sampling.stop_token_ids),
-                                seed=None if sampling.seeds is None else int(sampling.seeds[i] % 2**31),
-                                allowed_token_ids=sampling.allowed_token_ids,
-                                detokenize=False)
-            for i in range(len(prompts))
-        ]
-        reqs = [{"prompt_token_ids": list(p)} for p in prompts]
-        with self._lock:
-            outs = self.llm.generate(reqs, params, use_tqdm=False)
-        result = []
-        for o in outs:
-            c = o.outputs[0]
-            lps = [float(lp[t].logprob) for t, lp in zip(c.token_ids, c.logprobs)]
-            result.append(GenOutput(list(c.token_ids), lps, "stop" if c.finish_reason == "stop" else "length"))
-        return result
+        seeds = sampling.seeds or [None] * len(prompts)
+        futs = self._submit_many([(list(p), self._params(sampling, s)) for p, s in zip(prompts, seeds)])
+        return [f.result() for f in futs]
+
+    def _submit_many(self, reqs) -> list[concurrent.futures.Future]:
+        futs = [concurrent.futures.Future() for _ in reqs]
+        with self._cv:
+            self._queue.extend((p, params, f) for (p, params), f in zip(reqs, futs))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._main, name="rockroll-vllm", daemon=True)
+                self._thread.start()
+            self._cv.notify_all()
+        return futs
+
+    def _main(self) -> None:
+        """The scheduling loop: new requests are added to vLLM's engine between two of its
+        steps (its scheduler batches them with the running ones); a finished one is answered
+        the step it finishes."""
+        eng, live = self.llm.llm_engine, self._live
+        try:
+            while True:
+                with self._cv:
+                    self._cv.wait_for(lambda: self._stop or live or (self._queue and not self._loading))
+                    if self._stop:
+                        break
+                    new = [] if self._loading else list(self._queue)
+                    if new:
+                        self._queue.clear()
+                with self._step_lock:
+                    gone = [rid for rid, (f, _) in live.items() if f.cancelled()]  # a caller gave up
+                    if gone:
+                        eng.abort_request(gone)
+                        for rid in gone:
+                            del live[rid]
+                    for prompt, params, fut in new:
+                        rid = str(next(self._ids))
+                        eng.add_request(rid, {"prompt_token_ids": prompt}, params)
+                        live[rid] = (fut, self.version)
+                    done = [o for o in eng.step() if o.finished] if live else []
+                for o in done:
+                    fut, version = live.pop(o.request_id, None) or live.pop(o.request_id.split("-")[0], (None, 0))
+                    if fut is None or fut.done():
+                        continue
+                    c = o.outputs[0]
+                    lps = [float(lp[t].logprob) for t, lp in zip(c.token_ids, c.logprobs)]
+                    fut.set_result(GenOutput(list(c.token_ids), lps, "stop" if c.finish_reason == "stop" else "length",
+                                             version=version))
+                with self._cv:
+                    self._running = len(live)
+                    self._cv.notify_all()
+        except BaseException as e:  # noqa: BLE001  (fail every waiting caller)
+            with self._cv:
+                waiting = [f for f, _ in live.values()] + [f for _, _, f in self._queue]
+                self._queue.clear()
+            for f in waiting:
+                if not f.done():
+                    f.set_exception(e)
+            raise
 
     def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
-        with self._lock:
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(state_dict.items()),
-                                                              "is_checkpoint_format": True})
-            self.llm.reset_prefix_cache()
-            self.version = version
+        """Between two steps, once the requests in flight finished on the old weights (the
+        torch engine's ``on_load="wait"``); requests that arrive meanwhile wait for the new."""
+        with self._cv:
+            self._loading = True
+            self._cv.wait_for(lambda: not self._running)
+        try:
+            with self._step_lock:
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(state_dict.items()),
+                                                                  "is_checkpoint_format": True})
+                self.llm.reset_prefix_cache()
+                self.version = version
+        finally:
+            with self._cv:
+                self._loading = False
+                self._cv.notify_all()
+
+    def close(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout=30)
+        with self._cv, self._step_lock:  # requests still in vLLM's engine: abort, fail their callers
+            if self._live:
+                self.llm.llm_engine.abort_request(list(self._live))
+            for fut, _ in self._live.values():
+                if not fut.done():
+                    fut.set_exception(RuntimeError("the generation engine is closed"))
+            self._live.clear()
+            self._running = 0
+            self._stop, self._thread = False, None

@@ -132,3 +132,21 @@ def test_allowed_token_ids_constrain_and_renormalise(run):
         assert o.logprobs == pytest.approx(expected, abs=2e-4)
         whole = torch.log_softmax(logits, -1)  # over the whole vocabulary: lower, not what was sampled
         assert all(lp > whole[i, t].item() + 1e-3 for i, (t, lp) in enumerate(zip(o.token_ids, o.logprobs)))
+
+
+def test_requests_join_the_running_batch(run):
+    """Continuous batching through vLLM's engine: a request submitted while a long one decodes
+    joins it and is answered first, with the tokens it has alone (its seed, not its batch)."""
+    gen, stop = run["generator"], run["template"].stop_id
+    prompts = _prompts(run)
+    short = SamplingParams(temperature=T, max_new_tokens=2, stop_token_ids=[stop], seeds=[31])
+    alone = gen.generate(prompts[:1], short)[0]
+    order = []
+    long_fut = gen.submit(prompts[1], SamplingParams(temperature=T, max_new_tokens=200, seeds=[32]))
+    long_fut.add_done_callback(lambda f: order.append("long"))
+    short_fut = gen.submit(prompts[0], short)
+    short_fut.add_done_callback(lambda f: order.append("short"))
+    joined, long_out = short_fut.result(), long_fut.result()
+    assert order == ["short", "long"] and len(long_out.token_ids) > 2  # (vLLM stops at EOS)
+    assert joined.token_ids == alone.token_ids and joined.logprobs == pytest.approx(alone.logprobs, abs=1e-5)
+    assert joined.version == long_out.version == gen.version
