@@ -230,6 +230,7 @@ class VLLMEngine:
         self._ids = itertools.count()
         self._loading = self._stop = False
         self._running = 0
+        self.steps = self.joins = 0  # engine steps; requests added while others were running
         self._live: dict[str, tuple[concurrent.futures.Future, int]] = {}  # request id -> (future, version)
         self._thread: threading.Thread | None = None
 
@@ -279,11 +280,13 @@ class VLLMEngine:
                         eng.abort_request(gone)
                         for rid in gone:
                             del live[rid]
+                    self.joins += len(new) if live else 0
                     for prompt, params, fut in new:
                         rid = str(next(self._ids))
                         eng.add_request(rid, {"prompt_token_ids": prompt}, params)
                         live[rid] = (fut, self.version)
                     done = [o for o in eng.step() if o.finished] if live else []
+                    self.steps += bool(live)
                 for o in done:
                     fut, version = live.pop(o.request_id, None) or live.pop(o.request_id.split("-")[0], (None, 0))
                     if fut is None or fut.done():
