@@ -55,6 +55,7 @@ def run(alpha: int, redundant: int, steps: int, *, group: int, batch_groups: int
         "rollout": {"group_size": group, "redundant": redundant, "async_ratio": alpha,
                     "batch_groups": batch_groups, "max_turns": 4, "max_batch_size": 256, "batch_wait_ms": 5},
         "generation": {"max_new_tokens": 8},
+        "tokenizer": {"template": "prefixes"},  # the stand-in tokenizer has no chat template
     })
     tok = _CharTok()
     template = PromptTemplate(tok, cfg.tokenizer)
