@@ -153,3 +153,52 @@ def test_a_cancelled_request_frees_its_row(engine):
     fut.cancel()
     assert len(other.result().token_ids) == 40
     assert not engine.batcher._rows
+
+
+def _rollout(continuous: bool):
+    """Two steps of a rollout on a continuous engine over the simulated model (heavy-tailed
+    reply lengths), its requests sent one by one (continuous) or as blocking batch calls."""
+    from rockroll.trainer.engines import ContinuousEngine
+    from rockroll.trainer.rollout import PromptTemplate, RolloutManager
+    from rockroll.trainer.testing import SimStepper
+
+    class CharTok:  # one id per character; "<|end|>" is 0
+        unk_token_id = -1
+
+        def convert_tokens_to_ids(self, tok):
+            return 0 if tok == "<|end|>" else None
+
+        def encode(self, text, add_special_tokens=False):
+            return [ord(c) for c in text]
+
+        def decode(self, ids, skip_special_tokens=True):
+            return "".join(chr(i) for i in ids if i > 0)
+
+    cfg = load_config({
+        "seed": 2, "envs": [{"id": "rockroll.trainer.synthetic:LatencyEnv", "kwargs": {"max_turns": 3}}],
+        "rollout": {"group_size": 4, "batch_groups": 2, "max_turns": 3, "batch_wait_ms": 5},
+        "generation": {"max_new_tokens": 64, "continuous": continuous}, "tokenizer": {"template": "prefixes"},
+    })
+    engine = ContinuousEngine(SimStepper(stop_id=0, word_id=ord("R"), step_s=0.0005, prefill_s=0.0005))
+    mgr = RolloutManager(cfg, engine, PromptTemplate(CharTok(), cfg.tokenizer))
+    mgr.start()
+    try:
+        groups, _ = mgr.get_batch(0, timeout=120)
+    finally:
+        mgr.close()
+        engine.close()
+    return {g.group_id: [s.token_ids for s in g.samples] for g in groups}, engine.batcher, mgr.gen.calls
+
+
+def test_the_rollout_sends_requests_into_the_running_batch_with_the_same_samples():
+    """generation.continuous: each episode's request is submitted on its own and joins the
+    running batch (joins > 0); blocking calls never join one (one call at a time). A group
+    gets the same tokens either way (per-request seeds)."""
+    blocking, b_batcher, b_calls = _rollout(False)
+    continuous, c_batcher, c_calls = _rollout(True)
+    assert b_batcher.joins == 0 and c_batcher.joins > 0
+    assert c_calls > b_calls  # one call per request against one per batch
+    common = set(blocking) & set(continuous)
+    assert common
+    for gid in common:
+        assert sorted(blocking[gid]) == sorted(continuous[gid]), gid
