@@ -10,7 +10,12 @@ configurations run in this one process run, so compare the ratios.
 Then the cost of rhythm credit's extra attention pass (:func:`attention_cost`): a training
 step on one multi-turn batch with and without the attention role, alternated in this process.
 
-    python bench/rollout.py [--quick]
+Queue scheduling (continuous batching) on/off: the same engine (the continuous-batching loop
+over ``rockroll.trainer.testing.SimStepper``, heavy-tailed reply lengths and a fixed cost per
+decode step) asked through one blocking batch call at a time (off: a batch answers when its
+longest reply is done) or request by request, each joining the running batch (on).
+
+    python bench/rollout.py [--quick] [--only queue|attention]
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ def run(alpha: int, redundant: int, steps: int, *, group: int, batch_groups: int
         "rollout": {"group_size": group, "redundant": redundant, "async_ratio": alpha,
                     "batch_groups": batch_groups, "max_turns": 4, "max_batch_size": 256, "batch_wait_ms": 5},
         "generation": {"max_new_tokens": 8},
+        "tokenizer": {"template": "prefixes"},  # the stand-in tokenizer has no chat template
     })
     tok = _CharTok()
     template = PromptTemplate(tok, cfg.tokenizer)
@@ -81,6 +87,61 @@ def run(alpha: int, redundant: int, steps: int, *, group: int, batch_groups: int
             "mean_wait_s": sum(waits) / len(waits), "gen_calls": engine_calls(engine),
             "stale_dropped": dropped.get("rollout/stale_samples_dropped", 0),
             "redundant_cancelled": dropped.get("rollout/redundant_cancelled", 0)}
+
+
+def run_queue(continuous: bool, steps: int, *, group: int, batch_groups: int, alpha: int, max_new_tokens: int,
+              train_s: float, env_s: float, step_s: float) -> dict:
+    """One configuration of the queue-scheduling comparison (see the module docstring)."""
+    from rockroll.trainer.engines import ContinuousEngine
+    from rockroll.trainer.testing import SimStepper
+
+    cfg = load_config({
+        "seed": 0,
+        "envs": [{"id": LAT, "kwargs": {"fixed_latency_s": env_s, "max_turns": 4}}],
+        "rollout": {"group_size": group, "async_ratio": alpha, "batch_groups": batch_groups, "max_turns": 4,
+                    "max_batch_size": 256, "batch_wait_ms": 5},
+        "generation": {"max_new_tokens": max_new_tokens, "continuous": continuous},
+        "tokenizer": {"template": "prefixes"},  # the stand-in tokenizer has no chat template
+    })
+    template = PromptTemplate(_CharTok(), cfg.tokenizer)
+    engine = ContinuousEngine(SimStepper(stop_id=0, word_id=ord("R"), step_s=step_s))
+    mgr = RolloutManager(cfg, engine, template)
+    mgr.start()
+    samples, tokens, waits = 0, 0, []
+    try:
+        t0 = time.perf_counter()
+        for step in progress(range(steps), desc=f"continuous={continuous}"):
+            w0 = time.perf_counter()
+            groups, _ = mgr.get_batch(step, timeout=600)
+            waits.append(time.perf_counter() - w0)
+            samples += sum(len(g.samples) for g in groups)
+            tokens += sum(sum(s.mask) for g in groups for s in g.samples)
+            time.sleep(train_s)
+            mgr.load_weights({}, step + 1)
+        wall = time.perf_counter() - t0
+    finally:
+        mgr.close()
+        engine.close()
+    b = engine.batcher
+    return {"mode": "continuous" if continuous else "blocking batch", "samples": samples, "wall_s": wall,
+            "samples_per_s": samples / wall, "tokens_per_sample": tokens / max(samples, 1),
+            "mean_wait_s": sum(waits) / len(waits), "decode_steps": b.steps, "joins": b.joins,
+            "gen_calls": mgr.gen.calls}
+
+
+def queue_scheduling(quick: bool) -> dict:
+    """Queue scheduling on/off in one process run: the samples/s ratio, table and JSON rows."""
+    params = dict(group=8, batch_groups=4, alpha=1, max_new_tokens=128, train_s=0.3, env_s=0.02, step_s=0.005)
+    steps = 3 if quick else 12
+    rows = [run_queue(c, steps, **params) for c in (False, True)]
+    ratio = rows[1]["samples_per_s"] / rows[0]["samples_per_s"]
+    for row in rows:
+        row["speedup"] = row["samples_per_s"] / rows[0]["samples_per_s"]
+    print_table("Queue scheduling: continuous batching vs one blocking batch call (heavy-tailed reply lengths)",
+                rows, ["mode", "samples", "wall_s", "samples_per_s", "speedup", "tokens_per_sample", "mean_wait_s",
+                       "decode_steps", "joins", "gen_calls"])
+    print(f"\ncontinuous vs blocking batch: {ratio:.2f}x samples/s")
+    return {"params": {**params, "steps": steps}, "rows": rows, "speedup": ratio}
 
 
 def engine_calls(engine) -> int:
@@ -156,10 +217,14 @@ def attention_table(quick: bool) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer steps (CI smoke run)")
-    ap.add_argument("--attention-only", action="store_true", help="only the rhythm credit's attention-pass cost")
+    ap.add_argument("--only", choices=["queue", "attention"],
+                    help="run only this comparison (queue scheduling, or rhythm credit's attention-pass cost)")
     args = ap.parse_args()
-    if args.attention_only:
+    if args.only == "attention":
         attention_table(args.quick)
+        return
+    if args.only == "queue":
+        print(f"\nwrote {write_json('rollout_queue', queue_scheduling(args.quick))}")
         return
     params = dict(group=8, batch_groups=4, train_s=0.3, call_s=0.02, per_prompt_s=0.0002, median_s=0.05, sigma=1.5)
     steps = 4 if args.quick else 24  # long-tailed latencies: enough steps for stable ratios
@@ -177,8 +242,10 @@ def main() -> None:
     print(f"\nasync (alpha=2, no redundant envs) vs sync: {speedup['alpha=2,r=0']:.2f}x, target >= 2.5x: "
           f"{'met' if met else 'NOT met'}")
     attn = attention_table(args.quick)
+    queue = queue_scheduling(args.quick)
     path = write_json("rollout", {"params": {**params, "steps": steps}, "rows": rows, "speedup": speedup,
-                                  "target_async_speedup": 2.5, "met": met, "attention_pass": attn})
+                                  "target_async_speedup": 2.5, "met": met, "attention_pass": attn,
+                                  "queue_scheduling": queue})
     print(f"\nwrote {path}")
 
 

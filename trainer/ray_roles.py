@@ -7,7 +7,9 @@
 - batch roles (:class:`~.roles.BatchRole`: the KL reference...), each in an actor of its own
   (:class:`_BatchRole`) that builds its own model, asked concurrently on each step's groups;
 - env workers (``ray.num_env_workers``): :class:`~.roles.EnvWorker` in an actor, whose
-  requests go to one generator through :class:`RemoteEngine`. Each worker fills its share of
+  requests go to every generator through :class:`RemoteEngine`, one request at a time to the
+  least loaded (prompt replication: the n samples of a group are n requests spread over all
+  generators, not one generator's batch). Each worker fills its share of
   ``rollout.batch_groups`` from a seed stream of its own and numbers its groups in a block of
   its own, so groups of two workers never merge in GRPO; :class:`RayRollout` is them all as
   one :class:`~.roles.Rollout`.
@@ -25,7 +27,9 @@ a cluster to join.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import threading
 from pathlib import Path
 from typing import Any, Callable
 
@@ -41,6 +45,7 @@ __all__ = ["GROUP_ID_BLOCK", "RayRoles", "RayRollout", "Remote", "init_local_ray
            "start_roles", "worker_config"]
 
 GROUP_ID_BLOCK = 1 << 32  # env worker i numbers its groups from i * GROUP_ID_BLOCK
+GENERATOR_CONCURRENCY = 256  # calls a generator actor serves at once (they share its running batch)
 
 
 def init_local_ray(num_cpus: int | None = None) -> None:
@@ -77,12 +82,21 @@ def worker_config(cfg: TrainConfig, index: int) -> TrainConfig:
 
 
 class _Generator:
+    """A generation engine in a threaded actor (``max_concurrency``): concurrent calls from
+    every env worker join the engine's one running batch (continuous batching)."""
+
     def __init__(self, cfg: TrainConfig, tokenizer: Any):
         self.engine = make_generator(cfg, build_model(cfg.model, tokenizer, cfg.seed), tokenizer)
         self.group: WeightGroup | None = None
+        self.seeds_served: list[int] = []  # each request's seed: which samples this generator made
 
     def generate(self, prompts, sampling: SamplingParams):
-        return self.engine.generate(prompts, sampling), self.engine.version
+        self.seeds_served += list(sampling.seeds or [])
+        outs = self.engine.generate(prompts, sampling)
+        return outs, min([self.engine.version, *(o.version for o in outs if o.version is not None)])
+
+    def served(self) -> list[int]:
+        return list(self.seeds_served)
 
     def version(self) -> int:
         return self.engine.version
@@ -103,18 +117,69 @@ class _Generator:
 
 
 class RemoteEngine:
-    """The generating half of :class:`GenerationEngine` over a generator actor (weights reach
-    the generator from the trainer, never through an env worker)."""
+    """The generating half of :class:`GenerationEngine` over generator actors (weights reach
+    them from the trainer, never through an env worker).
 
-    def __init__(self, actor: Any):
+    Prompt replication: every request goes on its own to the generator with the fewest
+    requests in flight from here (ties: round-robin), so a group's samples spread over all
+    generators. :meth:`submit` (continuous batching) sends one request and returns a future;
+    :meth:`generate` spreads a batch's prompts the same way. Each output carries the version
+    of the generator that made it."""
+
+    def __init__(self, actors: Any):
         import ray
 
-        self.actor, self._ray = actor, ray
-        self.version = ray.get(actor.version.remote())
+        self.actors = list(actors) if isinstance(actors, (list, tuple)) else [actors]
+        self._ray = ray
+        self._load = [0] * len(self.actors)
+        self._next = 0
+        self._lock = threading.Lock()
+        self.version = min(ray.get([a.version.remote() for a in self.actors]))
+
+    def _pick(self) -> int:
+        with self._lock:
+            n = len(self.actors)
+            i = min(range(n), key=lambda k: (self._load[k], (k - self._next) % n))
+            self._load[i] += 1
+            self._next = (i + 1) % n
+            return i
+
+    def _done(self, i: int) -> None:
+        with self._lock:
+            self._load[i] -= 1
+
+    def _send(self, prompt, sampling, seed) -> tuple[int, Any]:
+        i = self._pick()
+        one = dataclasses.replace(sampling, seeds=None if seed is None else [seed])
+        return i, self.actors[i].generate.remote([list(prompt)], one)
+
+    def submit(self, prompt, sampling) -> concurrent.futures.Future:
+        i, ref = self._send(prompt, sampling, sampling.seeds[0] if sampling.seeds else None)
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+
+        def finish(f):
+            self._done(i)
+            try:
+                outs, version = f.result()
+            except BaseException as e:  # noqa: BLE001
+                fut.set_exception(e)
+                return
+            self.version = version
+            fut.set_result(dataclasses.replace(outs[0], version=version))
+
+        ref.future().add_done_callback(finish)
+        return fut
 
     def generate(self, prompts, sampling):
-        outs, self.version = self._ray.get(self.actor.generate.remote([list(p) for p in prompts], sampling))
-        return outs
+        seeds = sampling.seeds or [None] * len(prompts)
+        sent = [self._send(p, sampling, s) for p, s in zip(prompts, seeds)]
+        try:
+            results = self._ray.get([ref for _, ref in sent])
+        finally:
+            for i, _ in sent:
+                self._done(i)
+        self.version = min(v for _, v in results)
+        return [dataclasses.replace(outs[0], version=v) for outs, v in results]
 
 
 class _EnvWorker(EnvWorker):
@@ -167,7 +232,7 @@ def make_actor_classes(num_gpus: float = 0.0):
     import ray
 
     return (ray.remote(num_cpus=0, num_gpus=num_gpus)(_PolicyTrainer),
-            ray.remote(num_cpus=0, num_gpus=num_gpus)(_Generator),
+            ray.remote(num_cpus=0, num_gpus=num_gpus, max_concurrency=GENERATOR_CONCURRENCY)(_Generator),
             ray.remote(num_cpus=0)(_EnvWorker),
             ray.remote(num_cpus=0, num_gpus=num_gpus)(_BatchRole))
 
@@ -230,7 +295,7 @@ class RayRollout:
 
 class RayRoles(Roles):
     """The roles in Ray actors (:func:`start_roles`); ``generators`` and ``rollout.workers``
-    are actor handles, env worker i asking ``generators[i % len(generators)]``."""
+    are actor handles, every env worker asking every generator (:class:`RemoteEngine`)."""
 
     def __init__(self, trainer: Any, generators: list[Any], workers: list[Any], tokenizer: Any,
                  owns_ray: bool = False, batch_actors: list[Any] = ()):
@@ -321,8 +386,8 @@ def start_roles(cfg: TrainConfig, tokenizer: Any, env_factory: Callable[[EnvConf
     trainer = Trainer.remote(cfg, tokenizer)
     batch_actors = [BatchRole.remote(cls, cfg, tokenizer) for cls in batch_role_classes(cfg)]
     generators = [Generator.remote(cfg, tokenizer) for _ in range(cfg.ray.num_generators)]
-    workers = [EnvWorker.remote(worker_config(cfg, i), tokenizer, generators[i % len(generators)],
-                                i * GROUP_ID_BLOCK, env_factory) for i in range(cfg.ray.num_env_workers)]
+    workers = [EnvWorker.remote(worker_config(cfg, i), tokenizer, generators, i * GROUP_ID_BLOCK, env_factory)
+               for i in range(cfg.ray.num_env_workers)]
     roles = RayRoles(trainer, generators, workers, tokenizer, batch_actors=batch_actors)
     if cfg.ray.weight_sync == "collective":
         world = 1 + len(generators)

@@ -156,7 +156,8 @@ def make_generator(cfg: TrainConfig, lm, tokenizer):
         return VLLMEngine(path, gpu_memory_utilization=cfg.generation.gpu_memory_utilization, seed=cfg.seed,
                           dtype=cfg.model.dtype)
     gen_model = copy.deepcopy(lm)  # its own copy: weights move only at sync points
-    return TransformersEngine(gen_model, tokenizer.pad_token_id)
+    return TransformersEngine(gen_model, tokenizer.pad_token_id, max_batch=cfg.rollout.max_batch_size,
+                              on_load=cfg.generation.on_weight_load)
 
 
 def build_policy(cfg: TrainConfig, lm) -> Any:
@@ -361,6 +362,8 @@ class LocalRoles(Roles):
 
     def close(self) -> None:
         self.rollout.close()
+        if hasattr(self.generator, "close"):  # the continuous-batching thread
+            self.generator.close()
 
     def summary(self) -> dict[str, Any]:
         return {"policy": self.trainer.policy, "generator": self.generator}

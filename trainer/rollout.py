@@ -8,7 +8,9 @@ Pieces, bottom up:
 - :func:`run_episode` plays one episode: generate -> env.step -> append observation tokens.
 - :class:`BatchingGenerator` gathers generation requests from every running episode and
   sends them to the engine as one batch: when the batch is full, when every running episode
-  is waiting (nothing more can arrive), or ``batch_wait_ms`` after the first request.
+  is waiting (nothing more can arrive), or ``batch_wait_ms`` after the first request. With
+  ``generation.continuous`` and an engine that batches continuously (``engine.submit``), each
+  request goes to the engine at once instead and joins its running batch (queue scheduling).
 - :class:`RolloutManager` runs groups of G (+ r redundant) episodes that share a task and a
   seed on an asyncio loop in a background thread, admits new groups under the staleness
   bound ``async_ratio`` (alpha), and hands the trainer whole groups with
@@ -219,11 +221,15 @@ class BatchingGenerator:
     A batch leaves when it holds ``max_batch`` requests, when every active episode is waiting
     on generation (no request can come before this batch answers), or ``wait_s`` after its
     first request. One engine call at a time, in a dedicated thread, so envs keep stepping.
+
+    ``continuous``: no batching here; each request is ``engine.submit``-ted at once and joins
+    the engine's running batch, and its answer comes back the step it is done (the engine
+    orders weight loads itself, so no lock is held around it).
     """
 
     def __init__(self, engine: Any, sampling: SamplingParams, *, max_batch: int, wait_s: float,
-                 lock: threading.Lock | None = None):
-        self.engine, self.sampling = engine, sampling
+                 lock: threading.Lock | None = None, continuous: bool = False):
+        self.engine, self.sampling, self.continuous = engine, sampling, continuous
         self.max_batch, self.wait_s = max_batch, wait_s
         # Held around each engine call and by whoever loads new weights (RolloutManager.load_weights),
         # so the version a batch is labelled with is the one whose weights generated it.
@@ -254,6 +260,10 @@ class BatchingGenerator:
             self._changed.set()
 
     async def generate(self, prompt: list[int], seed: int) -> tuple[GenOutput, int]:
+        if self.continuous:
+            self.calls += 1
+            out = await asyncio.wrap_future(self.engine.submit(prompt, dataclasses.replace(self.sampling, seeds=[seed])))
+            return out, out.version
         fut = asyncio.get_running_loop().create_future()
         self._pending.append((prompt, seed, fut))
         self.poke()
@@ -300,8 +310,8 @@ class BatchingGenerator:
                         fut.set_exception(e)
                 continue
             for (_, _, fut), out in zip(batch, outs):
-                if not fut.done():
-                    fut.set_result((out, version))
+                if not fut.done():  # an output labelled by its engine (generators routed per sample) keeps it
+                    fut.set_result((out, version if out.version is None else out.version))
 
 
 async def _env_call(env: Any, name: str, executor, *args, **kwargs):
@@ -458,7 +468,12 @@ class RolloutManager:
         self.cfg, self.engine, self.template = cfg, engine, template
         r = cfg.rollout
         self.G, self.r, self.alpha, self.bg = r.group_size, r.redundant, r.async_ratio, r.batch_groups
-        self.max_groups = r.max_concurrent_groups or self.bg * (self.alpha + 1)
+        # spare groups: started beyond what a step needs; a step trains on the first to finish
+        # ("first") or on a random batch_groups of them once all are in ("quorum", no length bias)
+        self.spare, self.quorum = r.spare_groups, r.spare_selection == "quorum"
+        self.max_groups = r.max_concurrent_groups or self.bg * (self.alpha + 1) + self.spare
+        self._pick_rng = random.Random(_mix(cfg.seed, 0x5BA7E))  # quorum's pick; self.rng draws tasks
+        self.finished = [0, 0.0, 0.0]  # groups finished (trained or not), sums of their mean turns and reward
         fp = cfg.algorithm.format_penalty
         self.env_factory = env_factory or (lambda spec: make_env(spec, fp))
         self.sampling = SamplingParams(temperature=cfg.generation.temperature, top_p=cfg.generation.top_p,
@@ -541,8 +556,9 @@ class RolloutManager:
                         self.counters["stale_groups_dropped"] += 1
                         self.replaced += 1
                     take = self.bg - len(batch)
-                    batch += fresh[:take]
-                    self.ready = fresh[take:]
+                    picked = self._quorum_pick(fresh, take) if self.quorum else fresh[:take]
+                    batch += picked
+                    self.ready = [g for g in fresh if all(g is not p for p in picked)]
                     if stale:
                         self._notify()
                 if len(batch) >= self.bg:
@@ -557,11 +573,25 @@ class RolloutManager:
         metrics = {f"rollout/{k}": float(v - self._reported.get(k, 0)) for k, v in now.items()}
         self._reported = now
         metrics.update(batch_metrics(batch, step))
+        with self._cond:  # every finished group's means: the trained ones' bias shows against them
+            n, turns, reward = self.finished
+        if n:
+            metrics.update({"rollout/finished_turns": turns / n, "rollout/finished_reward": reward / n})
         if self.curriculum is not None:
             with self._cond:
                 metrics.update(self.curriculum.metrics())
             metrics.update(initialized_metrics(batch))
         return batch, metrics
+
+    def _quorum_pick(self, fresh: list[Group], take: int) -> list[Group]:
+        """``rollout.spare_selection: quorum``: ``take`` groups chosen at random among the first
+        ``take + spare_groups`` started, once they have all finished (or nothing else is
+        running): which groups train then does not depend on how long their episodes took.
+        Too few in yet: none (get_batch waits)."""
+        pool = sorted(fresh, key=lambda g: g.group_id)[: take + self.spare]
+        if not take or len(pool) < take or (len(pool) < take + self.spare and self.in_flight):
+            return []
+        return [pool[i] for i in sorted(self._pick_rng.sample(range(len(pool)), take))]
 
     def pause(self) -> None:
         """Start no new group and wait for the running ones to finish (for a checkpoint)."""
@@ -663,7 +693,8 @@ class RolloutManager:
         self._wake = asyncio.Event()
         r = self.cfg.rollout
         self.gen = BatchingGenerator(self.engine, self.sampling, max_batch=r.max_batch_size,
-                                     wait_s=r.batch_wait_ms / 1000, lock=self._engine_lock)
+                                     wait_s=r.batch_wait_ms / 1000, lock=self._engine_lock,
+                                     continuous=self._continuous())
         self.gen.start()
         self._started_evt.set()
         tasks: set[asyncio.Task] = set()
@@ -685,6 +716,13 @@ class RolloutManager:
             if self.reward is not None:
                 await self.reward.aclose()
 
+    def _continuous(self) -> bool:
+        """Requests go to the engine one by one into its running batch (``generation.continuous``
+        and an engine with ``submit``), except under ``deterministic: true``: which requests
+        share a step then depends on timing, and batched kernels round differently per batch,
+        so a rerun would differ in the last bits; blocking calls keep batches reproducible."""
+        return self.cfg.generation.continuous and not self.cfg.deterministic and hasattr(self.engine, "submit")
+
     async def _guard(self, coro) -> None:
         try:
             await coro
@@ -698,7 +736,7 @@ class RolloutManager:
 
     def _can_start(self) -> bool:
         with self._cond:
-            allowed = (self.version + self.alpha + 1) * self.bg + self.replaced
+            allowed = (self.version + self.alpha + 1) * self.bg + self.replaced + self.spare
             return (not self.paused and self.in_flight < self.max_groups and self.started < allowed)
 
     def _next_group(self) -> dict[str, Any]:
@@ -785,6 +823,9 @@ class RolloutManager:
             if keep:
                 self.ready.append(Group(gid, spec.id, task, seed, valid, start_level=level))
                 self.counters["groups_done"] += 1
+                self.finished[0] += 1
+                self.finished[1] += sum(s.num_turns for s in valid) / len(valid)
+                self.finished[2] += sum(s.reward for s in valid) / len(valid)
                 self.zero_adv_streak = 0
             else:
                 self.replaced += 1

@@ -84,3 +84,33 @@ class TwoStepEnv(GemEnv):
         self.right += win
         obs = f"Now say {self.targets[1]}." if turn == 0 else "Done."
         return obs, 0.5 * win, False, {"success": self.right == 2}
+
+
+class LengthEnv(GemEnv):
+    """Episodes whose length and reward go together: task ``k`` (an int) lasts ``k`` turns,
+    each sleeping ``step_s``, whatever the policy says, and pays ``k / max_turns`` at its end.
+    What finishes first is short and low-reward: the env on which spare groups' selection
+    bias is measured (``rollout.spare_selection``)."""
+
+    def __init__(self, *, max_turns: int = 6, step_s: float = 0.01, format_penalty: float = 0.0):
+        super().__init__(max_turns=max_turns, format_penalty=format_penalty)
+        self.step_s, self.task = step_s, 1
+
+    def _reset(self, task_id, options):
+        self.task = int(task_id if task_id is not None else 1)
+        return f"Play {self.task} turns.", {"success": False}
+
+    def _step(self, action: str):
+        end = self._turn >= self.task
+        return ("Done." if end else "Go on."), (self.task / self.max_turns if end else 0.0), end, {"success": end}
+
+    def step(self, action):
+        time.sleep(self.step_s)
+        return super().step(action)
+
+    async def astep(self, action):
+        await asyncio.sleep(self.step_s)
+        return super().step(action)
+
+    async def areset(self, *, seed=None, options=None):
+        return self.reset(seed=seed, options=options)

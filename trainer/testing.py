@@ -1,4 +1,5 @@
-"""Helpers for tests and benchmarks of the trainer: a scripted generation engine.
+"""Helpers for tests and benchmarks of the trainer: a scripted generation engine, and a
+simulated model for the continuous-batching engine (:class:`SimStepper`).
 
 ``ScriptEngine`` answers every prompt with the token ids of a word chosen from the request's
 seed (``words[seed % len(words)]``) followed by the stop token, with fixed log-probs, and can
@@ -8,6 +9,7 @@ records every call, so tests can check that samples hold exactly the generated i
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from typing import Any
@@ -62,5 +64,63 @@ class RecordingEngine:
         self.records += [(list(p), o) for p, o in zip(prompts, outs)]
         return outs
 
+    @property
+    def submit(self):
+        """The inner engine's continuous ``submit``, recorded (absent when the inner has none)."""
+        inner = self.inner.submit
+
+        def submit(prompt, sampling):
+            fut = inner(prompt, sampling)
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception() or self.records.append((list(prompt), f.result())))
+            return fut
+
+        return submit
+
     def load_weights(self, state_dict, version):
         self.inner.load_weights(state_dict, version)
+
+
+class SimStepper:
+    """A model stand-in for :class:`~.scheduler.ContinuousBatcher` (benchmarks of queue
+    scheduling): replies of heavy-tailed length and an accelerator's cost per forward.
+
+    A row at its t-th generated token stops (``stop_id``) with probability
+    ``min(1, tail / (t + scale))``, else says ``word_id``: the length is about Lomax
+    (P(L > t) ~ (scale / (t + scale))^tail: most replies a few tokens, a few very long),
+    drawn by the row's own seeded generator. Each prefill sleeps ``prefill_s``, each decode
+    step ``step_s + per_row_s * rows``."""
+
+    def __init__(self, *, stop_id: int, word_id: int, tail: float = 1.2, scale: float = 4.0,
+                 step_s: float = 0.005, per_row_s: float = 0.00005, prefill_s: float = 0.005):
+        self.stop_id, self.word_id, self.tail, self.scale = stop_id, word_id, tail, scale
+        self.step_s, self.per_row_s, self.prefill_s = step_s, per_row_s, prefill_s
+        self.vocab_size = max(stop_id, word_id) + 1
+        self.t: list[int] = []  # tokens generated so far, per row
+
+    def _logits(self):
+        import torch
+
+        logits = torch.full((len(self.t), self.vocab_size), float("-inf"))
+        for i, t in enumerate(self.t):
+            h = min(1.0, self.tail / (t + self.scale))
+            logits[i, self.stop_id] = math.log(h)
+            if h < 1.0:
+                logits[i, self.word_id] = math.log1p(-h)
+        return logits
+
+    def prefill(self, prompts):
+        time.sleep(self.prefill_s)
+        start = len(self.t)
+        self.t += [0] * len(prompts)
+        return self._logits()[start:]
+
+    def decode(self, tokens):
+        time.sleep(self.step_s + self.per_row_s * len(tokens))
+        self.t = [t + 1 for t in self.t]
+        return self._logits()
+
+    def keep(self, rows):
+        self.t = [self.t[i] for i in rows]
+
+    def load_weights(self, state_dict) -> None:
+        pass

@@ -3,7 +3,8 @@
 - ``rockroll.trainer.train`` with ``ray.enabled`` runs the actor loop with two env workers:
   metrics summed over both, a KL reference, the run folder, checkpoints and a resume;
 - the roles one step at a time with two env workers and two generators on collective weight
-  sync: the workers' groups are distinct, their group ids disjoint, and after a step both
+  sync: the workers' groups are distinct, their group ids disjoint, each group's samples made
+  by both generators (prompt replication), and after a step both
   generators hold the trainer's exact weights at the next version, which new samples carry.
 """
 
@@ -91,7 +92,8 @@ def test_train_dispatches_to_ray_and_resumes(tmp_path, local_ray):
 
 def test_two_workers_two_generators_collective_sync(tmp_path, local_ray):
     ray = local_ray
-    from rockroll.trainer.ray_roles import GROUP_ID_BLOCK, merge_rollout_metrics, start_roles
+    from rockroll.trainer.ray_roles import GROUP_ID_BLOCK, merge_rollout_metrics, start_roles, worker_config
+    from rockroll.trainer.rollout import _mix
 
     cfg = run_config(tmp_path, ray={"enabled": True, "num_env_workers": 2, "num_generators": 2,
                                     "weight_sync": "collective"})
@@ -111,6 +113,13 @@ def test_two_workers_two_generators_collective_sync(tmp_path, local_ray):
                 assert {s.group_id for s in g.samples} == {g.group_id} and len(g.samples) == 3
         (g0,), (g1,) = results[0][0], results[1][0]
         assert g0.seed != g1.seed
+        # prompt replication: a group's samples are single requests spread over both generators
+        served = [set(s) for s in ray.get([g.served.remote() for g in roles.generators])]
+        for i, (groups, _) in enumerate(results):
+            wseed = worker_config(cfg, i).seed
+            for g in groups:
+                first_turns = {_mix(_mix(wseed, g.group_id, k), 0) for k in range(3)}
+                assert all(first_turns & s for s in served), (g.group_id, served)
         merged = merge_rollout_metrics(results, 0)
         assert merged["rollout/samples"] == 6 and merged["rollout/groups_done"] == 2
 

@@ -9,6 +9,7 @@ per-request seeds, stop tokens, and the weight sync after a further training ste
 
 import os
 import random
+import time
 
 import pytest
 import torch
@@ -152,3 +153,25 @@ def test_top_k_top_p_log_probs_are_the_trainers(run, top_k, top_p):
             plain = target_logp(logits, targets, T)[0].tolist()
         assert o.logprobs == pytest.approx(lp, abs=2e-4)
         assert all(b > a + 1e-3 for a, b in zip(plain, o.logprobs))
+
+
+def test_requests_join_the_running_batch(run):
+    """Continuous batching through vLLM's engine: a request submitted while a long one decodes
+    joins it and is answered first, with the tokens it has alone (its seed, not its batch)."""
+    gen, stop = run["generator"], run["template"].stop_id
+    prompts = _prompts(run)
+    short = SamplingParams(temperature=T, max_new_tokens=2, stop_token_ids=[stop], seeds=[31])
+    alone = gen.generate(prompts[:1], short)[0]
+    order = []
+    long_fut = gen.submit(prompts[1], SamplingParams(temperature=T, max_new_tokens=200, seeds=[32]))
+    long_fut.add_done_callback(lambda f: order.append("long"))
+    steps, joins = gen.steps, gen.joins
+    while gen.steps < steps + 3 and not long_fut.done():  # the long one is decoding
+        time.sleep(0.001)
+    short_fut = gen.submit(prompts[0], short)
+    short_fut.add_done_callback(lambda f: order.append("short"))
+    joined, long_out = short_fut.result(), long_fut.result()
+    assert order == ["short", "long"] and len(long_out.token_ids) > 2  # (vLLM stops at EOS)
+    assert joined.token_ids == alone.token_ids and joined.logprobs == pytest.approx(alone.logprobs, abs=1e-5)
+    assert joined.version == long_out.version == gen.version
+    assert gen.joins == joins + 1
