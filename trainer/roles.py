@@ -188,6 +188,8 @@ class ReferenceRole:
     """:class:`BatchRole`: the frozen KL reference, ``lm`` at the start of training;
     annotates ``ref_logp``, log-probs under the distribution the generator samples from."""
 
+    name = "reference"  # its key in ray.roles (placement)
+
     def __init__(self, cfg: TrainConfig, lm: Any, tokenizer: Any):
         self.cfg, self.pad_id = cfg, tokenizer.pad_token_id
         self.model = lm.eval().requires_grad_(False)
@@ -214,6 +216,8 @@ class PolicyTrainer:
     """:class:`Trainer` over ``lm``: the policy engine (torch or DeepSpeed, PPO's value head as
     the critic)."""
 
+    shard = (0, 1)  # (rank, world size) of a data-parallel trainer: the ranks split each mini-batch
+
     def __init__(self, cfg: TrainConfig, lm: Any, tokenizer: Any):
         self.cfg, self.pad_id = cfg, tokenizer.pad_token_id
         self.allowed_ids = allowed_token_ids(tokenizer, cfg.generation.allowed_tokens)
@@ -221,7 +225,7 @@ class PolicyTrainer:
 
     def update(self, groups: list[Group], aux: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
         return update_policy(self.policy, self.cfg.algorithm, collate(groups, self.pad_id),
-                             self.cfg.generation.temperature, self.allowed_ids, aux)
+                             self.cfg.generation.temperature, self.allowed_ids, aux, self.shard)
 
     def weights(self) -> dict[str, Any]:
         return self.policy.sync_state_dict()

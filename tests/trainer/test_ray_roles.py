@@ -4,11 +4,18 @@
   metrics summed over both, a KL reference, the run folder, checkpoints and a resume;
 - the roles one step at a time with two env workers and two generators on collective weight
   sync: the workers' groups are distinct, their group ids disjoint, and after a step both
-  generators hold the trainer's exact weights at the next version, which new samples carry.
+  generators hold the trainer's exact weights at the next version, which new samples carry;
+- ``ray.roles`` placement: every actor lands in the placement-group bundle asked for (read
+  back from Ray: the actor's placement group, its resources, the bundles' free resources),
+  colocated roles share one GPU (a GPU that Ray is told of: there is none here), a cluster
+  too small is a ConfigError, and closing the roles frees the group;
+- data parallel: two trainer actors as the ranks of one DeepSpeed ZeRO group (gloo) take the
+  step one rank takes on the whole batch, and hold identical weights after it.
 """
 
 import json
 import os
+import time
 
 import pytest
 import torch
@@ -48,7 +55,7 @@ def local_ray():
     from rockroll.trainer.ray_roles import init_local_ray
 
     had = os.environ.get("RAY_AUTH_MODE")
-    init_local_ray(num_cpus=2)  # sets RAY_AUTH_MODE=token in this process: put back afterwards
+    init_local_ray(num_cpus=2, num_gpus=1)  # sets RAY_AUTH_MODE=token in this process: put back afterwards
     yield ray
     ray.shutdown()
     if had is None:
@@ -129,3 +136,98 @@ def test_two_workers_two_generators_collective_sync(tmp_path, local_ray):
         assert len(samples) == 6 and all(s.version == 1 and set(s.versions) == {1} for s in samples)
     finally:
         roles.close()
+
+
+def test_roles_land_in_the_bundles_asked_for(tmp_path, local_ray):
+    ray = local_ray
+    from rockroll.trainer.ray_roles import start_roles
+
+    roles_cfg = {"trainer": {"num_cpus": 0.5, "num_gpus": 0.5},
+                 "reference": {"num_cpus": 0.25, "num_gpus": 0.5, "colocate": "trainer"},  # one GPU, by turns
+                 "generator": {"num_cpus": 0.25},
+                 "env_worker": {"colocate": "generator"}}
+    cfg = run_config(tmp_path, algorithm__kl_coef=0.1, ray={"enabled": True, "roles": roles_cfg})
+    tokenizer = load_tokenizer(cfg.tokenizer, cfg.envs, tmp_path / "unused")
+    roles = start_roles(cfg, tokenizer)
+    try:
+        pg = roles.placement.group
+        assert ray.util.placement_group_table(pg)["bundles"] == {0: {"CPU": 0.75, "GPU": 1.0}, 1: {"CPU": 0.25}}
+        where = {"trainer": roles.trainer.actor, "reference": roles.batch_actors[0],
+                 "generator": roles.generators[0], "env_worker": roles.workers[0]}
+        got = {role: ray.get(actor.placement.remote()) for role, actor in where.items()}
+        for role, p in got.items():
+            assert p["placement_group_id"] == pg.id.hex(), role
+            asked = {k: v for k, v in (("CPU", roles_cfg[role].get("num_cpus", 0)),
+                                       ("GPU", roles_cfg[role].get("num_gpus", 0))) if v}
+            assert p["resources"] == asked, role
+        assert got["trainer"]["gpu_ids"] == got["reference"]["gpu_ids"] == ["0"]  # the same device
+        # what each bundle has left: its roles took all of it, so they are in it
+        free = ray.available_resources()
+        pid = pg.id.hex()
+        assert free.get(f"GPU_group_0_{pid}", 0) == 0 and free.get(f"CPU_group_0_{pid}", 0) == 0
+        assert free.get(f"CPU_group_1_{pid}", 0) == 0
+        assert ray.available_resources().get("GPU", 0) == 0  # reserved by the group
+
+        metrics = roles.update(multi_turn_groups())  # the colocated reference annotates, the trainer trains
+        assert metrics["loss/kl"] == 0 and metrics["grad_norm"] > 0  # step 0: the policy is the reference
+    finally:
+        roles.close()
+    assert ray.util.placement_group_table(pg)["state"] == "REMOVED"
+    for _ in range(300):  # the GCS hands the reservation back asynchronously
+        if ray.available_resources().get("GPU", 0) == 1:
+            break
+        time.sleep(0.1)
+    assert ray.available_resources().get("GPU", 0) == 1
+
+
+def test_a_placement_the_cluster_cannot_hold_is_a_config_error(tmp_path, local_ray):
+    ray = local_ray
+    from rockroll.trainer.ray_roles import start_roles
+
+    cfg = run_config(tmp_path, ray={"enabled": True, "roles": {"trainer": {"num_gpus": 1},
+                                                               "generator": {"num_gpus": 1}}})
+    tokenizer = load_tokenizer(cfg.tokenizer, cfg.envs, tmp_path / "unused")
+    groups_before = len(ray.util.placement_group_table())
+    with pytest.raises(ConfigError, match="^ray.roles: the roles ask for 2 GPU in all, the cluster has 1"):
+        start_roles(cfg, tokenizer)
+    assert len(ray.util.placement_group_table()) == groups_before  # no group reserved
+    bad = run_config(tmp_path, ray={"enabled": True, "roles": {"reference": {"num_gpus": 0.5}}})  # kl_coef 0
+    with pytest.raises(ConfigError, match="^ray.roles.reference: no such role in this run"):
+        start_roles(bad, tokenizer)
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_two_ranks_take_the_step_of_one(tmp_path, local_ray, stage):
+    """ZeRO data parallel over two trainer actors (gloo): each trains on half of every
+    mini-batch (their halves have different token counts), DeepSpeed reduces the gradients;
+    both ranks then hold the weights that one torch trainer reaches on the whole batch."""
+    from rockroll.trainer.models import build_model
+    from rockroll.trainer.ray_roles import start_roles
+    from rockroll.trainer.roles import PolicyTrainer
+    from rockroll.trainer.weight_sync import checksum
+
+    over = {"engine": {"kind": "deepspeed", "zero_stage": stage, "lr": 0.01, "micro_batch_size": 2}}
+    cfg = run_config(tmp_path, ray={"enabled": True, "num_trainers": 2}, **over)
+    tokenizer = load_tokenizer(cfg.tokenizer, cfg.envs, tmp_path / "unused")
+    one = PolicyTrainer(run_config(tmp_path, engine={"lr": 0.01}), build_model(cfg.model, tokenizer, cfg.seed),
+                        tokenizer)
+    groups = multi_turn_groups()
+    start = one.weights()
+    ref_metrics = one.update(groups)
+    ref = one.weights()
+    roles = start_roles(cfg, tokenizer)
+    try:
+        ranks = roles.trainer.ranks
+        assert len(ranks) == 2
+        assert local_ray.get([r.weights_checksum.remote() for r in ranks]) == [checksum(start)] * 2
+        metrics = roles.trainer.update(groups)
+        sums = local_ray.get([r.weights_checksum.remote() for r in ranks])
+        assert sums[0] == sums[1] != checksum(start)  # both ranks moved, identically
+        got = roles.trainer.weights()
+    finally:
+        roles.close()
+    assert metrics["loss/total"] == pytest.approx(ref_metrics["loss/total"], abs=1e-5)  # the ranks' shares add up
+    assert metrics["grad_norm"] == pytest.approx(ref_metrics["grad_norm"], rel=1e-4)
+    for k, v in ref.items():
+        assert not torch.equal(v, start[k]) or "norm" in k
+        torch.testing.assert_close(got[k], v, atol=1e-5, rtol=1e-4)
