@@ -253,9 +253,9 @@ class RayTrainer:
 def merge_rank_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
     """One step's metrics over the data-parallel ranks: the losses are each rank's share of
     the batch's (summed), the rest (grad norm, ratios' statistics) averaged."""
-    from .update import _ADDITIVE
+    from .update import _ADDITIVE, _combine
 
-    return {k: sum(p[k] for p in parts) / (1 if k in _ADDITIVE else len(parts)) for k in parts[0]}
+    return _combine(parts, _ADDITIVE)
 
 
 class Remote:
