@@ -430,8 +430,6 @@ class TrainConfig:
             _check(self.rollout.batch_groups * self.rollout.group_size >= self.ray.num_trainers
                    * self.algorithm.mini_batches, key, "every rank needs a share of each mini-batch: must be <= "
                    "rollout.batch_groups * rollout.group_size / algorithm.mini_batches")
-            _check(not self.checkpoint.dir, key, "checkpoints of data-parallel ranks are not written yet: "
-                   "set checkpoint.dir: null")
         if self.rollout.curriculum.enabled:  # a saved trajectory belongs to one task of one env
             key = "rollout.curriculum.enabled"
             _check(any(e.task_ids for e in self.envs), key, "needs an env with task_ids")

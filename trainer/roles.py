@@ -236,7 +236,7 @@ class PolicyTrainer:
 
     def save(self, step: int, rollout_state: dict[str, Any]) -> None:
         save_checkpoint(self.cfg.checkpoint.dir, step, self.policy, rollout_state, config_to_dict(self.cfg),
-                        keep=self.cfg.checkpoint.keep)
+                        keep=self.cfg.checkpoint.keep, rank=self.shard[0])
 
 
 class EnvWorker:

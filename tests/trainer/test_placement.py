@@ -79,8 +79,6 @@ def test_data_parallel_config_limits():
     assert load_config({**base, "ray": {"enabled": True, "num_trainers": 2}}).ray.num_trainers == 2
     with pytest.raises(ConfigError, match="^ray.num_trainers: every rank needs a share"):
         load_config({**base, "ray": {"enabled": True, "num_trainers": 3}})
-    with pytest.raises(ConfigError, match="^ray.num_trainers: checkpoints of data-parallel ranks"):
-        load_config({**base, "ray": {"enabled": True, "num_trainers": 2}, "checkpoint": {"dir": "x"}})
 
 
 def test_role_names():

@@ -200,13 +200,15 @@ def test_a_placement_the_cluster_cannot_hold_is_a_config_error(tmp_path, local_r
 def test_two_ranks_take_the_step_of_one(tmp_path, local_ray, stage):
     """ZeRO data parallel over two trainer actors (gloo): each trains on half of every
     mini-batch (their halves have different token counts), DeepSpeed reduces the gradients;
-    both ranks then hold the weights that one torch trainer reaches on the whole batch."""
+    both ranks then hold the weights that one torch trainer reaches on the whole batch, and
+    save and restore them together."""
     from rockroll.trainer.models import build_model
     from rockroll.trainer.ray_roles import start_roles
     from rockroll.trainer.roles import PolicyTrainer
     from rockroll.trainer.weight_sync import checksum
 
-    over = {"engine": {"kind": "deepspeed", "zero_stage": stage, "lr": 0.01, "micro_batch_size": 2}}
+    over = {"engine": {"kind": "deepspeed", "zero_stage": stage, "lr": 0.01, "micro_batch_size": 2},
+            "checkpoint": {"dir": str(tmp_path / "ckpt")}}
     cfg = run_config(tmp_path, ray={"enabled": True, "num_trainers": 2}, **over)
     tokenizer = load_tokenizer(cfg.tokenizer, cfg.envs, tmp_path / "unused")
     one = PolicyTrainer(run_config(tmp_path, engine={"lr": 0.01}), build_model(cfg.model, tokenizer, cfg.seed),
@@ -224,6 +226,11 @@ def test_two_ranks_take_the_step_of_one(tmp_path, local_ray, stage):
         sums = local_ray.get([r.weights_checksum.remote() for r in ranks])
         assert sums[0] == sums[1] != checksum(start)  # both ranks moved, identically
         got = roles.trainer.weights()
+        roles.trainer.save(1, {"workers": []})  # every rank writes its partition, rank 0 the rest
+        roles.trainer.update(groups)  # the weights move on ...
+        assert local_ray.get([r.weights_checksum.remote() for r in ranks]) != sums
+        assert roles.trainer.restore()["step"] == 1  # ... and every rank loads step 1's back
+        assert local_ray.get([r.weights_checksum.remote() for r in ranks]) == sums
     finally:
         roles.close()
     assert metrics["loss/total"] == pytest.approx(ref_metrics["loss/total"], abs=1e-5)  # the ranks' shares add up
