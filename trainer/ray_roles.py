@@ -435,7 +435,9 @@ def start_roles(cfg: TrainConfig, tokenizer: Any, env_factory: Callable[[EnvConf
                      placement=placement)
     if cfg.ray.weight_sync == "collective":
         world = 1 + len(generators)
-        roles.sync_address, roles.manifest = ray.get(trainer.open_weight_group.remote(world))
+        opened = trainer.open_weight_group.remote(world)
+        ray.get([r.weights.remote() for r in trainers[1:]])  # the manifest gathers ZeRO-3's weights: every rank
+        roles.sync_address, roles.manifest = ray.get(opened)
         ray.get([trainer.join_weight_group.remote(),  # all members at once: the rendezvous waits for each
                  *[g.join_weight_group.remote(roles.sync_address, i + 1, world) for i, g in enumerate(generators)]])
     return roles
