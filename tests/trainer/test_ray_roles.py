@@ -198,10 +198,10 @@ def test_a_placement_the_cluster_cannot_hold_is_a_config_error(tmp_path, local_r
 
 @pytest.mark.parametrize("stage", [1, 2])
 def test_two_ranks_take_the_step_of_one(tmp_path, local_ray, stage):
-    """ZeRO data parallel over two trainer actors (gloo): each trains on half of every
-    mini-batch (their halves have different token counts), DeepSpeed reduces the gradients;
-    both ranks then hold the weights that one torch trainer reaches on the whole batch, and
-    save and restore them together."""
+    """ZeRO data parallel over two trainer actors (gloo): each trains on its share of every
+    mini-batch (3 and 2 rows, of different token counts, in two micro-batches each), DeepSpeed
+    reduces the gradients; both ranks then hold the weights that one torch trainer reaches on
+    the whole batch, and save and restore them together."""
     from rockroll.trainer.models import build_model
     from rockroll.trainer.ray_roles import start_roles
     from rockroll.trainer.roles import PolicyTrainer
@@ -214,6 +214,7 @@ def test_two_ranks_take_the_step_of_one(tmp_path, local_ray, stage):
     one = PolicyTrainer(run_config(tmp_path, engine={"lr": 0.01}), build_model(cfg.model, tokenizer, cfg.seed),
                         tokenizer)
     groups = multi_turn_groups()
+    groups[1].samples = groups[1].samples[:2]  # 5 rows: 3 (12 reply tokens) on rank 0, 2 (7) on rank 1
     start = one.weights()
     ref_metrics = one.update(groups)
     ref = one.weights()
