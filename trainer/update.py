@@ -302,7 +302,8 @@ def update_policy(policy, a: AlgorithmConfig, batch: Batch, temperature: float,
         for mini in torch.arange(batch.size).chunk(a.mini_batches):
             norm_mask = batch.mask[mini]
             mine = mini.tensor_split(world)[rank]
-            # as many micro-batches on every rank (ZeRO-3 gathers the parameters in each forward, all ranks at once)
+            # as many micro-batches on every rank: ZeRO's collectives in each forward (ZeRO-3) and backward pair
+            # up across ranks (a rank with one micro-batch more brings ZeRO-2's gloo group down)
             parts = mine.tensor_split(-(-len(mini.tensor_split(world)[0]) // micro)) if micro else [mine]
             micro_metrics = []
             for i, idx in enumerate(parts):
