@@ -15,10 +15,17 @@ import torch
 
 
 def save_checkpoint(root: str | Path, step: int, policy: Any, rollout_state: dict, config: dict,
-                    keep: int = 2) -> Path:
+                    keep: int = 2, rank: int = 0) -> Path:
+    """``rank`` > 0, a data-parallel rank: its share of the policy (DeepSpeed's files) only, into
+    the folder that rank 0 prepares and completes (the policy's ``save`` is collective: it
+    waits for every rank, so rank 0 has made the folder before any rank writes, and every
+    rank has written before rank 0 goes on to rename it)."""
     root = Path(root)
     folder = root / f"step_{step:06d}"
     tmp = root / f".tmp_step_{step:06d}"
+    if rank > 0:
+        policy.save(tmp)
+        return folder
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     policy.save(tmp)

@@ -18,8 +18,8 @@ from typing import Any
 __all__ = [
     "AlgorithmConfig", "CheckpointConfig", "ConfigError", "CriticsConfig", "CurriculumConfig", "EngineConfig", "EnvConfig",
     "EvalConfig", "GenerationConfig", "IPAConfig", "JudgeConfig", "LoggingConfig", "ModelConfig", "RAFTConfig", "RayConfig",
-    "RewardConfig", "RhythmConfig", "RolloutConfig", "TokenizerConfig", "TrainConfig", "VerifierConfig", "config_to_dict",
-    "load_config",
+    "RewardConfig", "RhythmConfig", "RoleResources", "RolloutConfig", "TokenizerConfig", "TrainConfig", "VerifierConfig",
+    "config_to_dict", "load_config",
 ]
 
 TURN_CREDIT = ("outcome", "discounted")
@@ -453,13 +453,39 @@ class EvalConfig:
         _check(self.episodes >= 1, f"{p}.episodes", "must be >= 1")
 
 
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+@dataclass
+class RoleResources:
+    """What each actor of one role asks of Ray (``ray.roles.<role>``) and whom it shares a
+    placement-group bundle with: ``colocate: trainer`` puts actor i of this role into the
+    bundle of the trainer's actor i % num_trainers, so their fractional GPUs are one device
+    that they share by turns (see :mod:`rockroll.trainer.placement`)."""
+
+    num_cpus: float = 0.0
+    num_gpus: float = 0.0
+    colocate: str | None = None
+
+    def validate(self, p: str) -> None:
+        _check(self.num_cpus >= 0, f"{p}.num_cpus", "must be >= 0")
+        _check(self.num_gpus >= 0, f"{p}.num_gpus", "must be >= 0")
+        # Ray shares a GPU between actors only by fractions of one; more than one is whole GPUs
+        _check(self.num_gpus <= 1 or self.num_gpus == int(self.num_gpus), f"{p}.num_gpus",
+               "must be a fraction of one GPU or a whole number of GPUs")
+
+
 @dataclass
 class RayConfig:
     """Run the training loop over Ray actors (:mod:`rockroll.trainer.ray_roles`): one policy
     trainer, ``num_generators`` generation engines, ``num_env_workers`` env workers that split
     ``rollout.batch_groups`` between them. ``address``: a running cluster to join; null starts
     a local Ray on 127.0.0.1. ``weight_sync``: ``object_store`` (one state dict in Ray's object
-    store) or ``collective`` (torch.distributed broadcast: gloo on CPU, NCCL on GPU)."""
+    store) or ``collective`` (torch.distributed broadcast: gloo on CPU, NCCL on GPU).
+    ``num_trainers``: data-parallel ranks of the policy (DeepSpeed ZeRO over one process group).
+    ``roles``: per role (``trainer``, ``generator``, ``env_worker``, and each batch role by its
+    ``name``: ``reference``...), the resources of each of its actors and what it is colocated
+    with; when set, every actor is placed in one placement group (``placement_strategy``)."""
 
     enabled: bool = False
     num_env_workers: int = 1
@@ -467,6 +493,9 @@ class RayConfig:
     address: str | None = None
     weight_sync: str = "object_store"
     num_gpus: float = 0.0  # GPUs for the trainer actor and for each generator actor
+    num_trainers: int = 1
+    roles: dict[str, RoleResources] = field(default_factory=dict)
+    placement_strategy: str = "PACK"
 
     def validate(self, p: str) -> None:
         _check(self.num_env_workers >= 1, f"{p}.num_env_workers", "must be >= 1")
@@ -475,6 +504,18 @@ class RayConfig:
         _check(self.weight_sync in ("object_store", "collective"), f"{p}.weight_sync",
                "must be object_store or collective")
         _check(self.num_gpus >= 0, f"{p}.num_gpus", "must be >= 0")
+        _check(self.num_trainers >= 1, f"{p}.num_trainers", "must be >= 1")
+        _check(self.placement_strategy in PLACEMENT_STRATEGIES, f"{p}.placement_strategy",
+               f"must be one of {', '.join(PLACEMENT_STRATEGIES)}")
+        for name, role in self.roles.items():
+            key = f"{p}.roles.{name}"
+            role.validate(key)
+            target = role.colocate
+            _check(target != name, f"{key}.colocate", "a role cannot be colocated with itself")
+            # one level: a bundle belongs to a role that is placed on its own
+            _check(target is None or self.roles.get(target, RoleResources()).colocate is None, f"{key}.colocate",
+                   f"{target} is itself colocated with {self.roles.get(target, RoleResources()).colocate}: "
+                   "name that role instead")
 
 
 JUDGE_FIELDS = ("question", "answer", "transcript", "env_id", "task_id", "reward")
@@ -609,6 +650,13 @@ class TrainConfig:
         if self.algorithm.spec.critics:  # a critic without a shard of its own would never train
             _check(self.algorithm.critics.count <= self.rollout.batch_groups, "algorithm.critics.count",
                    "must be <= rollout.batch_groups (each critic trains on groups of its own)")
+        if self.ray.num_trainers > 1:  # data parallel: ZeRO's process group over the trainer actors
+            key = "ray.num_trainers"
+            _check(self.ray.enabled, key, "data-parallel ranks are Ray actors: needs ray.enabled")
+            _check(self.engine.kind == "deepspeed", key, "data-parallel training needs engine.kind: deepspeed")
+            _check(self.rollout.batch_groups * self.rollout.group_size >= self.ray.num_trainers
+                   * self.algorithm.mini_batches, key, "every rank needs a share of each mini-batch: must be <= "
+                   "rollout.batch_groups * rollout.group_size / algorithm.mini_batches")
         if self.rollout.curriculum.enabled:  # a saved trajectory belongs to one task of one env
             key = "rollout.curriculum.enabled"
             _check(any(e.task_ids for e in self.envs), key, "needs an env with task_ids")
@@ -635,7 +683,8 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
         return [_convert(item_tp, v, f"{key}[{i}]") for i, v in enumerate(value)]
     if origin is dict or tp is dict:
         _check(isinstance(value, dict), key, f"must be a mapping, got {type(value).__name__}")
-        return dict(value)
+        _, item_tp = typing.get_args(tp) or (str, Any)
+        return {k: _convert(item_tp, v, f"{key}.{k}") for k, v in value.items()}
     if tp is Any:
         return value
     if tp is bool:

@@ -155,6 +155,7 @@ class DeepSpeedPolicy:
         return _cpu_clone(self.module.lm.state_dict())
 
     def save(self, folder: Path) -> None:
+        torch.distributed.barrier()  # data parallel: rank 0 has prepared `folder` (checkpoint.save_checkpoint)
         self.engine.save_checkpoint(str(folder / "deepspeed"), tag="ckpt")
 
     def load(self, folder: Path) -> None:

@@ -1,7 +1,9 @@
 """The Ray implementation of :mod:`.roles`: the loop of :mod:`.loop` with each role in its own actor.
 
-- the policy trainer (one): :class:`~.roles.PolicyTrainer` in an actor, which builds its own
-  model, and joins the weight group for ``collective`` sync;
+- the policy trainer: :class:`~.roles.PolicyTrainer` in an actor, which builds its own
+  model, and joins the weight group for ``collective`` sync; with ``ray.num_trainers`` > 1,
+  that many actors, the ranks of one DeepSpeed ZeRO process group (gloo on CPU, NCCL on
+  GPU), each training on its slice of every mini-batch (:class:`RayTrainer`);
 - generators (``ray.num_generators``), each owning a generation engine (Transformers here,
   vLLM on GPU);
 - batch roles (:class:`~.roles.BatchRole`: the KL reference...), each in an actor of its own
@@ -15,6 +17,7 @@
   one :class:`~.roles.Rollout`.
 
 The loop calls a role in an actor as it calls the in-process one (:class:`Remote`).
+``ray.roles`` places the actors in one placement group (:mod:`.placement`).
 
 Weight sync after each step (``ray.weight_sync``): ``object_store``, the trainer's state dict
 is one object in Ray's object store that every generator loads; ``collective``, the trainer
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import os
 import threading
 from pathlib import Path
 from typing import Any, Callable
@@ -37,19 +41,21 @@ from .config import EnvConfig, TrainConfig
 from .curriculum import initialized_metrics
 from .engines import SamplingParams
 from .models import build_model, load_tokenizer
+from .placement import Placement, plan, role_name
 from .roles import EnvWorker, PolicyTrainer, Roles, batch_role_classes, make_generator, seed_everything
 from .rollout import Group, _mix, batch_metrics
 from .weight_sync import Manifest, WeightGroup, checksum, manifest
 
-__all__ = ["GROUP_ID_BLOCK", "RayRoles", "RayRollout", "Remote", "init_local_ray", "merge_rollout_metrics",
-           "start_roles", "worker_config"]
+__all__ = ["GROUP_ID_BLOCK", "RayRoles", "RayRollout", "RayTrainer", "Remote", "init_local_ray",
+           "merge_rank_metrics", "merge_rollout_metrics", "role_counts", "start_roles", "worker_config"]
 
 GROUP_ID_BLOCK = 1 << 32  # env worker i numbers its groups from i * GROUP_ID_BLOCK
 GENERATOR_CONCURRENCY = 256  # calls a generator actor serves at once (they share its running batch)
 
 
-def init_local_ray(num_cpus: int | None = None) -> None:
-    """A local Ray on 127.0.0.1 only (no dashboard), as the rest of rockroll does."""
+def init_local_ray(num_cpus: int | None = None, num_gpus: int | None = None) -> None:
+    """A local Ray on 127.0.0.1 only (no dashboard), as the rest of rockroll does. ``num_gpus``:
+    what Ray counts (on a machine without one, GPUs for placement tests)."""
     import ray
 
     from rockroll.sandbox.deployment.ray import keep_loopback
@@ -57,7 +63,7 @@ def init_local_ray(num_cpus: int | None = None) -> None:
     if ray.is_initialized():
         return
     keep_loopback()
-    ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=num_cpus,
+    ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=num_cpus, num_gpus=num_gpus,
              ignore_reinit_error=True, log_to_driver=False)
 
 
@@ -81,7 +87,25 @@ def worker_config(cfg: TrainConfig, index: int) -> TrainConfig:
 # ----------------------------------------------------------------------------- actors
 
 
-class _Generator:
+class _Placed:
+    """Where an actor runs, as Ray says: for checking a placement and for a run's report."""
+
+    def placement(self) -> dict[str, Any]:
+        import ray
+
+        ctx = ray.get_runtime_context()
+        return {"node_id": ctx.get_node_id(), "placement_group_id": ctx.get_placement_group_id(),
+                "resources": ctx.get_assigned_resources(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
+
+
+def _master_address() -> tuple[str, int]:
+    """A free port on this node: rank 0's rendezvous for a data-parallel trainer."""
+    from .policy import _free_port
+
+    return _node_ip(), _free_port()
+
+
+class _Generator(_Placed):
     """A generation engine in a threaded actor (``max_concurrency``): concurrent calls from
     every env worker join the engine's one running batch (continuous batching)."""
 
@@ -182,17 +206,30 @@ class RemoteEngine:
         return [dataclasses.replace(outs[0], version=v) for outs, v in results]
 
 
-class _EnvWorker(EnvWorker):
+class _EnvWorker(EnvWorker, _Placed):
     def __init__(self, cfg: TrainConfig, tokenizer: Any, generator: Any, first_group_id: int,
                  env_factory: Callable[[EnvConfig], Any] | None = None):
         super().__init__(cfg, tokenizer, RemoteEngine(generator), first_group_id, env_factory)
 
 
-class _PolicyTrainer(PolicyTrainer):
-    def __init__(self, cfg: TrainConfig, tokenizer: Any):
+class _PolicyTrainer(PolicyTrainer, _Placed):
+    """Rank ``rank`` of ``world_size`` (data parallel): torch.distributed's variables for
+    DeepSpeed's ``init_distributed`` (the deepspeed launcher's, set here), rendezvous at
+    ``master``; ``LOCAL_RANK`` 0, as Ray shows each actor only its own GPUs."""
+
+    def __init__(self, cfg: TrainConfig, tokenizer: Any, rank: int = 0, world_size: int = 1,
+                 master: tuple[str, int] | None = None):
+        if world_size > 1:
+            os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0",
+                              MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))
         seed_everything(cfg.seed, cfg.deterministic)
         super().__init__(cfg, build_model(cfg.model, tokenizer, cfg.seed), tokenizer)
+        self.shard = (rank, world_size)
         self.group: WeightGroup | None = None
+
+    def weights(self) -> dict[str, Any]:
+        state = super().weights()  # every rank takes part (ZeRO-3 gathers the partitions)
+        return state if self.shard[0] == 0 else {}
 
     def weights_checksum(self) -> str:
         return checksum(self.policy.sync_state_dict())
@@ -206,10 +243,12 @@ class _PolicyTrainer(PolicyTrainer):
         self.group.connect(_node_ip())
 
     def send_weights(self) -> None:
-        self.group.send(self.policy.sync_state_dict())
+        state = self.policy.sync_state_dict()  # on every rank (ZeRO-3); rank 0 alone is in the weight group
+        if self.group is not None:
+            self.group.send(state)
 
 
-class _BatchRole:
+class _BatchRole(_Placed):
     """Any :class:`~.roles.BatchRole` in an actor: ``cls(cfg, lm, tokenizer)`` over a model of
     its own built as the trainer builds its start (same config, same seed)."""
 
@@ -238,6 +277,50 @@ def make_actor_classes(num_gpus: float = 0.0):
 
 
 # ----------------------------------------------------------------------------- the roles
+
+
+class RayTrainer:
+    """The trainer's ranks (actors) as one :class:`~.roles.Trainer`: every call goes to every
+    rank at once (their collectives need all of them), the answer is rank 0's; a step's
+    metrics merge the ranks' (:func:`merge_rank_metrics`). ``actor``: rank 0."""
+
+    def __init__(self, ranks: list[Any]):
+        import ray
+
+        self.ranks, self.actor, self._ray = list(ranks), ranks[0], ray
+
+    def _all(self, method: str, *args: Any) -> list[Any]:
+        return self._ray.get([getattr(r, method).remote(*args) for r in self.ranks])
+
+    def update(self, groups: list[Group], aux: dict[str, Any] | None = None) -> dict[str, float]:
+        groups_ref, aux_ref = self._ray.put(groups), self._ray.put(aux)  # one copy in the store for all ranks
+        return merge_rank_metrics(self._all("update", groups_ref, aux_ref))
+
+    def weights_refs(self, method: str = "weights") -> list[Any]:
+        """``method`` started on every rank: rank 0's object ref first (its state dict), then the others'."""
+        return [getattr(r, method).remote() for r in self.ranks]
+
+    def weights(self) -> dict[str, Any]:
+        return self._all("weights")[0]
+
+    def restore(self) -> dict[str, Any] | None:
+        return self._all("restore")[0]
+
+    def save(self, step: int, rollout_state: dict[str, Any]) -> None:
+        self._all("save", step, rollout_state)
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:  # anything else: on every rank, rank 0's answer
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return lambda *args: self._all(name, *args)[0]
+
+
+def merge_rank_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
+    """One step's metrics over the data-parallel ranks: the losses are each rank's share of
+    the batch's (summed), the rest (grad norm, ratios' statistics) averaged."""
+    from .update import _ADDITIVE, _combine
+
+    return _combine(parts, _ADDITIVE)
 
 
 class Remote:
@@ -298,13 +381,16 @@ class RayRoles(Roles):
     are actor handles, every env worker asking every generator (:class:`RemoteEngine`)."""
 
     def __init__(self, trainer: Any, generators: list[Any], workers: list[Any], tokenizer: Any,
-                 owns_ray: bool = False, batch_actors: list[Any] = ()):
-        self.trainer, self.generators, self.rollout = Remote(trainer), generators, RayRollout(workers)
+                 owns_ray: bool = False, batch_actors: list[Any] = (), trainers: list[Any] = (),
+                 placement: Placement | None = None):
+        self.trainer = RayTrainer(list(trainers) or [trainer])
+        self.generators, self.rollout = generators, RayRollout(workers)
         self.batch_actors = list(batch_actors)
         self.batch_roles = [Remote(a) for a in self.batch_actors]
         self.tokenizer, self.owns_ray = tokenizer, owns_ray
         self.manifest: Manifest | None = None        # set when weights go by collective broadcast
         self.sync_address: tuple[str, int] | None = None
+        self.placement = placement
         self._closed = False
 
     @classmethod
@@ -350,12 +436,12 @@ class RayRoles(Roles):
         import ray
 
         followers = [a.load_weights for a in self.batch_actors]
-        if self.manifest is None:  # one object in the store; each generator fetches it
-            state = self.trainer.actor.weights.remote()
-            ray.get([m.remote(state, version) for m in [g.load_weights for g in self.generators] + followers])
+        if self.manifest is None:  # one object in the store (rank 0's); each generator fetches it
+            state, *rest = self.trainer.weights_refs()
+            ray.get([*rest, *[m.remote(state, version) for m in [g.load_weights for g in self.generators] + followers]])
         else:
-            state = self.trainer.actor.weights.remote() if followers else None
-            ray.get([self.trainer.actor.send_weights.remote(),
+            state, *rest = self.trainer.weights_refs() if followers else [None]
+            ray.get([*self.trainer.weights_refs("send_weights"), *rest,
                      *[g.receive_weights.remote(self.manifest, version) for g in self.generators],
                      *[m.remote(state, version) for m in followers]])
 
@@ -369,8 +455,10 @@ class RayRoles(Roles):
             try:
                 self.rollout.close()
             finally:
-                for actor in [*self.workers, *self.generators, *self.batch_actors, self.trainer.actor]:
+                for actor in [*self.workers, *self.generators, *self.batch_actors, *self.trainer.ranks]:
                     ray.kill(actor)
+                if self.placement is not None:
+                    self.placement.remove()
         finally:
             if self.owns_ray:
                 self.owns_ray = False
@@ -383,18 +471,53 @@ def start_roles(cfg: TrainConfig, tokenizer: Any, env_factory: Callable[[EnvConf
     import ray
 
     Trainer, Generator, EnvWorker, BatchRole = make_actor_classes(cfg.ray.num_gpus)
-    trainer = Trainer.remote(cfg, tokenizer)
-    batch_actors = [BatchRole.remote(cls, cfg, tokenizer) for cls in batch_role_classes(cfg)]
-    generators = [Generator.remote(cfg, tokenizer) for _ in range(cfg.ray.num_generators)]
-    workers = [EnvWorker.remote(worker_config(cfg, i), tokenizer, generators, i * GROUP_ID_BLOCK, env_factory)
-               for i in range(cfg.ray.num_env_workers)]
-    roles = RayRoles(trainer, generators, workers, tokenizer, batch_actors=batch_actors)
+    classes = batch_role_classes(cfg)
+    placement = plan(cfg.ray, role_counts(cfg, classes))
+    if placement is not None:
+        placement.create()
+
+    def opts(role: str, i: int = 0) -> dict[str, Any]:
+        return {} if placement is None else placement.options(role, i)
+
+    try:
+        n = cfg.ray.num_trainers
+        master = None
+        if n > 1:  # rank 0's node picks the rendezvous port
+            master = ray.get(ray.remote(num_cpus=0)(_master_address).options(**opts("trainer", 0)).remote())
+        trainers = [Trainer.options(**opts("trainer", r)).remote(cfg, tokenizer, r, n, master) for r in range(n)]
+        batch_actors = [BatchRole.options(**opts(role_name(cls))).remote(cls, cfg, tokenizer) for cls in classes]
+        generators = [Generator.options(**opts("generator", i)).remote(cfg, tokenizer)
+                      for i in range(cfg.ray.num_generators)]
+        workers = [EnvWorker.options(**opts("env_worker", i)).remote(
+                       worker_config(cfg, i), tokenizer, generators, i * GROUP_ID_BLOCK, env_factory)
+                   for i in range(cfg.ray.num_env_workers)]
+    except BaseException:
+        if placement is not None:
+            placement.remove()
+        raise
+    trainer = trainers[0]
+    roles = RayRoles(trainer, generators, workers, tokenizer, batch_actors=batch_actors, trainers=trainers,
+                     placement=placement)
     if cfg.ray.weight_sync == "collective":
         world = 1 + len(generators)
-        roles.sync_address, roles.manifest = ray.get(trainer.open_weight_group.remote(world))
+        opened = trainer.open_weight_group.remote(world)
+        ray.get([r.weights.remote() for r in trainers[1:]])  # the manifest gathers ZeRO-3's weights: every rank
+        roles.sync_address, roles.manifest = ray.get(opened)
         ray.get([trainer.join_weight_group.remote(),  # all members at once: the rendezvous waits for each
                  *[g.join_weight_group.remote(roles.sync_address, i + 1, world) for i, g in enumerate(generators)]])
     return roles
+
+
+def role_counts(cfg: TrainConfig, batch_classes: list[type]) -> dict[str, int]:
+    """The actors of each role of a run, by the role's name in ``ray.roles`` (bundle order)."""
+    counts = {"trainer": cfg.ray.num_trainers, "generator": cfg.ray.num_generators,
+              "env_worker": cfg.ray.num_env_workers}
+    for cls in batch_classes:
+        name = role_name(cls)
+        if name in counts:
+            raise ValueError(f"two roles are named {name!r}: give {cls.__name__} a `name` of its own")
+        counts[name] = 1
+    return counts
 
 
 def merge_rollout_metrics(results: list[tuple[list, dict[str, float]]], step: int) -> dict[str, float]:

@@ -195,6 +195,8 @@ class ReferenceRole:
     """:class:`BatchRole`: the frozen KL reference, ``lm`` at the start of training;
     annotates ``ref_logp``, log-probs under the distribution the generator samples from."""
 
+    name = "reference"  # its key in ray.roles (placement)
+
     def __init__(self, cfg: TrainConfig, lm: Any, tokenizer: Any):
         self.cfg, self.pad_id = cfg, tokenizer.pad_token_id
         # on the GPU when there is one, as the policy is (its annotations come back to the CPU)
@@ -276,6 +278,8 @@ class PolicyTrainer:
     """:class:`Trainer` over ``lm``: the policy engine (torch or DeepSpeed, PPO's value head as
     the critic)."""
 
+    shard = (0, 1)  # (rank, world size) of a data-parallel trainer: the ranks split each mini-batch
+
     def __init__(self, cfg: TrainConfig, lm: Any, tokenizer: Any):
         self.cfg, self.pad_id = cfg, tokenizer.pad_token_id
         self.allowed_ids = allowed_token_ids(tokenizer, cfg.generation.allowed_tokens)
@@ -283,7 +287,7 @@ class PolicyTrainer:
 
     def update(self, groups: list[Group], aux: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
         return update_policy(self.policy, self.cfg.algorithm, collate(groups, self.pad_id),
-                             self.cfg.generation.temperature, self.allowed_ids, aux,
+                             self.cfg.generation.temperature, self.allowed_ids, aux, self.shard,
                              top_k=self.cfg.generation.top_k, top_p=self.cfg.generation.top_p)
 
     def weights(self) -> dict[str, Any]:
@@ -295,7 +299,7 @@ class PolicyTrainer:
 
     def save(self, step: int, rollout_state: dict[str, Any]) -> None:
         save_checkpoint(self.cfg.checkpoint.dir, step, self.policy, rollout_state, config_to_dict(self.cfg),
-                        keep=self.cfg.checkpoint.keep)
+                        keep=self.cfg.checkpoint.keep, rank=self.shard[0])
 
 
 class EnvWorker:

@@ -309,7 +309,7 @@ def _rows(x, idx):
 
 def update_policy(policy, a: AlgorithmConfig, batch: Batch, temperature: float,
                   allowed_ids: list[int] | None = None, aux: dict[str, torch.Tensor] | None = None,
-                  top_k: int = 0, top_p: float = 1.0) -> dict[str, float]:
+                  shard: tuple[int, int] = (0, 1), top_k: int = 0, top_p: float = 1.0) -> dict[str, float]:
     """One training step on a batch: advantages, then ppo_epochs x mini_batches optimizer steps.
 
     A mini-batch runs in micro-batches of ``engine.micro_batch_size`` sequences (0: at once):
@@ -320,14 +320,22 @@ def update_policy(policy, a: AlgorithmConfig, batch: Batch, temperature: float,
     ``top_k``, ``top_p``: the generator's truncation, applied to every log-prob here too.
     ``aux``: what the batch roles computed on this batch (:class:`~.roles.BatchRole`), tensors
     aligned with its rows: ``ref_logp`` (B, T), the frozen reference's log-probs (KL);
-    ``credit_scale`` (B, T), the attention-rhythm scale of each token's advantage.
+    ``credit_scale`` (B, T), the attention-rhythm scale of each token's advantage; AsyPPO's
+    ``values`` and ``value_std`` (B, T), the mini-critics' mean value and its spread.
+
+    ``shard = (rank, world)``, data parallel: every rank gets the whole batch, computes the
+    proximal log-probs and the advantages over all of it (as one rank would), and trains on
+    its own slice of each mini-batch, normalised by the whole mini-batch's counts and scaled
+    by ``world`` because DeepSpeed averages the ranks' gradients: their sum is then the
+    gradient one rank takes on the whole batch. Additive loss metrics are this rank's share.
     """
+    rank, world = shard
     batch = batch.to(policy.device)
     allowed = None if allowed_ids is None else torch.tensor(allowed_ids, device=policy.device)
     micro = policy.cfg.micro_batch_size
     # One optimizer step over one forward: the proximal policy is the current one, so that
     # forward's log-probs serve as old_logp, and no separate no-grad pass is needed.
-    single = a.ppo_epochs == 1 and a.mini_batches == 1 and not 0 < micro < batch.size
+    single = a.ppo_epochs == 1 and a.mini_batches == 1 and not 0 < micro < batch.size and world == 1
     aux = {k: v.to(policy.device) for k, v in (aux or {}).items()}
     ref_logp, credit = aux.get("ref_logp"), aux.get("credit_scale")
     # AsyPPO: the mini-critics' mean value is the baseline (values), their spread (value_std)
@@ -353,7 +361,10 @@ def update_policy(policy, a: AlgorithmConfig, batch: Batch, temperature: float,
     for _ in range(a.ppo_epochs):
         for mini in torch.arange(batch.size).chunk(a.mini_batches):
             norm_mask = batch.mask[mini]
-            parts = mini.split(micro) if micro else [mini]
+            mine = mini.tensor_split(world)[rank]
+            # as many micro-batches on every rank: ZeRO's collectives in each forward (ZeRO-3) and backward pair
+            # up across ranks (a rank with one micro-batch more brings ZeRO-2's gloo group down)
+            parts = mine.tensor_split(-(-len(mini.tensor_split(world)[0]) // micro)) if micro else [mine]
             micro_metrics = []
             for i, idx in enumerate(parts):
                 mb = batch if single else batch.select(idx)
@@ -367,7 +378,7 @@ def update_policy(policy, a: AlgorithmConfig, batch: Batch, temperature: float,
                 loss, met = compute_loss(a, logp, old_logp[idx], adv[idx], mb, _rows(ref_logp, idx), values,
                                          _rows(returns, idx), norm_mask=norm_mask, entropy=entropy,
                                          entropy_mask=None if disagree is None else mb.mask & ~disagree[idx])
-                policy.backward(loss, last=i == len(parts) - 1)
+                policy.backward(loss * world, last=i == len(parts) - 1)
                 micro_metrics.append(met)
             steps.append({**_combine(micro_metrics, _ADDITIVE), "grad_norm": policy.step()})
     metrics = _combine(steps)

@@ -5,11 +5,18 @@
 - the roles one step at a time with two env workers and two generators on collective weight
   sync: the workers' groups are distinct, their group ids disjoint, each group's samples made
   by both generators (prompt replication), and after a step both
-  generators hold the trainer's exact weights at the next version, which new samples carry.
+  generators hold the trainer's exact weights at the next version, which new samples carry;
+- ``ray.roles`` placement: every actor lands in the placement-group bundle asked for (read
+  back from Ray: the actor's placement group, its resources, the bundles' free resources),
+  colocated roles share one GPU (a GPU that Ray is told of: there is none here), a cluster
+  too small is a ConfigError, and closing the roles frees the group;
+- data parallel: two trainer actors as the ranks of one DeepSpeed ZeRO group (gloo) take the
+  step one rank takes on the whole batch, and hold identical weights after it.
 """
 
 import json
 import os
+import time
 
 import pytest
 import torch
@@ -49,7 +56,7 @@ def local_ray():
     from rockroll.trainer.ray_roles import init_local_ray
 
     had = os.environ.get("RAY_AUTH_MODE")
-    init_local_ray(num_cpus=2)  # sets RAY_AUTH_MODE=token in this process: put back afterwards
+    init_local_ray(num_cpus=2, num_gpus=1)  # sets RAY_AUTH_MODE=token in this process: put back afterwards
     yield ray
     ray.shutdown()
     if had is None:
@@ -165,3 +172,106 @@ def test_asyppo_critics_train_in_an_actor_of_their_own(tmp_path, local_ray):
     for h in out["history"]:
         assert h["critic/0/value_loss"] > 0 and h["critic/1/value_loss"] > 0
         assert 0 <= h["asyppo/adv_masked_frac"] < 1 and h["loss/entropy"] > 0
+
+
+def test_roles_land_in_the_bundles_asked_for(tmp_path, local_ray):
+    ray = local_ray
+    from rockroll.trainer.ray_roles import start_roles
+
+    roles_cfg = {"trainer": {"num_cpus": 0.5, "num_gpus": 0.5},
+                 "reference": {"num_cpus": 0.25, "num_gpus": 0.5, "colocate": "trainer"},  # one GPU, by turns
+                 "generator": {"num_cpus": 0.25},
+                 "env_worker": {"colocate": "generator"}}
+    cfg = run_config(tmp_path, algorithm__kl_coef=0.1, ray={"enabled": True, "roles": roles_cfg})
+    tokenizer = load_tokenizer(cfg.tokenizer, cfg.envs, tmp_path / "unused")
+    roles = start_roles(cfg, tokenizer)
+    try:
+        pg = roles.placement.group
+        assert ray.util.placement_group_table(pg)["bundles"] == {0: {"CPU": 0.75, "GPU": 1.0}, 1: {"CPU": 0.25}}
+        where = {"trainer": roles.trainer.actor, "reference": roles.batch_actors[0],
+                 "generator": roles.generators[0], "env_worker": roles.workers[0]}
+        got = {role: ray.get(actor.placement.remote()) for role, actor in where.items()}
+        for role, p in got.items():
+            assert p["placement_group_id"] == pg.id.hex(), role
+            asked = {k: v for k, v in (("CPU", roles_cfg[role].get("num_cpus", 0)),
+                                       ("GPU", roles_cfg[role].get("num_gpus", 0))) if v}
+            assert p["resources"] == asked, role
+        assert got["trainer"]["gpu_ids"] == got["reference"]["gpu_ids"] == ["0"]  # the same device
+        # what each bundle has left: its roles took all of it, so they are in it
+        free = ray.available_resources()
+        pid = pg.id.hex()
+        assert free.get(f"GPU_group_0_{pid}", 0) == 0 and free.get(f"CPU_group_0_{pid}", 0) == 0
+        assert free.get(f"CPU_group_1_{pid}", 0) == 0
+        assert ray.available_resources().get("GPU", 0) == 0  # reserved by the group
+
+        metrics = roles.update(multi_turn_groups())  # the colocated reference annotates, the trainer trains
+        assert metrics["loss/kl"] == 0 and metrics["grad_norm"] > 0  # step 0: the policy is the reference
+    finally:
+        roles.close()
+    assert ray.util.placement_group_table(pg)["state"] == "REMOVED"
+    for _ in range(300):  # the GCS hands the reservation back asynchronously
+        if ray.available_resources().get("GPU", 0) == 1:
+            break
+        time.sleep(0.1)
+    assert ray.available_resources().get("GPU", 0) == 1
+
+
+def test_a_placement_the_cluster_cannot_hold_is_a_config_error(tmp_path, local_ray):
+    ray = local_ray
+    from rockroll.trainer.ray_roles import start_roles
+
+    cfg = run_config(tmp_path, ray={"enabled": True, "roles": {"trainer": {"num_gpus": 1},
+                                                               "generator": {"num_gpus": 1}}})
+    tokenizer = load_tokenizer(cfg.tokenizer, cfg.envs, tmp_path / "unused")
+    groups_before = len(ray.util.placement_group_table())
+    with pytest.raises(ConfigError, match="^ray.roles: the roles ask for 2 GPU in all, the cluster has 1"):
+        start_roles(cfg, tokenizer)
+    assert len(ray.util.placement_group_table()) == groups_before  # no group reserved
+    bad = run_config(tmp_path, ray={"enabled": True, "roles": {"reference": {"num_gpus": 0.5}}})  # kl_coef 0
+    with pytest.raises(ConfigError, match="^ray.roles.reference: no such role in this run"):
+        start_roles(bad, tokenizer)
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_two_ranks_take_the_step_of_one(tmp_path, local_ray, stage):
+    """ZeRO data parallel over two trainer actors (gloo): each trains on its share of every
+    mini-batch (3 and 2 rows, of different token counts, in two micro-batches each), DeepSpeed
+    reduces the gradients; both ranks then hold the weights that one torch trainer reaches on
+    the whole batch, and save and restore them together."""
+    from rockroll.trainer.models import build_model
+    from rockroll.trainer.ray_roles import start_roles
+    from rockroll.trainer.roles import PolicyTrainer
+    from rockroll.trainer.weight_sync import checksum
+
+    over = {"engine": {"kind": "deepspeed", "zero_stage": stage, "lr": 0.01, "micro_batch_size": 2},
+            "checkpoint": {"dir": str(tmp_path / "ckpt")}}
+    cfg = run_config(tmp_path, ray={"enabled": True, "num_trainers": 2}, **over)
+    tokenizer = load_tokenizer(cfg.tokenizer, cfg.envs, tmp_path / "unused")
+    one = PolicyTrainer(run_config(tmp_path, engine={"lr": 0.01}), build_model(cfg.model, tokenizer, cfg.seed),
+                        tokenizer)
+    groups = multi_turn_groups()
+    groups[1].samples = groups[1].samples[:2]  # 5 rows: 3 (12 reply tokens) on rank 0, 2 (7) on rank 1
+    start = one.weights()
+    ref_metrics = one.update(groups)
+    ref = one.weights()
+    roles = start_roles(cfg, tokenizer)
+    try:
+        ranks = roles.trainer.ranks
+        assert len(ranks) == 2
+        assert local_ray.get([r.weights_checksum.remote() for r in ranks]) == [checksum(start)] * 2
+        metrics = roles.trainer.update(groups)
+        sums = local_ray.get([r.weights_checksum.remote() for r in ranks])
+        assert sums[0] == sums[1] != checksum(start)  # both ranks moved, identically
+        got = roles.trainer.weights()
+        roles.trainer.save(1, {"workers": []})  # every rank writes its partition, rank 0 the rest
+        roles.trainer.update(groups)  # the weights move on ...
+        assert local_ray.get([r.weights_checksum.remote() for r in ranks]) != sums
+        assert roles.trainer.restore()["step"] == 1  # ... and every rank loads step 1's back
+        assert local_ray.get([r.weights_checksum.remote() for r in ranks]) == sums
+    finally:
+        roles.close()
+    assert metrics["loss/total"] == pytest.approx(ref_metrics["loss/total"], abs=1e-5)  # the ranks' shares add up
+    assert metrics["grad_norm"] == pytest.approx(ref_metrics["grad_norm"], rel=1e-4)
+    for k, v in ref.items():
+        assert not torch.equal(v, start[k]) or "norm" in k
+        torch.testing.assert_close(got[k], v, atol=1e-5, rtol=1e-4)
