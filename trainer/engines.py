@@ -19,31 +19,10 @@ import dataclasses
 import itertools
 import os
 import threading
-from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
-from .sampling import processed_logits
-
-
-@dataclass
-class SamplingParams:
-    temperature: float = 1.0  # 0: greedy (log-probs then of the untempered softmax, as vLLM reports them)
-    top_p: float = 1.0
-    top_k: int = 0            # 0: no top-k truncation
-    max_new_tokens: int = 4
-    stop_token_ids: list[int] = field(default_factory=list)
-    # One seed per prompt makes a request's sample independent of how requests were batched.
-    seeds: list[int] | None = None
-    # Constrained decoding: sample only these ids (None: any), renormalised over them.
-    allowed_token_ids: list[int] | None = None
-
-
-@dataclass
-class GenOutput:
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str  # "stop" (a stop token was generated, and kept) or "length"
-    version: int | None = None  # the weights' version that generated every token (None: ask the engine)
+from .sampling import GenOutput, SamplingParams, processed_logits  # noqa: F401 (the engines' API)
+from .scheduler import ContinuousBatcher
 
 
 class GenerationEngine(Protocol):
@@ -60,8 +39,6 @@ class ContinuousEngine:
     ``submit`` one request for a future, ``generate`` a list and wait for all of them."""
 
     def __init__(self, stepper: Any, *, version: int = 0, max_batch: int = 256, on_load: str = "wait"):
-        from .scheduler import ContinuousBatcher
-
         self.batcher = ContinuousBatcher(stepper, version=version, max_batch=max_batch, on_load=on_load)
 
     @property

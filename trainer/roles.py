@@ -32,6 +32,7 @@ from .critics import CriticsRole
 from .engines import TransformersEngine, VLLMEngine
 from .models import allowed_token_ids, build_model, load_tokenizer
 from .policy import ActorModule, make_policy
+from .reward import RewardRole
 from .rollout import Group, PromptTemplate, RolloutManager
 from .update import collate, token_logp, update_policy
 
@@ -310,6 +311,8 @@ class EnvWorker:
     def __init__(self, cfg: TrainConfig, tokenizer: Any, engine: Any, first_group_id: int = 0,
                  env_factory: Callable[[EnvConfig], Any] | None = None, reward: Any = None):
         # reward: a reward.RemoteReward over a shared reward actor (None: cfg.reward in this process)
+        if reward is None and cfg.reward.active:
+            reward = RewardRole(cfg, tokenizer)
         self.mgr = RolloutManager(cfg, engine, PromptTemplate(tokenizer, cfg.tokenizer), env_factory=env_factory,
                                   reward=reward)
         self.mgr.next_gid = first_group_id

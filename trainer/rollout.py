@@ -484,11 +484,10 @@ class RolloutManager:
         self.rng = random.Random(cfg.seed)
         # verifiers and the judge score each episode as it finishes: in this process, or
         # ``reward`` (a reward.RemoteReward: the role in a Ray actor)
+        if reward is None and cfg.reward.active:  # (reward.py builds on this module, not the other way)
+            raise ValueError("reward: this config scores episodes with a reward role: pass "
+                             "reward=RewardRole(cfg, tokenizer) (rockroll.trainer.reward), as EnvWorker does")
         self.reward = reward
-        if reward is None and cfg.reward.active:
-            from .reward import RewardRole  # it builds on this module
-
-            self.reward = RewardRole(cfg, template.tok)
         cur = r.curriculum
         self.curriculum = Curriculum(cur.promote_at, cur.window) if cur.enabled else None
         self.version = 0

@@ -8,13 +8,39 @@ top-p over what top-k left (the smallest set of most likely tokens whose mass re
 a token stays while the mass of the tokens above it is below ``p``). Removed tokens get
 ``-inf``; the softmax over the rest renormalises. The truncation is a set, decided without
 gradient: the trainer differentiates the renormalised log-prob of the kept set.
+
+Here too the request's settings (:class:`SamplingParams`) and what an engine answers
+(:class:`GenOutput`), which :mod:`.engines` and :mod:`.scheduler` share.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
-__all__ = ["processed_logits", "truncated"]
+__all__ = ["GenOutput", "SamplingParams", "processed_logits", "truncated"]
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0  # 0: greedy (log-probs then of the untempered softmax, as vLLM reports them)
+    top_p: float = 1.0
+    top_k: int = 0            # 0: no top-k truncation
+    max_new_tokens: int = 4
+    stop_token_ids: list[int] = field(default_factory=list)
+    # One seed per prompt makes a request's sample independent of how requests were batched.
+    seeds: list[int] | None = None
+    # Constrained decoding: sample only these ids (None: any), renormalised over them.
+    allowed_token_ids: list[int] | None = None
+
+
+@dataclass
+class GenOutput:
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" (a stop token was generated, and kept) or "length"
+    version: int | None = None  # the weights' version that generated every token (None: ask the engine)
 
 
 @torch.no_grad()

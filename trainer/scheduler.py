@@ -37,8 +37,7 @@ from typing import Any, Protocol
 
 import torch
 
-from .engines import GenOutput, SamplingParams
-from .sampling import processed_logits
+from .sampling import GenOutput, SamplingParams, processed_logits
 
 __all__ = ["ContinuousBatcher", "Stepper", "sample_row"]
 

@@ -114,7 +114,8 @@ def _run(tok, cfg, what, reward=None):
     """``what(manager)`` on a started rollout of QAEnv episodes answered Right or Left."""
     template = PromptTemplate(tok, cfg.tokenizer)
     engine = ScriptEngine(tok, ["Right", "Left"], stop_id=template.stop_id)
-    mgr = RolloutManager(cfg, engine, template, env_factory=lambda spec: QAEnv(), reward=reward)
+    mgr = RolloutManager(cfg, engine, template, env_factory=lambda spec: QAEnv(),
+                         reward=reward if reward is not None else RewardRole(cfg, tok))
     mgr.start()
     try:
         return what(mgr)
