@@ -30,24 +30,35 @@ from _common import print_table, progress, write_json  # noqa: E402
 
 from rockroll.trainer.config import load_config  # noqa: E402
 from rockroll.trainer.rollout import PromptTemplate, RolloutManager  # noqa: E402
-from rockroll.trainer.testing import ScriptEngine  # noqa: E402
+from rockroll.trainer.testing import CharTok, ScriptEngine  # noqa: E402
 
 LAT = "rockroll.trainer.synthetic:LatencyEnv"
 
 
-class _CharTok:
-    """A stand-in tokenizer (one id per character): the bench measures scheduling, not text."""
-
-    unk_token_id = -1
-
-    def convert_tokens_to_ids(self, tok):
-        return 0 if tok == "<|end|>" else None
-
-    def encode(self, text, add_special_tokens=False):
-        return [ord(c) for c in text]
-
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(chr(i) for i in ids if i > 0)
+def drive(mgr, steps: int, desc: str, train_s: float, advance) -> dict:
+    """Start ``mgr`` and take ``steps`` batches from it, each followed by ``train_s`` of
+    "training" and ``advance(step + 1)`` (the weight sync; the rollout keeps going meanwhile
+    when alpha > 0); close it. Samples, response tokens, each batch's wait, the drop and cancel
+    counts summed, the wall time."""
+    mgr.start()
+    out = {"samples": 0, "tokens": 0, "waits": [], "dropped": {}}
+    try:
+        t0 = time.perf_counter()
+        for step in progress(range(steps), desc=desc):
+            w0 = time.perf_counter()
+            groups, m = mgr.get_batch(step, timeout=600)
+            out["waits"].append(time.perf_counter() - w0)
+            out["samples"] += sum(len(g.samples) for g in groups)
+            out["tokens"] += sum(sum(s.mask) for g in groups for s in g.samples)
+            for k, v in m.items():
+                if k.endswith("dropped") or k.endswith("cancelled"):
+                    out["dropped"][k] = out["dropped"].get(k, 0) + v
+            time.sleep(train_s)
+            advance(step + 1)
+        out["wall_s"] = time.perf_counter() - t0
+    finally:
+        mgr.close()
+    return out
 
 
 def run(alpha: int, redundant: int, steps: int, *, group: int, batch_groups: int, train_s: float,
@@ -60,28 +71,17 @@ def run(alpha: int, redundant: int, steps: int, *, group: int, batch_groups: int
         "generation": {"max_new_tokens": 8},
         "tokenizer": {"template": "prefixes"},  # the stand-in tokenizer has no chat template
     })
-    tok = _CharTok()
+    tok = CharTok()
     template = PromptTemplate(tok, cfg.tokenizer)
     engine = ScriptEngine(None, ["Right", "Left"], stop_id=0, call_s=call_s, per_prompt_s=per_prompt_s)
     mgr = RolloutManager(cfg, engine, template)
-    mgr.start()
-    samples, waits, dropped = 0, [], {}
-    try:
-        t0 = time.perf_counter()
-        for step in progress(range(steps), desc=f"alpha={alpha} r={redundant}"):
-            w0 = time.perf_counter()
-            groups, m = mgr.get_batch(step, timeout=600)
-            waits.append(time.perf_counter() - w0)
-            samples += sum(len(g.samples) for g in groups)
-            for k, v in m.items():
-                if k.endswith("dropped") or k.endswith("cancelled"):
-                    dropped[k] = dropped.get(k, 0) + v
-            time.sleep(train_s)  # the optimizer step; the rollout keeps going when alpha > 0
-            engine.load_weights({}, step + 1)
-            mgr.set_version(step + 1)
-        wall = time.perf_counter() - t0
-    finally:
-        mgr.close()
+
+    def advance(version: int) -> None:  # the weight sync
+        engine.load_weights({}, version)
+        mgr.set_version(version)
+
+    d = drive(mgr, steps, f"alpha={alpha} r={redundant}", train_s, advance)
+    samples, wall, waits, dropped = d["samples"], d["wall_s"], d["waits"], d["dropped"]
     return {"mode": "sync" if alpha == 0 else f"async a={alpha}", "alpha": alpha, "redundant": redundant,
             "steps": steps, "samples": samples, "wall_s": wall, "samples_per_s": samples / wall,
             "mean_wait_s": sum(waits) / len(waits), "gen_calls": engine_calls(engine),
@@ -103,25 +103,14 @@ def run_queue(continuous: bool, steps: int, *, group: int, batch_groups: int, al
         "generation": {"max_new_tokens": max_new_tokens, "continuous": continuous},
         "tokenizer": {"template": "prefixes"},  # the stand-in tokenizer has no chat template
     })
-    template = PromptTemplate(_CharTok(), cfg.tokenizer)
+    template = PromptTemplate(CharTok(), cfg.tokenizer)
     engine = ContinuousEngine(SimStepper(stop_id=0, word_id=ord("R"), step_s=step_s))
     mgr = RolloutManager(cfg, engine, template)
-    mgr.start()
-    samples, tokens, waits = 0, 0, []
     try:
-        t0 = time.perf_counter()
-        for step in progress(range(steps), desc=f"continuous={continuous}"):
-            w0 = time.perf_counter()
-            groups, _ = mgr.get_batch(step, timeout=600)
-            waits.append(time.perf_counter() - w0)
-            samples += sum(len(g.samples) for g in groups)
-            tokens += sum(sum(s.mask) for g in groups for s in g.samples)
-            time.sleep(train_s)
-            mgr.load_weights({}, step + 1)
-        wall = time.perf_counter() - t0
+        d = drive(mgr, steps, f"continuous={continuous}", train_s, lambda version: mgr.load_weights({}, version))
     finally:
-        mgr.close()
         engine.close()
+    samples, tokens, wall, waits = d["samples"], d["tokens"], d["wall_s"], d["waits"]
     b = engine.batcher
     return {"mode": "continuous" if continuous else "blocking batch", "samples": samples, "wall_s": wall,
             "samples_per_s": samples / wall, "tokens_per_sample": tokens / max(samples, 1),

@@ -17,6 +17,22 @@ from typing import Any
 from .engines import GenOutput, SamplingParams
 
 
+class CharTok:
+    """A stand-in tokenizer, one id per character and ``<|end|>`` id 0 (no chat template: use
+    ``tokenizer.template: prefixes``), for runs that measure scheduling, not text."""
+
+    unk_token_id = -1
+
+    def convert_tokens_to_ids(self, tok):
+        return 0 if tok == "<|end|>" else None
+
+    def encode(self, text, add_special_tokens=False):
+        return [ord(c) for c in text]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(i) for i in ids if i > 0)
+
+
 class ScriptEngine:
     def __init__(self, tokenizer: Any, words: list[str], *, stop_id: int, call_s: float = 0.0,
                  per_prompt_s: float = 0.0, logprob: float = -0.5):
@@ -124,3 +140,13 @@ class SimStepper:
 
     def load_weights(self, state_dict) -> None:
         pass
+
+
+def first_batch(manager: Any, timeout: float = 120) -> list:
+    """Start a ``RolloutManager``, take the groups of step 0, close it (whatever happens)."""
+    manager.start()
+    try:
+        groups, _ = manager.get_batch(0, timeout=timeout)
+    finally:
+        manager.close()
+    return groups

@@ -27,7 +27,7 @@ from rockroll.trainer.config import load_config
 from rockroll.trainer.credit import num_chunks
 from rockroll.trainer.models import PRETOKENIZE, save_word_tokenizer
 from rockroll.trainer.rollout import PromptTemplate, RolloutManager, request_ids
-from rockroll.trainer.testing import ScriptEngine
+from rockroll.trainer.testing import ScriptEngine, first_batch
 from rockroll.trainer.update import collate, compute_advantages
 
 CHAT_AGENT = AGENTS["openai-chat-agent"]
@@ -48,8 +48,9 @@ def tok(tmp_path_factory):
 
     from transformers import AutoTokenizer
 
-    save_word_tokenizer(set(string.printable) | set(re.findall(PRETOKENIZE, TEXT)), tmp_path_factory.mktemp("tok"))
-    return AutoTokenizer.from_pretrained(tmp_path_factory.getbasetemp() / "tok0")
+    folder = tmp_path_factory.mktemp("tok")  # tok0, tok1...: another module may have made one first
+    save_word_tokenizer(set(string.printable) | set(re.findall(PRETOKENIZE, TEXT)), folder)
+    return AutoTokenizer.from_pretrained(folder)
 
 
 def play(tok, snapshot, agent, task: str, group_size: int = 2, algorithm: dict | None = None):
@@ -63,11 +64,7 @@ def play(tok, snapshot, agent, task: str, group_size: int = 2, algorithm: dict |
     factory = lambda spec: AgentEnv(agent=agent, task_set="corridor", snapshot=snapshot,  # noqa: E731
                                     sandbox_spec=SPEC, call_timeout=60)
     mgr = RolloutManager(cfg, engine, template, env_factory=factory)
-    mgr.start()
-    try:
-        groups, _ = mgr.get_batch(0, timeout=300)
-    finally:
-        mgr.close()
+    groups = first_batch(mgr, timeout=300)
     return cfg, groups, engine
 
 

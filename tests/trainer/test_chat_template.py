@@ -11,7 +11,7 @@ from transformers import AutoTokenizer
 from rockroll.trainer.config import EnvConfig, load_config
 from rockroll.trainer.models import WORD_CHAT_TEMPLATE, load_tokenizer
 from rockroll.trainer.rollout import PromptTemplate, RolloutManager
-from rockroll.trainer.testing import ScriptEngine
+from rockroll.trainer.testing import ScriptEngine, first_batch
 
 TOOLS = [{"type": "function", "function": {"name": "move", "description": "Move one cell",
                                              "parameters": {"type": "object", "properties": {
@@ -74,11 +74,7 @@ def test_the_first_prompt_shows_the_tools_the_env_offers(tok):
     template = PromptTemplate(tok, cfg.tokenizer)
     mgr = RolloutManager(cfg, ScriptEngine(tok, ["Up"], stop_id=template.stop_id), template,
                          env_factory=lambda spec: ToolEnv())
-    mgr.start()
-    try:
-        groups, _ = mgr.get_batch(0, timeout=60)
-    finally:
-        mgr.close()
+    groups = first_batch(mgr, timeout=60)
     expected = _ids(tok.apply_chat_template([{"role": "user", "content": "Where to?"}], tools=TOOLS, tokenize=True,
                                             add_generation_prompt=True))
     for s in groups[0].samples:

@@ -160,19 +160,7 @@ def _rollout(continuous: bool):
     reply lengths), its requests sent one by one (continuous) or as blocking batch calls."""
     from rockroll.trainer.engines import ContinuousEngine
     from rockroll.trainer.rollout import PromptTemplate, RolloutManager
-    from rockroll.trainer.testing import SimStepper
-
-    class CharTok:  # one id per character; "<|end|>" is 0
-        unk_token_id = -1
-
-        def convert_tokens_to_ids(self, tok):
-            return 0 if tok == "<|end|>" else None
-
-        def encode(self, text, add_special_tokens=False):
-            return [ord(c) for c in text]
-
-        def decode(self, ids, skip_special_tokens=True):
-            return "".join(chr(i) for i in ids if i > 0)
+    from rockroll.trainer.testing import CharTok, SimStepper, first_batch
 
     cfg = load_config({
         "seed": 2, "envs": [{"id": "rockroll.trainer.synthetic:LatencyEnv", "kwargs": {"max_turns": 3}}],
@@ -181,11 +169,9 @@ def _rollout(continuous: bool):
     })
     engine = ContinuousEngine(SimStepper(stop_id=0, word_id=ord("R"), step_s=0.0005, prefill_s=0.0005))
     mgr = RolloutManager(cfg, engine, PromptTemplate(CharTok(), cfg.tokenizer))
-    mgr.start()
     try:
-        groups, _ = mgr.get_batch(0, timeout=120)
+        groups = first_batch(mgr, timeout=120)
     finally:
-        mgr.close()
         engine.close()
     return {g.group_id: [s.token_ids for s in g.samples] for g in groups}, engine.batcher, mgr.gen.calls
 

@@ -15,7 +15,7 @@ from rockroll.trainer.models import allowed_token_ids, build_model, load_tokeniz
 from rockroll.trainer.rollout import (Group, PromptTemplate, RolloutManager, Sample, ZeroAdvantageError,
                                       filter_stale, make_env, zero_advantage)
 from rockroll.trainer.synthetic import LatencyEnv
-from rockroll.trainer.testing import RecordingEngine, ScriptEngine
+from rockroll.trainer.testing import RecordingEngine, ScriptEngine, first_batch
 from rockroll.trainer.update import collate, token_logp
 
 LAT = "rockroll.trainer.synthetic:LatencyEnv"
@@ -110,11 +110,7 @@ def test_constrained_decoding_samples_only_allowed_tokens_and_the_trainer_agrees
     torch.manual_seed(0)
     model = build_model(cfg.model, tok, seed=0)
     mgr, _, _ = _manager(tok, data, engine=TransformersEngine(model, tok.pad_token_id))
-    mgr.start()
-    try:
-        groups, _ = mgr.get_batch(0, timeout=120)
-    finally:
-        mgr.close()
+    groups = first_batch(mgr, timeout=120)
     batch = collate(groups, tok.pad_token_id)
     generated = batch.targets[batch.mask]
     assert generated.numel() >= 8 and set(generated.tolist()) <= set(allowed)
@@ -396,11 +392,7 @@ def test_format_penalty_overrides_the_envs_and_turn_rewards_add_up(tok):
     for penalty, expected in ((-0.37, -0.37), (None, -0.1)):
         data = {**_cfg(group_size=2, max_turns=3), "envs": [env], "algorithm": {"format_penalty": penalty}}
         mgr, _, _ = _manager(tok, data, words=("blah",))
-        mgr.start()
-        try:
-            groups, _ = mgr.get_batch(0, timeout=60)
-        finally:
-            mgr.close()
+        groups = first_batch(mgr, timeout=60)
         for s in groups[0].samples:
             assert s.num_turns == s.format_errors == 3
             assert s.turn_rewards == pytest.approx([expected] * 3)
@@ -413,11 +405,7 @@ def test_a_groups_samples_share_task_and_seed(tok):
     data = {**_cfg(group_size=3, batch_groups=4, max_turns=2),
             "envs": [{"id": "rock/FrozenLake-v0", "kwargs": {"max_actions_per_turn": 1}}]}
     mgr, _, _ = _manager(tok, data, words=("Right", "Down", "Left"))
-    mgr.start()
-    try:
-        groups, _ = mgr.get_batch(0, timeout=60)
-    finally:
-        mgr.close()
+    groups = first_batch(mgr, timeout=60)
     boards = []
     for g in groups:
         assert {s.transcript[0][1] for s in g.samples} == {g.samples[0].transcript[0][1]}

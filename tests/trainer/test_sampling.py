@@ -16,6 +16,7 @@ from rockroll.trainer.models import build_model, load_tokenizer
 from rockroll.trainer.roles import PolicyTrainer
 from rockroll.trainer.rollout import PromptTemplate, RolloutManager
 from rockroll.trainer.sampling import processed_logits, truncated
+from rockroll.trainer.testing import first_batch
 from rockroll.trainer.update import collate, target_logp, token_logp
 
 ENVS = [{"id": "rock/FrozenLake-v0", "kwargs": {"max_actions_per_turn": 1}, "task_ids": [0, 1]}]
@@ -87,11 +88,7 @@ def test_trainer_logp_of_generated_tokens_equal_the_generators_under_truncation(
     model = build_model(cfg.model, tok, seed=0)
     engine = TransformersEngine(copy.deepcopy(model), tok.pad_token_id)
     mgr = RolloutManager(cfg, engine, PromptTemplate(tok, cfg.tokenizer))
-    mgr.start()
-    try:
-        groups, _ = mgr.get_batch(0, timeout=120)
-    finally:
-        mgr.close()
+    groups = first_batch(mgr, timeout=120)
     batch = collate(groups, tok.pad_token_id)
     m = batch.mask
     assert m.sum() >= 16
