@@ -48,7 +48,7 @@ def main(out: str, runs: list[tuple[str, str]], title: str, window: int = 10) ->
             ax.plot([e["step"] for e in evals], [e["eval/success"] for e in evals], "o-", color=color, label=label)
         table.append((label, evals))
     ax.set(xlabel="policy version (training step)", ylabel="success", ylim=(0, 1), title=title)
-    ax.legend(loc="lower right", fontsize=8, title=f"evaluation; thin: training batches ({window}-step mean)",
+    ax.legend(loc="upper left", fontsize=8, title=f"evaluation; thin: training batches ({window}-step mean)",
               title_fontsize=7)
     fig.tight_layout()
     Path(out).parent.mkdir(parents=True, exist_ok=True)

@@ -73,9 +73,19 @@ def _check_name(name: str) -> None:
         raise SpecError("name", f"must be a single path component, got {name!r}")
 
 
+_ROOTS: dict[str, dict[str, str]] = {}
+
+
 def _v1_roots() -> dict[str, str]:
     """v1 controller -> hierarchy root. A joint ``cpu,cpuacct`` mount (or ``cpu`` and
-    ``cpuacct`` symlinked to it) maps both keys to the same directory."""
+    ``cpuacct`` symlinked to it) maps both keys to the same directory. Looked up once per
+    process (~15 stat and readlink calls on cgroupfs, which every create paid)."""
+    if not _ROOTS.get(CGROUP_ROOT):  # (none found is not kept: hierarchies may be mounted later)
+        _ROOTS[CGROUP_ROOT] = _find_v1_roots()
+    return _ROOTS[CGROUP_ROOT]
+
+
+def _find_v1_roots() -> dict[str, str]:
     roots = {}
     for key in ("memory", "pids", "cpu", "cpuacct", "freezer"):
         for entry in (key, "cpu,cpuacct", "cpuacct,cpu") if key in ("cpu", "cpuacct") else (key,):

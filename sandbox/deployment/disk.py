@@ -72,7 +72,7 @@ from ..home import state_home
 from ..runtime._agent import detached_layer
 
 BYTES_PER_INODE = 16384  # mke2fs's default ratio
-LOOP_CLR_FD, LOOP_CONFIGURE, LOOP_CTL_GET_FREE, LO_FLAGS_AUTOCLEAR = 0x4C01, 0x4C0A, 0x4C82, 4
+LOOP_CLR_FD, LOOP_CONFIGURE, LOOP_CTL_ADD, LOOP_CTL_GET_FREE, LO_FLAGS_AUTOCLEAR = 0x4C01, 0x4C0A, 0x4C80, 0x4C82, 4
 LOOP_INFO64_SIZE, LO_FLAGS_OFFSET = 232, 52  # struct loop_info64, and lo_flags in it
 
 
@@ -101,37 +101,62 @@ def attach_loop(image: Path) -> tuple[str, int]:
     ctl = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
     backing = os.open(image, os.O_RDWR | os.O_CLOEXEC)
     try:
-        with _ATTACHING:
-            return _claim_free(ctl, backing)
+        return _claim_free(ctl, backing)
     finally:
         os.close(ctl)
         os.close(backing)
 
 
-# Threads of one process asking for a free device at once are all handed the same one, and
-# all but one retry: a burst of creates ran out of tries. The kernel serializes attaching
-# anyway (loop_ctl_mutex); we do too. Other processes still race us, hence the retries.
-_ATTACHING = threading.Lock()
+# Threads of one process asking for a free device at once are all handed the same one (the
+# kernel's "free" is "not bound yet"), and all but one would retry. Attaching itself can wait
+# long (a queue freeze waits for an RCU grace period: tens of ms on a busy host), so it must
+# not be done one at a time: each thread picks a device number no other thread of this
+# process is attaching (creating it if need be), under a lock held only for the pick, and
+# attaches in parallel. Other processes may still take a device first: EBUSY, the next one.
+_PICKING = threading.Lock()
+_ATTACHING: set[int] = set()
+
+
+def _pick(ctl: int, busy: set[int]) -> int:
+    """A device number to attach: the kernel's free one, or past it the first that no thread
+    of ours is attaching and that was not ``busy`` for this caller (bound meanwhile)."""
+    with _PICKING:
+        n = fcntl.ioctl(ctl, LOOP_CTL_GET_FREE)
+        while n in _ATTACHING or n in busy:
+            n += 1
+            try:
+                fcntl.ioctl(ctl, LOOP_CTL_ADD, n)
+            except OSError as e:
+                if e.errno != errno.EEXIST:
+                    raise
+        _ATTACHING.add(n)
+        return n
 
 
 def _claim_free(ctl: int, backing: int) -> tuple[str, int]:
+    busy: set[int] = set()
     for _ in range(64):  # another process may take the free device first: try the next
-        n = fcntl.ioctl(ctl, LOOP_CTL_GET_FREE)
-        dev = f"/dev/loop{n}"
+        n = _pick(ctl, busy)
         try:
-            fd = os.open(dev, os.O_RDWR | os.O_CLOEXEC)
-        except FileNotFoundError:  # no devtmpfs or udev made the node
-            os.mknod(dev, stat.S_IFBLK | 0o600, os.makedev(7, n))
-            fd = os.open(dev, os.O_RDWR | os.O_CLOEXEC)
-        info = bytearray(LOOP_INFO64_SIZE)
-        struct.pack_into("I", info, LO_FLAGS_OFFSET, LO_FLAGS_AUTOCLEAR)
-        try:  # struct loop_config: backing fd, block size (0: default), loop_info64, reserved
-            fcntl.ioctl(fd, LOOP_CONFIGURE, struct.pack("II", backing, 0) + bytes(info) + bytes(64))
-            return dev, fd
-        except OSError as e:
-            os.close(fd)
-            if e.errno != errno.EBUSY:
-                raise
+            dev = f"/dev/loop{n}"
+            try:
+                fd = os.open(dev, os.O_RDWR | os.O_CLOEXEC)
+            except FileNotFoundError:  # no devtmpfs or udev made the node
+                os.mknod(dev, stat.S_IFBLK | 0o600, os.makedev(7, n))
+                fd = os.open(dev, os.O_RDWR | os.O_CLOEXEC)
+            info = bytearray(LOOP_INFO64_SIZE)
+            struct.pack_into("I", info, LO_FLAGS_OFFSET, LO_FLAGS_AUTOCLEAR)
+            try:  # struct loop_config: backing fd, block size (0: default), loop_info64, reserved
+                fcntl.ioctl(fd, LOOP_CONFIGURE, struct.pack("II", backing, 0) + bytes(info) + bytes(64))
+                return dev, fd
+            except OSError as e:
+                os.close(fd)
+                if e.errno != errno.EBUSY:
+                    raise
+                busy.add(n)
+        finally:
+            with _PICKING:
+                _ATTACHING.discard(n)
     raise OSError(errno.EBUSY, "no free loop device")
 
 

@@ -186,3 +186,32 @@ def test_gc_detaches_the_loop_devices_of_a_dead_run():
         assert not run_dir.exists()
     finally:
         subprocess.run(["losetup", "-d", dev], capture_output=True)  # only if the test failed
+
+
+def test_loop_devices_attach_in_parallel_each_to_its_own_image(tmp_path):
+    """A burst of creates attaches loop devices from many threads at once (not one at a time:
+    an attach can wait tens of ms on the kernel): every attach succeeds, on a device of its
+    own, backed by its own image, and each is gone once its last fd is closed (autoclear)."""
+    import concurrent.futures
+
+    images = []
+    for i in range(48):
+        image = tmp_path / f"{i}.img"
+        with open(image, "wb") as f:
+            f.truncate(1 << 20)
+        images.append(image)
+    with concurrent.futures.ThreadPoolExecutor(48) as pool:
+        attached = list(pool.map(disk.attach_loop, images))
+    try:
+        devices = [dev for dev, _ in attached]
+        assert len(set(devices)) == len(images)
+        for (dev, _), image in zip(attached, images):
+            backing = open(f"/sys/block/{os.path.basename(dev)}/loop/backing_file").read().strip()
+            assert backing == str(image)
+    finally:
+        for _, fd in attached:
+            os.close(fd)
+    deadline = time.monotonic() + 30
+    while any(os.path.exists(f"/sys/block/{os.path.basename(d)}/loop/backing_file") for d in devices):
+        assert time.monotonic() < deadline, "loop devices still attached after their fds closed"
+        time.sleep(0.1)
