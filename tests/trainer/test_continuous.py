@@ -16,6 +16,9 @@ from _tiny import TinyTok
 
 SHORT = SamplingParams(temperature=1.0, max_new_tokens=3, stop_token_ids=[2])
 LONG = SamplingParams(temperature=1.0, max_new_tokens=40, stop_token_ids=[])
+# for a request that must still run when another thread acts: the loop's step lock is not
+# fair, and a waiting thread may miss a few dozen steps on a busy machine
+LONGER = SamplingParams(temperature=1.0, max_new_tokens=400, stop_token_ids=[])
 P1, P2, P3 = [5, 6, 7], [9, 10, 11, 12, 13, 14, 15], [3, 4]
 
 
@@ -60,8 +63,8 @@ def _between_steps(engine, n, fn):
 def test_a_request_that_joins_a_running_batch_gets_what_it_gets_alone(engine):
     state = {k: v.clone() for k, v in engine.model.state_dict().items()}
     alone = {name: _alone(state, p, _seeded(sp, s)) for name, p, sp, s in
-             [("long", P2, LONG, 3), ("a", P1, SHORT, 11), ("b", P3, LONG, 5)]}
-    long_fut = engine.submit(P2, _seeded(LONG, 3))
+             [("long", P2, LONGER, 3), ("a", P1, SHORT, 11), ("b", P3, LONG, 5)]}
+    long_fut = engine.submit(P2, _seeded(LONGER, 3))
     # the others arrive while the long one is decoding: they join its batch mid-generation
     a, b = _between_steps(engine, 3, lambda: (engine.submit(P1, _seeded(SHORT, 11)),
                                               engine.submit(P3, _seeded(LONG, 5))))
@@ -71,7 +74,7 @@ def test_a_request_that_joins_a_running_batch_gets_what_it_gets_alone(engine):
         assert out.token_ids == alone[name].token_ids, name
         assert out.logprobs == pytest.approx(alone[name].logprobs, abs=1e-4), name
         assert out.version == 0
-    assert len(got["long"].token_ids) == 40 and got["a"].finish_reason in ("stop", "length")
+    assert len(got["long"].token_ids) == 400 and got["a"].finish_reason in ("stop", "length")
 
 
 def test_a_finished_request_leaves_the_batch_at_once(engine):
@@ -111,7 +114,7 @@ def test_weight_load_waits_for_requests_in_flight(engine):
     tokens it has alone on them); one submitted during the load runs on the new (version 1)."""
     old = {k: v.clone() for k, v in engine.model.state_dict().items()}
     new = _other_weights(engine)
-    fut = engine.submit(P2, _seeded(LONG, 7))
+    fut = engine.submit(P2, _seeded(LONGER, 7))
     while engine.batcher.steps < 2:
         threading.Event().wait(0.001)
     loader = threading.Thread(target=engine.load_weights, args=(new, 1))
@@ -121,7 +124,7 @@ def test_weight_load_waits_for_requests_in_flight(engine):
     late = engine.submit(P1, _seeded(LONG, 8))
     loader.join()
     first, second = fut.result(), late.result()
-    assert first.version == 0 and first.token_ids == _alone(old, P2, _seeded(LONG, 7)).token_ids
+    assert first.version == 0 and first.token_ids == _alone(old, P2, _seeded(LONGER, 7)).token_ids
     assert second.version == 1 and second.token_ids == _alone(new, P1, _seeded(LONG, 8)).token_ids
     assert engine.batcher.requeued == 0
 
@@ -132,14 +135,16 @@ def test_weight_load_aborts_and_requeues_requests_in_flight():
     engine = TransformersEngine(_model(), pad_token_id=0, on_load="abort")
     try:
         new = _other_weights(engine)
-        fut = engine.submit(P2, _seeded(LONG, 7))
-        while engine.batcher.steps < 2:
-            threading.Event().wait(0.001)
-        engine.load_weights(new, 1)
+        fut = engine.submit(P2, _seeded(LONGER, 7))
+        # asked while the request is in flight (the loop held between two steps): a load that
+        # only began after a descheduled test thread woke up could find it finished
+        loader = threading.Thread(target=engine.load_weights, args=(new, 1))
+        _between_steps(engine, 2, loader.start)
+        loader.join()
         out = fut.result()
         assert engine.batcher.requeued == 1
-        assert out.version == 1 and out.token_ids == _alone(new, P2, _seeded(LONG, 7)).token_ids
-        assert len(out.token_ids) == 40
+        assert out.version == 1 and out.token_ids == _alone(new, P2, _seeded(LONGER, 7)).token_ids
+        assert len(out.token_ids) == LONGER.max_new_tokens
     finally:
         engine.close()
 
