@@ -76,6 +76,22 @@ def _check_name(name: str) -> None:
 _ROOTS: dict[str, dict[str, str]] = {}
 
 
+_FILES: dict[tuple[str, ...], bool] = {}  # (root, mode, controller, control file) -> offered (Cgroup._has)
+
+
+def _mkdir(path: str) -> bool:
+    """Make the group directory ``path`` (and its parents); True if it existed. One
+    ``mkdir`` in the usual case, not ``makedirs``' stat of every parent first."""
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        return True
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return _mkdir(path)
+    return False
+
+
 def _v1_roots() -> dict[str, str]:
     """v1 controller -> hierarchy root. A joint ``cpu,cpuacct`` mount (or ``cpu`` and
     ``cpuacct`` symlinked to it) maps both keys to the same directory. Looked up once per
@@ -207,12 +223,11 @@ class Cgroup:
                 _enable_v2(path)
             existed = False
             for d in group._unique_dirs():
-                existed |= os.path.isdir(d)
-                os.makedirs(d, exist_ok=True)
+                existed |= _mkdir(d)
             if existed:  # a dead run's group: empty it, and thaw it in case it died mid-snapshot
                 group.kill_all()
                 group.thaw()
-            group._write_limits(limits)
+            group._write_limits(limits, fresh=not existed)
         except (OSError, SandboxError) as e:
             try:
                 group.remove()
@@ -221,37 +236,48 @@ class Cgroup:
             raise SandboxStartError(f"cannot set up cgroup: {e}", sandbox_id=name) from e
         return group
 
-    def _write_limits(self, limits: Limits) -> None:
+    def _write_limits(self, limits: Limits, fresh: bool = False) -> None:
+        """Write ``limits``. A ``fresh`` group still has the kernel's defaults (no limit,
+        a 100 ms CPU period), so only real limits are written: every write to cgroupfs
+        takes the kernel's cgroup locks, which a burst of creates contends for."""
         mem = limits.memory_mb * _MIB if limits.memory_mb is not None else None
         quota = max(1000, round(limits.cpus * CPU_PERIOD_US)) if limits.cpus is not None else None
         if self.mode == "v2":
-            self._write("memory", "memory.max", mem if mem is not None else "max")
-            if self._exists("memory", "memory.swap.max"):
-                self._write("memory", "memory.swap.max", 0 if mem is not None else "max")
-            self._write("pids", "pids.max", limits.pids if limits.pids is not None else "max")
-            self._write("cpu", "cpu.max", f"{quota if quota is not None else 'max'} {CPU_PERIOD_US}")
+            if mem is not None or not fresh:
+                self._write("memory", "memory.max", mem if mem is not None else "max")
+                if self._has("memory", "memory.swap.max"):
+                    self._write("memory", "memory.swap.max", 0 if mem is not None else "max")
+            if limits.pids is not None or not fresh:
+                self._write("pids", "pids.max", limits.pids if limits.pids is not None else "max")
+            if quota is not None or not fresh:
+                self._write("cpu", "cpu.max", f"{quota if quota is not None else 'max'} {CPU_PERIOD_US}")
             return
         # memsw (RAM + swap) must stay >= the RAM limit at every step, so lift it first;
         # then setting it equal to the RAM limit means swap cannot bypass the cap.
-        memsw = self._exists("memory", "memory.memsw.limit_in_bytes")
-        if memsw:
+        memsw = self._has("memory", "memory.memsw.limit_in_bytes")
+        if memsw and not fresh:
             self._write("memory", "memory.memsw.limit_in_bytes", -1)
-        self._write("memory", "memory.limit_in_bytes", mem if mem is not None else -1)
+        if mem is not None or not fresh:
+            self._write("memory", "memory.limit_in_bytes", mem if mem is not None else -1)
         if memsw and mem is not None:
             self._write("memory", "memory.memsw.limit_in_bytes", mem)
-        self._write("pids", "pids.max", limits.pids if limits.pids is not None else "max")
-        self._write("cpu", "cpu.cfs_period_us", CPU_PERIOD_US)
-        self._write("cpu", "cpu.cfs_quota_us", quota if quota is not None else -1)
+        if limits.pids is not None or not fresh:
+            self._write("pids", "pids.max", limits.pids if limits.pids is not None else "max")
+        if not fresh:
+            self._write("cpu", "cpu.cfs_period_us", CPU_PERIOD_US)
+        if quota is not None or not fresh:
+            self._write("cpu", "cpu.cfs_quota_us", quota if quota is not None else -1)
 
-    def renamed(self, name: str, limits: Limits) -> Cgroup:
+    def renamed(self, name: str, limits: Limits, fresh: bool = False) -> Cgroup:
         """This group under ``name`` (its processes stay in it), with ``limits`` written:
-        a group made ahead of time becomes a sandbox's. ``OSError`` if the kernel refuses."""
+        a group made ahead of time becomes a sandbox's (``fresh``: no limit was ever
+        written to it). ``OSError`` if the kernel refuses."""
         mode, dirs = self._layout(name)
         new = {old: dirs[key] for key, old in self.dirs.items()}
         for old in self._unique_dirs():
             os.rename(old, new[old])
         group = Cgroup(name, mode, dirs)
-        group._write_limits(limits)
+        group._write_limits(limits, fresh=fresh)
         return group
 
     @classmethod
@@ -351,9 +377,9 @@ class Cgroup:
         it is not empty after ``timeout`` s (long: a task in uninterruptible disk sleep dies
         only when its I/O completes, which takes seconds on a busy disk). A group that is
         gone counts as empty."""
-        if not any(os.path.isdir(d) for d in self._unique_dirs()):
+        if not self.pids():  # empty, or gone
             return
-        if self.mode == "v2" and self._exists("freezer", "cgroup.kill"):
+        if self.mode == "v2" and self._has("freezer", "cgroup.kill"):
             self._write("freezer", "cgroup.kill", 1)  # atomic and race-free (Linux 5.14+)
         deadline = time.monotonic() + timeout
         while self.pids():
@@ -409,8 +435,13 @@ class Cgroup:
         except (OSError, ValueError, SandboxError):
             return None
 
-    def _exists(self, key: str, filename: str) -> bool:
-        return os.path.exists(os.path.join(self.dirs[key], filename))
+    def _has(self, key: str, filename: str) -> bool:
+        """Whether the kernel offers control file ``filename`` (swap accounting,
+        ``cgroup.kill``): the same in every group of a hierarchy, so asked once."""
+        known = (CGROUP_ROOT, self.mode, key, filename)
+        if known not in _FILES:
+            _FILES[known] = os.path.exists(os.path.join(self.dirs[key], filename))
+        return _FILES[known]
 
     def _read(self, key: str, filename: str) -> str | None:
         try:

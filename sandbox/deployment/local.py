@@ -83,7 +83,7 @@ class _JoinedAgents:
         group, agent = pair
         if agent.poll() is None:
             try:
-                return group.renamed(name, limits), agent
+                return group.renamed(name, limits, fresh=True), agent  # made with no limits
             except (OSError, SandboxError):
                 pass
         _discard(group, agent)

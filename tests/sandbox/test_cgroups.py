@@ -250,6 +250,11 @@ def test_create_reuses_a_leftover_group(make_group):
     assert proc.wait(timeout=5) == -signal.SIGKILL
     assert new.pids() == []
     assert read(new, "pids", "pids.max") == "30"
+    # the old group's memory limit is lifted: a reused group is not fresh, its limits are all written
+    if new.mode == "v2":
+        assert read(new, "memory", "memory.max") == "max"
+    else:
+        assert int(read(new, "memory", "memory.limit_in_bytes")) > 2**60
     child = run_python(new, "pass")  # the reused group is not left frozen
     assert child.wait(timeout=10) == 0
 
