@@ -473,7 +473,10 @@ def envs(ctx, as_json, with_gem_llm):
 @click.option("--package", "packages", multiple=True, metavar="NAME==VERSION",
               help="A pure-Python package whose sdist ships its tests (repeatable).")
 @click.option("--default", "default_set", is_flag=True,
-              help="The default task set, what make demo builds (three small pure-Python packages).")
+              help="The default task set, what make test builds (three small pure-Python packages).")
+@click.option("--demo", "demo_set", is_flag=True,
+              help="The demo's task set, what make demo builds: the first default package only "
+                   "(a third of --default's build; --default later adds the other two).")
 @click.option("--tasks", type=click.IntRange(min=1), default=10, show_default=True, help="Tasks per package.")
 @click.option("--max-candidates", type=click.IntRange(min=1), default=150, show_default=True,
               help="Give up on a package after screening this many candidate bugs.")
@@ -483,7 +486,7 @@ def envs(ctx, as_json, with_gem_llm):
               help="Also build each env's variant with this agent installed, swe-<name>-<agent> (repeatable).")
 @_hub_options
 @_hub_errors
-def envs_build_swe(packages, default_set, tasks, max_candidates, workers, agents, hub_url, s3_endpoint):
+def envs_build_swe(packages, default_set, demo_set, tasks, max_candidates, workers, agents, hub_url, s3_endpoint):
     """Build SWE repair tasks from real packages and publish them as hub envs.
 
     Each package's sdist is downloaded from the package index, bugs are injected by AST
@@ -505,9 +508,9 @@ def envs_build_swe(packages, default_set, tasks, max_candidates, workers, agents
 
     if s3_endpoint:
         os.environ["ROCKROLL_S3_ENDPOINT"] = s3_endpoint
-    chosen = list(packages) + (list(DEFAULT_PACKAGES) if default_set else [])
+    chosen = list(packages) + (list(DEFAULT_PACKAGES) if default_set else [DEFAULT_PACKAGES[0]] if demo_set else [])
     if not chosen:
-        raise click.UsageError("name at least one --package NAME==VERSION, or --default")
+        raise click.UsageError("name at least one --package NAME==VERSION, or --default, or --demo")
     unknown = [a for a in agents if a not in AGENTS]
     if unknown:
         raise click.BadParameter(f"{', '.join(unknown)}: not one of {', '.join(sorted(AGENTS))}", param_hint="--agent")

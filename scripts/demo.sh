@@ -15,7 +15,7 @@ timed() {  # timed NAME CMD...: run CMD, remember how long it took
   phases+=("$name|$(awk -v a="$start" -v b="$EPOCHREALTIME" 'BEGIN {printf "%.0f", b - a}')")
 }
 
-swe_tasks() { bash scripts/services.sh --swe && $BIN/rockroll envs build-swe --default; }
+swe_tasks() { bash scripts/services.sh --swe && $BIN/rockroll envs build-swe --demo; }
 overlapped() {  # the training extras and the SWE tasks at once; either failing fails the demo
   swe_tasks > >(sed 's/^/[swe] /') 2>&1 &
   local swe=$!
