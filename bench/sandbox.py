@@ -4,7 +4,8 @@ in the same run.
     .venv/bin/python bench/sandbox.py [--quick] [--backends local,docker,remote,ray]
                                       [--only run,cold,pool,snapshot,swarm,density,concurrent,compat]
 
-Prints its tables (stdout; progress on stderr) and writes bench/results/sandbox.json:
+Prints its tables (stdout; progress on stderr) and writes bench/results/sandbox.json
+(a partial run, some rows or backends: sandbox-<rows>-<backends>.json beside it):
 per-backend latencies with `docker exec` / `docker run --rm` measured in the same run,
 the CPU a local create costs, how many idle sandboxes the host holds (PSS each), and N
 sandboxes created at once through the service (remote SDK, local backend behind);
@@ -802,7 +803,9 @@ def main() -> int:
         print_table('run("true") in a session through ROCK\'s and SWE-ReX\'s own clients (unmodified)',
                     compat_rows(res["compat"]), COMPAT_COLUMNS)
 
-    path = write_json("sandbox", {
+    # A partial run (some rows or backends) is written beside the full one, not over it.
+    full = set(only) == set(ROWS) and set(backends) == set(BACKENDS)
+    path = write_json("sandbox" if full else f"sandbox-{'-'.join(only)}-{'-'.join(backends)}", {
         "quick": args.quick, "backends": list(backends), "only": list(only), "ray_nodes": args.ray_nodes,
         "counts": counts.__dict__, "docker_image": docker.image if docker else None,
         "results": res, "cleanup": cleanup, "rows": rows, "concurrent_rows": crows})

@@ -1,8 +1,8 @@
 """The main job of `make demo`: one rock/SWE-v0 episode, played by a scripted agent.
 
-`make demo` first publishes the default SWE task set to your default hub (`rockroll envs
-build-swe --default`: real sdists, bugs injected by AST mutation, kept when they break
-some tests). Then this script does what a user does:
+`make demo` first publishes the demo's SWE tasks to your default hub (`rockroll envs
+build-swe --demo`: one default package's sdist, bugs injected by AST mutation, kept
+when they break some tests; `make test` adds the other two packages with `--default`). Then this script does what a user does:
 
     import gymnasium, rockroll
     env = gymnasium.make("rock/SWE-v0", render_mode="ansi")

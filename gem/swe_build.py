@@ -54,12 +54,15 @@ from .swe import (TASKS_FILE, SWETask, agent_tasks, agent_variant, arm_report, f
                   load_swe_tasks, pull_agent_tasks, pytest_command)
 from .swe_mutate import KINDS, Mutation, find_mutations, unified_diff
 
-__all__ = ["DEFAULT_PACKAGES", "BuiltEnv", "agent_tasks", "build_agent_variant", "build_swe", "detect_layout", "ensure_base",
+__all__ = ["DEFAULT_PACKAGES", "DEMO_PACKAGE", "BuiltEnv", "agent_tasks", "build_agent_variant", "build_swe", "detect_layout", "ensure_base",
            "git_init_script", "pull_agent_tasks"]
 
 #: The default task set: small, pure-Python, dependency-free packages whose sdists ship
 #: fast pytest suites that run on Debian bookworm's pytest 7.
 DEFAULT_PACKAGES = ("cachetools==5.3.3", "inflection==0.5.1", "toolz==0.12.1")
+# What `make demo` builds (`build-swe --demo`): the one package whose task it plays, the quickest
+# of the three to screen (inflection's suite runs in a second; cachetools' and toolz's take longer).
+DEMO_PACKAGE = "inflection==0.5.1"
 WORKDIR = "/workspace"
 BASE_PACKAGE = "python"  # gem/data/swe/<this>: the swe-python env
 _SKIP_DIRS = {"docs", "doc", "examples", "example", "benchmarks", "bench", "build", "dist", "tools", "scripts"}

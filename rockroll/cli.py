@@ -475,8 +475,8 @@ def envs(ctx, as_json, with_gem_llm):
 @click.option("--default", "default_set", is_flag=True,
               help="The default task set, what make test builds (three small pure-Python packages).")
 @click.option("--demo", "demo_set", is_flag=True,
-              help="The demo's task set, what make demo builds: the first default package only "
-                   "(a third of --default's build; --default later adds the other two).")
+              help="The demo's task set, what make demo builds: one of the default packages "
+                   "(inflection; --default later adds the other two).")
 @click.option("--tasks", type=click.IntRange(min=1), default=10, show_default=True, help="Tasks per package.")
 @click.option("--max-candidates", type=click.IntRange(min=1), default=150, show_default=True,
               help="Give up on a package after screening this many candidate bugs.")
@@ -504,11 +504,11 @@ def envs_build_swe(packages, default_set, demo_set, tasks, max_candidates, worke
     import os
 
     from rockroll.gem.agents import AGENTS
-    from rockroll.gem.swe_build import DEFAULT_PACKAGES, BuildSWEError, build_agent_variant, build_swe
+    from rockroll.gem.swe_build import DEFAULT_PACKAGES, DEMO_PACKAGE, BuildSWEError, build_agent_variant, build_swe
 
     if s3_endpoint:
         os.environ["ROCKROLL_S3_ENDPOINT"] = s3_endpoint
-    chosen = list(packages) + (list(DEFAULT_PACKAGES) if default_set else [DEFAULT_PACKAGES[0]] if demo_set else [])
+    chosen = list(packages) + (list(DEFAULT_PACKAGES) if default_set else [DEMO_PACKAGE] if demo_set else [])
     if not chosen:
         raise click.UsageError("name at least one --package NAME==VERSION, or --default, or --demo")
     unknown = [a for a in agents if a not in AGENTS]

@@ -50,7 +50,7 @@ _import_rockroll()
 @pytest.fixture(scope="session")
 def swe_hub() -> str:
     """The hub holding the default SWE task set: the user's default hub, where `make test`
-    and `make demo` publish it (`rockroll envs build-swe --default`). Built here if it is
+    publishes it (`rockroll envs build-swe --default`; `make demo` one package, `--demo`). Built here if it is
     missing (minutes: a Debian base, three sdists, their test suites); a no-op otherwise.
     The tests read it through their own (empty) local cache."""
     rockroll = str(Path(sys.executable).parent / "rockroll")

@@ -54,6 +54,7 @@ import io
 import json
 import os
 import posixpath
+import resource  # the zygote imports it: loading an extension module in each agent costs ~300 page faults
 import selectors
 import shlex
 import signal
@@ -1059,7 +1060,6 @@ def _setup_outer(cfg: dict) -> None:
     for path in cfg.get("cgroup_procs", []):
         with open(path, "w") as f:
             f.write(str(os.getpid()))
-    import resource  # noqa: PLC0415 - only the outer process needs it, before pivot
     for res, soft, hard in cfg.get("rlimits", []):
         resource.setrlimit(res, (soft, hard))
     flags = CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWPID

@@ -397,17 +397,18 @@ def test_idle_task_pools_are_capped_and_closing_frees_them(swe_hub, tasks):
     assert not _POOLS and not live() - before and all(not p.idle and not p.busy for p in pools)
 
 
-def test_build_swe_demo_builds_the_first_default_package_only(swe_hub):
+def test_build_swe_demo_builds_one_default_package_only(swe_hub):
     """`make demo` builds only the package whose task it plays (`--demo`); `--default`
     (make test) builds the rest later. On a hub holding the whole set it builds nothing."""
     from click.testing import CliRunner
 
     from rockroll.cli import main
-    from rockroll.gem.swe_build import DEFAULT_PACKAGES, env_name
+    from rockroll.gem.swe_build import DEFAULT_PACKAGES, DEMO_PACKAGE, env_name
 
     result = CliRunner().invoke(main, ["envs", "build-swe", "--demo", "--hub", swe_hub])
     assert result.exit_code == 0, result.output
-    name, _, version = DEFAULT_PACKAGES[0].partition("==")
+    assert DEMO_PACKAGE in DEFAULT_PACKAGES  # make test's --default then builds the rest
+    name, _, version = DEMO_PACKAGE.partition("==")
     assert result.stdout.splitlines() == [f"{env_name(name)}@{version}: already published"]
     refused = CliRunner().invoke(main, ["envs", "build-swe", "--hub", swe_hub])
     assert refused.exit_code == 2 and "--demo" in refused.output
