@@ -8,6 +8,10 @@
   vLLM on GPU);
 - batch roles (:class:`~.roles.BatchRole`: the KL reference...), each in an actor of its own
   (:class:`_BatchRole`) that builds its own model, asked concurrently on each step's groups;
+- the reward role (:class:`~.reward.RewardRole`: verifiers and an LLM judge), when the config
+  has one: ``ray.num_reward_actors`` async actors (``reward`` in ``ray.roles``) that the env
+  workers share through :class:`~.reward.RemoteReward` (worker i asks actor i % n), so a
+  local judge model is loaded once, not once per worker;
 - env workers (``ray.num_env_workers``): :class:`~.roles.EnvWorker` in an actor, whose
   requests go to every generator through :class:`RemoteEngine`, one request at a time to the
   least loaded (prompt replication: the n samples of a group are n requests spread over all
@@ -42,6 +46,7 @@ from .curriculum import initialized_metrics
 from .engines import SamplingParams
 from .models import build_model, load_tokenizer
 from .placement import Placement, plan, role_name
+from .reward import RemoteReward, RewardRole
 from .roles import EnvWorker, PolicyTrainer, Roles, batch_role_classes, make_generator, seed_everything
 from .rollout import Group, _mix, batch_metrics
 from .weight_sync import Manifest, WeightGroup, checksum, manifest
@@ -94,7 +99,7 @@ class _Placed:
         import ray
 
         ctx = ray.get_runtime_context()
-        return {"node_id": ctx.get_node_id(), "placement_group_id": ctx.get_placement_group_id(),
+        return {"pid": os.getpid(), "node_id": ctx.get_node_id(), "placement_group_id": ctx.get_placement_group_id(),
                 "resources": ctx.get_assigned_resources(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
 
 
@@ -207,9 +212,21 @@ class RemoteEngine:
 
 
 class _EnvWorker(EnvWorker, _Placed):
+    """``reward``: the shared reward actor's handle (None: no reward role)."""
+
     def __init__(self, cfg: TrainConfig, tokenizer: Any, generator: Any, first_group_id: int,
-                 env_factory: Callable[[EnvConfig], Any] | None = None):
-        super().__init__(cfg, tokenizer, RemoteEngine(generator), first_group_id, env_factory)
+                 env_factory: Callable[[EnvConfig], Any] | None = None, reward: Any = None):
+        super().__init__(cfg, tokenizer, RemoteEngine(generator), first_group_id, env_factory,
+                         reward=None if reward is None else RemoteReward(reward))
+
+    def reward_kind(self) -> str:
+        """What scores this worker's episodes (a RemoteReward under Ray)."""
+        return type(self.mgr.reward).__name__
+
+
+class _RewardRole(RewardRole, _Placed):
+    """The reward role in an async actor (its ``ascore`` calls run concurrently on the actor's
+    event loop), shared by the env workers."""
 
 
 class _PolicyTrainer(PolicyTrainer, _Placed):
@@ -264,16 +281,25 @@ class _BatchRole(_Placed):
     def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
         self.role.load_weights(state_dict, version)
 
+    def state_dict(self) -> dict[str, Any]:
+        return self.role.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.role.load_state_dict(state)
+
 
 def make_actor_classes(num_gpus: float = 0.0):
     """The Ray actor classes (built lazily: ``ray`` is an optional extra). ``num_cpus=0``: CPU
-    smoke runs share cores; ``num_gpus`` goes to the trainer, each generator and each batch role."""
+    smoke runs share cores; ``num_gpus`` goes to the trainer, each generator and each batch role
+    (the reward role asks for none unless ``ray.roles.reward`` says: a judge behind an endpoint
+    needs no device)."""
     import ray
 
     return (ray.remote(num_cpus=0, num_gpus=num_gpus)(_PolicyTrainer),
             ray.remote(num_cpus=0, num_gpus=num_gpus, max_concurrency=GENERATOR_CONCURRENCY)(_Generator),
             ray.remote(num_cpus=0)(_EnvWorker),
-            ray.remote(num_cpus=0, num_gpus=num_gpus)(_BatchRole))
+            ray.remote(num_cpus=0, num_gpus=num_gpus)(_BatchRole),
+            ray.remote(num_cpus=0)(_RewardRole))
 
 
 # ----------------------------------------------------------------------------- the roles
@@ -306,8 +332,9 @@ class RayTrainer:
     def restore(self) -> dict[str, Any] | None:
         return self._all("restore")[0]
 
-    def save(self, step: int, rollout_state: dict[str, Any]) -> None:
-        self._all("save", step, rollout_state)
+    def save(self, step: int, rollout_state: dict[str, Any], roles_state: dict[str, Any] | None = None) -> None:
+        # every rank saves its share of the policy; rank 0 writes the rest (one copy in the store)
+        self._all("save", step, rollout_state, self._ray.put(roles_state))
 
     def __getattr__(self, name: str) -> Callable[..., Any]:  # anything else: on every rank, rank 0's answer
         if name.startswith("_"):
@@ -382,11 +409,14 @@ class RayRoles(Roles):
 
     def __init__(self, trainer: Any, generators: list[Any], workers: list[Any], tokenizer: Any,
                  owns_ray: bool = False, batch_actors: list[Any] = (), trainers: list[Any] = (),
-                 placement: Placement | None = None):
+                 placement: Placement | None = None, batch_names: list[str] = (),
+                 reward_actors: list[Any] = ()):
         self.trainer = RayTrainer(list(trainers) or [trainer])
         self.generators, self.rollout = generators, RayRollout(workers)
         self.batch_actors = list(batch_actors)
         self.batch_roles = [Remote(a) for a in self.batch_actors]
+        self.batch_names = list(batch_names)
+        self.reward_actors = list(reward_actors)
         self.tokenizer, self.owns_ray = tokenizer, owns_ray
         self.manifest: Manifest | None = None        # set when weights go by collective broadcast
         self.sync_address: tuple[str, int] | None = None
@@ -455,7 +485,8 @@ class RayRoles(Roles):
             try:
                 self.rollout.close()
             finally:
-                for actor in [*self.workers, *self.generators, *self.batch_actors, *self.trainer.ranks]:
+                for actor in [*self.workers, *self.reward_actors, *self.generators, *self.batch_actors,
+                              *self.trainer.ranks]:
                     ray.kill(actor)
                 if self.placement is not None:
                     self.placement.remove()
@@ -470,7 +501,7 @@ def start_roles(cfg: TrainConfig, tokenizer: Any, env_factory: Callable[[EnvConf
     sync, the trainer + generators process group."""
     import ray
 
-    Trainer, Generator, EnvWorker, BatchRole = make_actor_classes(cfg.ray.num_gpus)
+    Trainer, Generator, EnvWorker, BatchRole, Reward = make_actor_classes(cfg.ray.num_gpus)
     classes = batch_role_classes(cfg)
     placement = plan(cfg.ray, role_counts(cfg, classes))
     if placement is not None:
@@ -488,8 +519,11 @@ def start_roles(cfg: TrainConfig, tokenizer: Any, env_factory: Callable[[EnvConf
         batch_actors = [BatchRole.options(**opts(role_name(cls))).remote(cls, cfg, tokenizer) for cls in classes]
         generators = [Generator.options(**opts("generator", i)).remote(cfg, tokenizer)
                       for i in range(cfg.ray.num_generators)]
+        rewards = [Reward.options(**opts("reward", i), runtime_env=_judge_env(cfg)).remote(cfg, tokenizer)
+                   for i in range(cfg.ray.num_reward_actors if cfg.reward.active else 0)]
         workers = [EnvWorker.options(**opts("env_worker", i)).remote(
-                       worker_config(cfg, i), tokenizer, generators, i * GROUP_ID_BLOCK, env_factory)
+                       worker_config(cfg, i), tokenizer, generators, i * GROUP_ID_BLOCK, env_factory,
+                       rewards[i % len(rewards)] if rewards else None)
                    for i in range(cfg.ray.num_env_workers)]
     except BaseException:
         if placement is not None:
@@ -497,7 +531,7 @@ def start_roles(cfg: TrainConfig, tokenizer: Any, env_factory: Callable[[EnvConf
         raise
     trainer = trainers[0]
     roles = RayRoles(trainer, generators, workers, tokenizer, batch_actors=batch_actors, trainers=trainers,
-                     placement=placement)
+                     placement=placement, batch_names=[role_name(cls) for cls in classes], reward_actors=rewards)
     if cfg.ray.weight_sync == "collective":
         world = 1 + len(generators)
         opened = trainer.open_weight_group.remote(world)
@@ -508,10 +542,19 @@ def start_roles(cfg: TrainConfig, tokenizer: Any, env_factory: Callable[[EnvConf
     return roles
 
 
+def _judge_env(cfg: TrainConfig) -> dict[str, Any]:
+    """The reward actor's runtime env: the judge's API key from the driver's environment (a
+    Ray started earlier, or a cluster joined, does not have it)."""
+    key = cfg.reward.judge.api_key_env
+    return {"env_vars": {key: os.environ[key]}} if key and key in os.environ else {}
+
+
 def role_counts(cfg: TrainConfig, batch_classes: list[type]) -> dict[str, int]:
     """The actors of each role of a run, by the role's name in ``ray.roles`` (bundle order)."""
     counts = {"trainer": cfg.ray.num_trainers, "generator": cfg.ray.num_generators,
               "env_worker": cfg.ray.num_env_workers}
+    if cfg.reward.active:
+        counts["reward"] = cfg.ray.num_reward_actors
     for cls in batch_classes:
         name = role_name(cls)
         if name in counts:
