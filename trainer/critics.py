@@ -54,6 +54,8 @@ class CriticsRole(Offloadable):
     response tokens. ``lm`` (the policy's copy) is not used: the critics are models of their own.
     A checkpoint keeps the critics, their optimizers and the shards they last trained on."""
 
+    trains = True  # train() steps the critics' optimizers (BatchRole.trains)
+
     def __init__(self, cfg: TrainConfig, lm: Any, tokenizer: Any):
         self.cfg, self.pad_id = cfg, tokenizer.pad_token_id
         c = cfg.algorithm.critics

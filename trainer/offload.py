@@ -56,7 +56,8 @@ class Offloadable:
     """Mixin of a role that can leave its device between turns: :meth:`resident_state` names
     what moves (its models, and its optimizers for a training role)."""
 
-    residency: str = "device"  # "device" or "host": where the state is now (a schedule's record)
+    residency: str = "device"  # "device" or "host": where the state is now
+    onloads: int = 0  # how many times it came back to the device (a schedule's record)
 
     def resident_state(self) -> tuple[list[torch.nn.Module], list[torch.optim.Optimizer]]:
         """The models and optimizers that move."""
@@ -74,3 +75,10 @@ class Offloadable:
         """Back on the device, before the role's phase."""
         move_state(*self.resident_state(), home_device())
         self.residency = "device"
+        self.onloads += 1
+
+    def where(self) -> dict[str, Any]:
+        """Where the state is (``residency``), where its first parameter is, and ``onloads``."""
+        modules, _ = self.resident_state()
+        device = next((str(p.device) for m in modules for p in m.parameters()), None)
+        return {"residency": self.residency, "device": device, "onloads": self.onloads}

@@ -21,7 +21,10 @@
   one :class:`~.roles.Rollout`.
 
 The loop calls a role in an actor as it calls the in-process one (:class:`Remote`).
-``ray.roles`` places the actors in one placement group (:mod:`.placement`).
+``ray.roles`` places the actors in one placement group (:mod:`.placement`). Roles that share
+a device and say ``offload: true`` take turns on it (:mod:`.offload`): the driver onloads
+such a role before each of its phases of a step and offloads it after, one role at a time
+(:meth:`RayRoles.update`; ``RayRoles.schedule`` records the last step's order).
 
 Weight sync after each step (``ray.weight_sync``): ``object_store``, the trainer's state dict
 is one object in Ray's object store that every generator loads; ``collective``, the trainer
@@ -41,10 +44,11 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from .config import EnvConfig, TrainConfig
+from .config import ConfigError, EnvConfig, RoleResources, TrainConfig
 from .curriculum import initialized_metrics
 from .engines import SamplingParams
 from .models import build_model, load_tokenizer
+from .offload import Offloadable
 from .placement import Placement, plan, role_name
 from .reward import RemoteReward, RewardRole
 from .roles import EnvWorker, PolicyTrainer, Roles, batch_role_classes, make_generator, seed_everything
@@ -287,6 +291,15 @@ class _BatchRole(_Placed):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.role.load_state_dict(state)
 
+    def offload(self) -> None:
+        self.role.offload()
+
+    def onload(self) -> None:
+        self.role.onload()
+
+    def where(self) -> dict[str, Any]:
+        return self.role.where()
+
 
 def make_actor_classes(num_gpus: float = 0.0):
     """The Ray actor classes (built lazily: ``ray`` is an optional extra). ``num_cpus=0``: CPU
@@ -409,14 +422,17 @@ class RayRoles(Roles):
 
     def __init__(self, trainer: Any, generators: list[Any], workers: list[Any], tokenizer: Any,
                  owns_ray: bool = False, batch_actors: list[Any] = (), trainers: list[Any] = (),
-                 placement: Placement | None = None, batch_names: list[str] = (),
-                 reward_actors: list[Any] = ()):
+                 placement: Placement | None = None, batch_classes: list[type] = (),
+                 reward_actors: list[Any] = (), offload: set[str] = frozenset()):
         self.trainer = RayTrainer(list(trainers) or [trainer])
         self.generators, self.rollout = generators, RayRollout(workers)
         self.batch_actors = list(batch_actors)
         self.batch_roles = [Remote(a) for a in self.batch_actors]
-        self.batch_names = list(batch_names)
+        self.batch_names = [role_name(cls) for cls in batch_classes]
+        self._trains = [getattr(cls, "trains", True) for cls in batch_classes]  # unknown: assume it does
         self.reward_actors = list(reward_actors)
+        self.offload = set(offload)  # names of the roles that leave their device between turns
+        self.schedule: list[tuple[str, str]] = []  # the last update's (role, onload | phase | offload)
         self.tokenizer, self.owns_ray = tokenizer, owns_ray
         self.manifest: Manifest | None = None        # set when weights go by collective broadcast
         self.sync_address: tuple[str, int] | None = None
@@ -451,16 +467,56 @@ class RayRoles(Roles):
         return self.rollout.workers
 
     def update(self, groups: list[Group]) -> dict[str, float]:
-        """:meth:`Roles.update` with the batch roles asked at once (each in its actor)."""
+        """:meth:`Roles.update` with the batch roles asked at once (each in its actor), but
+        the roles that offload: each of those in turn, on its device only for its phase."""
         import ray
 
+        self.schedule = []
+        groups_ref = ray.put(groups)
         aux: dict[str, Any] = {}
-        for part in ray.get([a.annotate.remote(groups) for a in self.batch_actors]):
+        for part in self._batch_phase("annotate", groups_ref):
             aux.update(part)
-        metrics = self.trainer.update(groups, aux)
-        for part in ray.get([a.train.remote(groups, aux) for a in self.batch_actors]):
+        metrics = self._turn("trainer", self.trainer.ranks, "update", lambda: self.trainer.update(groups, aux))
+        for part in self._batch_phase("train", groups_ref, ray.put(aux)):
             metrics.update(part)
         return metrics
+
+    def _turn(self, name: str, actors: list[Any], phase: str, call: Callable[[], Any], onload: bool = True) -> Any:
+        """``call()``, the phase of role ``name``; between its actors' onload and offload when it
+        offloads (and ``onload``: the phase uses its models)."""
+        import ray
+
+        if not (onload and name in self.offload):
+            self.schedule.append((name, phase))
+            return call()
+        ray.get([a.onload.remote() for a in actors])
+        self.schedule.append((name, "onload"))
+        try:
+            out = call()
+            self.schedule.append((name, phase))
+        finally:
+            ray.get([a.offload.remote() for a in actors])
+            self.schedule.append((name, "offload"))
+        return out
+
+    def _batch_phase(self, method: str, *args: Any) -> list[Any]:
+        """``method`` on every batch role: those on a device of their own at once, then each
+        offloading one in turn (two on one device are never both onloaded)."""
+        import ray
+
+        alone = {i: getattr(a, method).remote(*args) for i, (a, name) in enumerate(zip(self.batch_actors,
+                                                                                      self.batch_names))
+                 if name not in self.offload}
+        out = {}
+        for i in alone:
+            self.schedule.append((self.batch_names[i], method))
+        for i, (a, name) in enumerate(zip(self.batch_actors, self.batch_names)):
+            if i not in alone:
+                uses_device = method != "train" or self._trains[i]
+                out[i] = self._turn(name, [a], method, lambda a=a: ray.get(getattr(a, method).remote(*args)),
+                                    onload=uses_device)
+        out.update(zip(alone, ray.get(list(alone.values()))))
+        return [out[i] for i in range(len(self.batch_actors))]
 
     def sync_weights(self, version: int) -> None:
         import ray
@@ -503,6 +559,10 @@ def start_roles(cfg: TrainConfig, tokenizer: Any, env_factory: Callable[[EnvConf
 
     Trainer, Generator, EnvWorker, BatchRole, Reward = make_actor_classes(cfg.ray.num_gpus)
     classes = batch_role_classes(cfg)
+    for cls in classes:
+        if cfg.ray.roles.get(role_name(cls), RoleResources()).offload and not issubclass(cls, Offloadable):
+            raise ConfigError(f"ray.roles.{role_name(cls)}.offload",
+                              f"{cls.__name__} does not say what it moves (it is no offload.Offloadable)")
     placement = plan(cfg.ray, role_counts(cfg, classes))
     if placement is not None:
         placement.create()
@@ -530,8 +590,13 @@ def start_roles(cfg: TrainConfig, tokenizer: Any, env_factory: Callable[[EnvConf
             placement.remove()
         raise
     trainer = trainers[0]
+    offload = {name for name, r in cfg.ray.roles.items() if r.offload}
     roles = RayRoles(trainer, generators, workers, tokenizer, batch_actors=batch_actors, trainers=trainers,
-                     placement=placement, batch_names=[role_name(cls) for cls in classes], reward_actors=rewards)
+                     placement=placement, batch_classes=classes, reward_actors=rewards, offload=offload)
+    # built on their device: the offloading roles leave it until their first turn
+    resting = (trainers if "trainer" in offload else []) + \
+        [a for name, a in zip(roles.batch_names, batch_actors) if name in offload]
+    ray.get([a.offload.remote() for a in resting])
     if cfg.ray.weight_sync == "collective":
         world = 1 + len(generators)
         opened = trainer.open_weight_group.remote(world)

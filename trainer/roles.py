@@ -97,6 +97,8 @@ class BatchRole(Protocol):
     A class may inherit this protocol for the defaults of :meth:`state_dict` and
     :meth:`load_state_dict` (a role with no state of its own)."""
 
+    trains: bool = False  # whether train() works on the role's models (the critics) or only reports
+
     def annotate(self, groups: list[Group]) -> dict[str, torch.Tensor]:
         """What the policy's update reads (e.g. ``ref_logp``), before it runs."""
 
