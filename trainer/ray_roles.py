@@ -504,17 +504,14 @@ class RayRoles(Roles):
         offloading one in turn (two on one device are never both onloaded)."""
         import ray
 
-        alone = {i: getattr(a, method).remote(*args) for i, (a, name) in enumerate(zip(self.batch_actors,
-                                                                                      self.batch_names))
-                 if name not in self.offload}
+        roles = list(zip(self.batch_actors, self.batch_names, self._trains))
+        alone = {i: getattr(a, method).remote(*args) for i, (a, name, _) in enumerate(roles) if name not in self.offload}
+        self.schedule += [(self.batch_names[i], method) for i in alone]
         out = {}
-        for i in alone:
-            self.schedule.append((self.batch_names[i], method))
-        for i, (a, name) in enumerate(zip(self.batch_actors, self.batch_names)):
-            if i not in alone:
-                uses_device = method != "train" or self._trains[i]
+        for i, (a, name, trains) in enumerate(roles):
+            if i not in alone:  # a train() that does not touch the role's models needs no onload
                 out[i] = self._turn(name, [a], method, lambda a=a: ray.get(getattr(a, method).remote(*args)),
-                                    onload=uses_device)
+                                    onload=method != "train" or trains)
         out.update(zip(alone, ray.get(list(alone.values()))))
         return [out[i] for i in range(len(self.batch_actors))]
 

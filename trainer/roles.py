@@ -1,4 +1,4 @@
-"""The roles that training is split into, and their in-process implementation.
+r"""The roles that training is split into, and their in-process implementation.
 
 :mod:`.loop` drives a :class:`Roles`: a :class:`Trainer` (the policy; it updates on groups,
 checkpoints itself and hands out its weights) and a :class:`Rollout` (envs asking a
