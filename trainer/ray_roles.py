@@ -505,7 +505,8 @@ class RayRoles(Roles):
         import ray
 
         roles = list(zip(self.batch_actors, self.batch_names, self._trains))
-        alone = {i: getattr(a, method).remote(*args) for i, (a, name, _) in enumerate(roles) if name not in self.offload}
+        alone = {i: getattr(a, method).remote(*args)
+                 for i, (a, name, _) in enumerate(roles) if name not in self.offload}
         self.schedule += [(self.batch_names[i], method) for i in alone]
         out = {}
         for i, (a, name, trains) in enumerate(roles):

@@ -77,7 +77,8 @@ def test_plan_errors_name_the_key(roles, key):
      "ray.roles.reference.offload: needs a GPU shared"),
     ({"roles": {"trainer": {"num_gpus": 0.5}, "reference": {"num_gpus": 0.5, "offload": True}}},
      "ray.roles.reference.offload: needs a GPU shared"),  # fractions of two bundles: maybe two devices
-    ({"roles": {"generator": {"num_gpus": 0.5, "offload": True}, "trainer": {"num_gpus": 0.5, "colocate": "generator"}}},
+    ({"roles": {"generator": {"num_gpus": 0.5, "offload": True},
+                "trainer": {"num_gpus": 0.5, "colocate": "generator"}}},
      "ray.roles.generator.offload: the generator role has no turn to end"),
 ])
 def test_config_errors_name_the_key(ray, key):
@@ -91,7 +92,8 @@ def test_offload_config():
     trainer's offload is the torch engine's (DeepSpeed keeps its own state)."""
     both = {"trainer": {"num_gpus": 0.5, "offload": True},
             "critics": {"num_gpus": 0.5, "colocate": "trainer", "offload": True}}
-    assert {n for n, r in load_config({"ray": {"roles": both}}).ray.roles.items() if r.offload} == {"trainer", "critics"}
+    roles = load_config({"ray": {"roles": both}}).ray.roles
+    assert {n for n, r in roles.items() if r.offload} == {"trainer", "critics"}
     with pytest.raises(ConfigError, match="^ray.roles.trainer.offload: needs engine.kind: torch"):
         load_config({"engine": {"kind": "deepspeed"}, "ray": {"roles": both}})
 

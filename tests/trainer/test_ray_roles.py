@@ -307,7 +307,7 @@ def test_one_reward_actor_scores_both_workers_episodes_where_ray_roles_puts_it(t
         ray.get([w.pause.remote() for w in roles.workers])  # no episode finishes after this
         counters = ray.get(reward.__ray_call__.remote(lambda self: dict(self.counters)))
         kinds = ray.get([w.reward_kind.remote() for w in roles.workers])
-        where = {"reward": ray.get(reward.placement.remote()), "generator": ray.get(roles.generators[0].placement.remote()),
+        where = {"reward": ray.get(reward.placement.remote()),
                  **{f"worker{i}": ray.get(w.placement.remote()) for i, w in enumerate(roles.workers)}}
         pg = roles.placement.group
         table = ray.util.placement_group_table(pg)["bundles"]
