@@ -154,12 +154,17 @@ def test_two_workers_two_generators_collective_sync(tmp_path, local_ray):
         roles.close()
 
 
-def test_the_attention_role_runs_in_an_actor_of_its_own_and_follows_the_policy(tmp_path, local_ray):
+@pytest.mark.parametrize("roles", [{}, {"trainer": {"num_gpus": 0.5, "offload": True},
+                                        "attention": {"num_gpus": 0.5, "colocate": "trainer", "offload": True}}],
+                         ids=["resident", "offloaded"])
+def test_the_attention_role_runs_in_an_actor_of_its_own_and_follows_the_policy(tmp_path, local_ray, roles):
     """Rhythm credit under Ray: the attention copy (its own actor) annotates every step with the
-    weights that sampled it, synced from the trainer after each step like a generator."""
+    weights that sampled it, synced from the trainer after each step like a generator; also
+    when it and the trainer share a GPU and offload between turns (the weights reach it in host
+    memory, from a trainer in host memory)."""
     from rockroll.trainer import train
 
-    out = train(run_config(tmp_path, ray={"enabled": True}, algorithm__rhythm={"enabled": True},
+    out = train(run_config(tmp_path, ray={"enabled": True, "roles": roles}, algorithm__rhythm={"enabled": True},
                            logging__tensorboard=False))
     hist = out["history"]
     assert [h["step"] for h in hist] == [0, 1]
