@@ -1,6 +1,9 @@
 """Checkpoints a run resumes from: ``<dir>/step_000010/`` holds the policy (model and
 optimizer), the rollout state (ready groups, producer RNG and counters), the RNG states,
-the step and the config; ``<dir>/latest`` names the newest complete one (written last)."""
+the step and the config (``state.pt``, ``config.json``), and the batch roles' states by role
+name (``roles.pt``: the critics' models and optimizers...); ``<dir>/latest`` names the
+newest complete one (written last). A folder is written as ``.tmp_step_*`` and renamed when
+complete, so a crash mid-save leaves the previous checkpoint the latest."""
 
 from __future__ import annotations
 
@@ -15,8 +18,9 @@ import torch
 
 
 def save_checkpoint(root: str | Path, step: int, policy: Any, rollout_state: dict, config: dict,
-                    keep: int = 2, rank: int = 0) -> Path:
-    """``rank`` > 0, a data-parallel rank: its share of the policy (DeepSpeed's files) only, into
+                    keep: int = 2, rank: int = 0, roles_state: dict[str, Any] | None = None) -> Path:
+    """``roles_state``: each batch role's ``state_dict()`` by its name (CPU tensors).
+    ``rank`` > 0, a data-parallel rank: its share of the policy (DeepSpeed's files) only, into
     the folder that rank 0 prepares and completes (the policy's ``save`` is collective: it
     waits for every rank, so rank 0 has made the folder before any rank writes, and every
     rank has written before rank 0 goes on to rename it)."""
@@ -34,6 +38,7 @@ def save_checkpoint(root: str | Path, step: int, policy: Any, rollout_state: dic
         "rollout": rollout_state,
         "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
     }, tmp / "state.pt")
+    torch.save(roles_state or {}, tmp / "roles.pt")
     (tmp / "config.json").write_text(json.dumps(config, indent=2, default=str))
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)
@@ -56,10 +61,13 @@ def latest_checkpoint(root: str | Path | None) -> Path | None:
 
 
 def load_checkpoint(folder: Path, policy: Any) -> dict[str, Any]:
-    """Restore the policy and the RNGs; return ``{"step", "rollout"}``."""
+    """Restore the policy and the RNGs; return ``{"step", "rollout", "roles"}`` (``roles``: the
+    batch roles' states by name; None for a checkpoint written before they were saved)."""
     policy.load(folder)
     state = torch.load(folder / "state.pt", map_location="cpu", weights_only=False)
     random.setstate(state["rng"]["python"])
     np.random.set_state(state["rng"]["numpy"])
     torch.set_rng_state(state["rng"]["torch"])
-    return {"step": state["step"], "rollout": state["rollout"]}
+    roles = folder / "roles.pt"
+    return {"step": state["step"], "rollout": state["rollout"],
+            "roles": torch.load(roles, map_location="cpu", weights_only=False) if roles.is_file() else None}

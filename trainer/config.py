@@ -461,11 +461,14 @@ class RoleResources:
     """What each actor of one role asks of Ray (``ray.roles.<role>``) and whom it shares a
     placement-group bundle with: ``colocate: trainer`` puts actor i of this role into the
     bundle of the trainer's actor i % num_trainers, so their fractional GPUs are one device
-    that they share by turns (see :mod:`rockroll.trainer.placement`)."""
+    that they share by turns (see :mod:`rockroll.trainer.placement`). ``offload``: the role
+    keeps its models and optimizer state in host memory outside its turns (the trainer and
+    batch roles, on a device they share: :mod:`rockroll.trainer.offload`)."""
 
     num_cpus: float = 0.0
     num_gpus: float = 0.0
     colocate: str | None = None
+    offload: bool = False
 
     def validate(self, p: str) -> None:
         _check(self.num_cpus >= 0, f"{p}.num_cpus", "must be >= 0")
@@ -485,7 +488,9 @@ class RayConfig:
     ``num_trainers``: data-parallel ranks of the policy (DeepSpeed ZeRO over one process group).
     ``roles``: per role (``trainer``, ``generator``, ``env_worker``, and each batch role by its
     ``name``: ``reference``...), the resources of each of its actors and what it is colocated
-    with; when set, every actor is placed in one placement group (``placement_strategy``)."""
+    with; when set, every actor is placed in one placement group (``placement_strategy``).
+    ``num_reward_actors``: actors of the reward role (when ``reward`` has verifiers or a judge),
+    shared by the env workers."""
 
     enabled: bool = False
     num_env_workers: int = 1
@@ -496,6 +501,7 @@ class RayConfig:
     num_trainers: int = 1
     roles: dict[str, RoleResources] = field(default_factory=dict)
     placement_strategy: str = "PACK"
+    num_reward_actors: int = 1
 
     def validate(self, p: str) -> None:
         _check(self.num_env_workers >= 1, f"{p}.num_env_workers", "must be >= 1")
@@ -507,6 +513,8 @@ class RayConfig:
         _check(self.num_trainers >= 1, f"{p}.num_trainers", "must be >= 1")
         _check(self.placement_strategy in PLACEMENT_STRATEGIES, f"{p}.placement_strategy",
                f"must be one of {', '.join(PLACEMENT_STRATEGIES)}")
+        _check(1 <= self.num_reward_actors <= self.num_env_workers, f"{p}.num_reward_actors",
+               "must be in [1, num_env_workers] (a reward actor serves one or more env workers)")
         for name, role in self.roles.items():
             key = f"{p}.roles.{name}"
             role.validate(key)
@@ -516,6 +524,22 @@ class RayConfig:
             _check(target is None or self.roles.get(target, RoleResources()).colocate is None, f"{key}.colocate",
                    f"{target} is itself colocated with {self.roles.get(target, RoleResources()).colocate}: "
                    "name that role instead")
+        for name, role in self.roles.items():
+            if role.offload:
+                self._check_offload(name, role, f"{p}.roles.{name}.offload")
+
+    def _check_offload(self, name: str, role: RoleResources, key: str) -> None:
+        """Offloading is time-division sharing of a device: it means something only for a role
+        that has turns (the generator serves the rollout all along, env workers and the reward
+        role hold no model of the step) on a GPU that another role of its bundle uses too;
+        alone on a device it would only add two copies per step, so it is refused, not ignored."""
+        _check(name not in ("generator", "env_worker", "reward"), key,
+               f"the {name} role has no turn to end (only the trainer and the batch roles offload)")
+        anchor = role.colocate or name
+        mates = [n for n, r in self.roles.items() if n != name and (r.colocate or n) == anchor and r.num_gpus > 0]
+        _check(0 < role.num_gpus < 1 and bool(mates), key,
+               "needs a GPU shared with another role: a fraction of one (0 < num_gpus < 1) in a bundle where "
+               "another role has GPUs too (colocate)")
 
 
 JUDGE_FIELDS = ("question", "answer", "transcript", "env_id", "task_id", "reward")
@@ -657,6 +681,9 @@ class TrainConfig:
             _check(self.rollout.batch_groups * self.rollout.group_size >= self.ray.num_trainers
                    * self.algorithm.mini_batches, key, "every rank needs a share of each mini-batch: must be <= "
                    "rollout.batch_groups * rollout.group_size / algorithm.mini_batches")
+        if self.ray.roles.get("trainer", RoleResources()).offload:  # the torch engine's module and optimizer
+            _check(self.engine.kind == "torch", "ray.roles.trainer.offload",
+                   "needs engine.kind: torch (DeepSpeed places its own state: its zero_optimization offload)")
         if self.rollout.curriculum.enabled:  # a saved trajectory belongs to one task of one env
             key = "rollout.curriculum.enabled"
             _check(any(e.task_ids for e in self.envs), key, "needs an env with task_ids")

@@ -19,6 +19,7 @@ from torch import nn
 from . import algorithms as A
 from .config import ModelConfig, TrainConfig
 from .models import build_model
+from .offload import Offloadable, cpu_copy
 from .rollout import Group
 from .update import Batch, collate
 
@@ -45,12 +46,15 @@ def shards(groups: list[Group], count: int) -> list[list[Group]]:
     return [groups[i::count] for i in range(count)]
 
 
-class CriticsRole:
+class CriticsRole(Offloadable):
     """:class:`~.roles.BatchRole`: AsyPPO's mini-critics. ``annotate`` -> ``values`` (their
     mean) and ``value_std`` (their population std), (B, T) on predicted tokens; ``train``:
     each critic one optimizer step on its shard, regressing the GAE returns of the step (from
     the annotated mean value, the baseline the policy used) with a squared error over the
-    response tokens. ``lm`` (the policy's copy) is not used: the critics are models of their own."""
+    response tokens. ``lm`` (the policy's copy) is not used: the critics are models of their own.
+    A checkpoint keeps the critics, their optimizers and the shards they last trained on."""
+
+    trains = True  # train() steps the critics' optimizers (BatchRole.trains)
 
     def __init__(self, cfg: TrainConfig, lm: Any, tokenizer: Any):
         self.cfg, self.pad_id = cfg, tokenizer.pad_token_id
@@ -109,3 +113,20 @@ class CriticsRole:
 
     def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
         pass  # the critics are their own models; they learn from the returns, not the policy's weights
+
+    def state_dict(self) -> dict[str, Any]:
+        return cpu_copy({"critics": [c.state_dict() for c in self.critics],
+                         "optimizers": [o.state_dict() for o in self.optimizers],
+                         "seen": [list(s) for s in self.seen]})
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if len(state["critics"]) != len(self.critics):
+            raise ValueError(f"the checkpoint holds {len(state['critics'])} critics, algorithm.critics.count is "
+                             f"{len(self.critics)}: resume with the settings that wrote it")
+        for critic, opt, c, o in zip(self.critics, self.optimizers, state["critics"], state["optimizers"]):
+            critic.load_state_dict(c)
+            opt.load_state_dict(o)  # its state follows the parameters' device
+        self.seen = [list(s) for s in state["seen"]]
+
+    def resident_state(self):
+        return list(self.critics), list(self.optimizers)

@@ -27,11 +27,13 @@ def run(cfg: TrainConfig, open_roles: Callable[..., Roles],
     roles = open_roles(cfg, env_factory)
     log, history = None, []
     try:
-        # ---- resume: the trainer restores the policy and the RNGs, the rollout its state
+        # ---- resume: the trainer restores the policy and the RNGs, the batch roles and the
+        # rollout their states
         state = roles.trainer.restore()
         start = state["step"] if state else 0
         if state:
             print(f"rockroll: resumed from {state['path']} at step {start}")
+            roles.load_batch_state(state.get("roles"))
         roles.sync_weights(start)
         roles.rollout.start(start, state["rollout"] if state else None)
 
@@ -70,6 +72,6 @@ def run(cfg: TrainConfig, open_roles: Callable[..., Roles],
 
 def _save(roles: Roles, step: int) -> None:
     """A checkpoint of ``step``: in-flight groups finish on the old weights, then the trainer
-    saves the policy with the rollout's state."""
+    saves the policy with the rollout's and the batch roles' states."""
     roles.rollout.pause()
-    roles.trainer.save(step, roles.rollout.state_dict())
+    roles.trainer.save(step, roles.rollout.state_dict(), roles.batch_state())

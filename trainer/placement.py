@@ -4,14 +4,16 @@ it is colocated with) as one placement group.
 :func:`plan` is pure (no Ray): every actor of a role placed on its own gets a bundle; actor i
 of a role with ``colocate: X`` joins the bundle of X's actor i % (X's actors); a bundle asks
 for the sum of its actors' resources. Roles are named ``trainer``, ``generator``,
-``env_worker`` and, for batch roles, by :func:`role_name` of their class (``reference``...).
+``env_worker``, ``reward`` and, for batch roles, by :func:`role_name` of their class (``reference``...).
 
 Time-division sharing of one GPU, as ROLL runs every role on one device: colocated roles
 whose fractions add up to at most 1 (``trainer: {num_gpus: 0.5}, reference: {num_gpus: 0.5,
 colocate: trainer}``) get the same GPU from Ray. They take turns by the loop's order: within
 a step the batch roles annotate, then the trainer updates, then the batch roles train, then
 the weights move; the models of every colocated role stay resident, so their memory must fit
-on the device together.
+on the device together, unless a role says ``offload: true``: it then keeps its models (and
+optimizer state) in host memory outside its own phases (:mod:`.offload`), so the device holds
+the working role's state and the resident ones'.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ __all__ = ["MIN_BUNDLE_CPUS", "Placement", "plan", "role_name"]
 
 # Ray refuses a bundle that asks for nothing; one whose actors ask for nothing reserves this.
 MIN_BUNDLE_CPUS = 0.01
+# roles that by default ask for no GPU (env workers; the reward role, whose judge is usually
+# an endpoint: ray.roles.reward gives a local judge model its device)
+NO_DEVICE_ROLES = ("env_worker", "reward")
 
 
 def role_name(cls: type) -> str:
@@ -90,7 +95,7 @@ def plan(ray_cfg: RayConfig, counts: dict[str, int]) -> Placement | None:
     """The placement of a run whose roles have ``counts`` actors each (in bundle order), or
     None when ``ray.roles`` is empty (each actor then asks for ``ray.num_gpus`` as before and
     Ray schedules it freely). A role missing from ``ray.roles`` asks for ``ray.num_gpus``
-    (env workers: nothing) and is placed on its own."""
+    (env workers and the reward role: nothing) and is placed on its own."""
     if not ray_cfg.roles:
         return None
     for name, spec in ray_cfg.roles.items():
@@ -99,7 +104,7 @@ def plan(ray_cfg: RayConfig, counts: dict[str, int]) -> Placement | None:
         if spec.colocate is not None and spec.colocate not in counts:
             raise ConfigError(f"ray.roles.{name}.colocate",
                               f"{spec.colocate} is no role of this run (its roles: {', '.join(counts)})")
-    default = {name: RoleResources(num_gpus=0.0 if name == "env_worker" else ray_cfg.num_gpus) for name in counts}
+    default = {name: RoleResources(num_gpus=0.0 if name in NO_DEVICE_ROLES else ray_cfg.num_gpus) for name in counts}
     resources = {name: ray_cfg.roles.get(name, default[name]) for name in counts}
     bundles: list[dict[str, float]] = []
     where: dict[str, list[int]] = {}

@@ -8,6 +8,10 @@
   vLLM on GPU);
 - batch roles (:class:`~.roles.BatchRole`: the KL reference...), each in an actor of its own
   (:class:`_BatchRole`) that builds its own model, asked concurrently on each step's groups;
+- the reward role (:class:`~.reward.RewardRole`: verifiers and an LLM judge), when the config
+  has one: ``ray.num_reward_actors`` async actors (``reward`` in ``ray.roles``) that the env
+  workers share through :class:`~.reward.RemoteReward` (worker i asks actor i % n), so a
+  local judge model is loaded once, not once per worker;
 - env workers (``ray.num_env_workers``): :class:`~.roles.EnvWorker` in an actor, whose
   requests go to every generator through :class:`RemoteEngine`, one request at a time to the
   least loaded (prompt replication: the n samples of a group are n requests spread over all
@@ -17,7 +21,10 @@
   one :class:`~.roles.Rollout`.
 
 The loop calls a role in an actor as it calls the in-process one (:class:`Remote`).
-``ray.roles`` places the actors in one placement group (:mod:`.placement`).
+``ray.roles`` places the actors in one placement group (:mod:`.placement`). Roles that share
+a device and say ``offload: true`` take turns on it (:mod:`.offload`): the driver onloads
+such a role before each of its phases of a step and offloads it after, one role at a time
+(:meth:`RayRoles.update`; ``RayRoles.schedule`` records the last step's order).
 
 Weight sync after each step (``ray.weight_sync``): ``object_store``, the trainer's state dict
 is one object in Ray's object store that every generator loads; ``collective``, the trainer
@@ -37,11 +44,13 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from .config import EnvConfig, TrainConfig
+from .config import ConfigError, EnvConfig, RoleResources, TrainConfig
 from .curriculum import initialized_metrics
 from .engines import SamplingParams
 from .models import build_model, load_tokenizer
+from .offload import Offloadable
 from .placement import Placement, plan, role_name
+from .reward import RemoteReward, RewardRole
 from .roles import EnvWorker, PolicyTrainer, Roles, batch_role_classes, make_generator, seed_everything
 from .rollout import Group, _mix, batch_metrics
 from .weight_sync import Manifest, WeightGroup, checksum, manifest
@@ -94,7 +103,7 @@ class _Placed:
         import ray
 
         ctx = ray.get_runtime_context()
-        return {"node_id": ctx.get_node_id(), "placement_group_id": ctx.get_placement_group_id(),
+        return {"pid": os.getpid(), "node_id": ctx.get_node_id(), "placement_group_id": ctx.get_placement_group_id(),
                 "resources": ctx.get_assigned_resources(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
 
 
@@ -207,9 +216,21 @@ class RemoteEngine:
 
 
 class _EnvWorker(EnvWorker, _Placed):
+    """``reward``: the shared reward actor's handle (None: no reward role)."""
+
     def __init__(self, cfg: TrainConfig, tokenizer: Any, generator: Any, first_group_id: int,
-                 env_factory: Callable[[EnvConfig], Any] | None = None):
-        super().__init__(cfg, tokenizer, RemoteEngine(generator), first_group_id, env_factory)
+                 env_factory: Callable[[EnvConfig], Any] | None = None, reward: Any = None):
+        super().__init__(cfg, tokenizer, RemoteEngine(generator), first_group_id, env_factory,
+                         reward=None if reward is None else RemoteReward(reward))
+
+    def reward_kind(self) -> str:
+        """What scores this worker's episodes (a RemoteReward under Ray)."""
+        return type(self.mgr.reward).__name__
+
+
+class _RewardRole(RewardRole, _Placed):
+    """The reward role in an async actor (its ``ascore`` calls run concurrently on the actor's
+    event loop), shared by the env workers."""
 
 
 class _PolicyTrainer(PolicyTrainer, _Placed):
@@ -264,16 +285,34 @@ class _BatchRole(_Placed):
     def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
         self.role.load_weights(state_dict, version)
 
+    def state_dict(self) -> dict[str, Any]:
+        return self.role.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.role.load_state_dict(state)
+
+    def offload(self) -> None:
+        self.role.offload()
+
+    def onload(self) -> None:
+        self.role.onload()
+
+    def where(self) -> dict[str, Any]:
+        return self.role.where()
+
 
 def make_actor_classes(num_gpus: float = 0.0):
     """The Ray actor classes (built lazily: ``ray`` is an optional extra). ``num_cpus=0``: CPU
-    smoke runs share cores; ``num_gpus`` goes to the trainer, each generator and each batch role."""
+    smoke runs share cores; ``num_gpus`` goes to the trainer, each generator and each batch role
+    (the reward role asks for none unless ``ray.roles.reward`` says: a judge behind an endpoint
+    needs no device)."""
     import ray
 
     return (ray.remote(num_cpus=0, num_gpus=num_gpus)(_PolicyTrainer),
             ray.remote(num_cpus=0, num_gpus=num_gpus, max_concurrency=GENERATOR_CONCURRENCY)(_Generator),
             ray.remote(num_cpus=0)(_EnvWorker),
-            ray.remote(num_cpus=0, num_gpus=num_gpus)(_BatchRole))
+            ray.remote(num_cpus=0, num_gpus=num_gpus)(_BatchRole),
+            ray.remote(num_cpus=0)(_RewardRole))
 
 
 # ----------------------------------------------------------------------------- the roles
@@ -306,8 +345,9 @@ class RayTrainer:
     def restore(self) -> dict[str, Any] | None:
         return self._all("restore")[0]
 
-    def save(self, step: int, rollout_state: dict[str, Any]) -> None:
-        self._all("save", step, rollout_state)
+    def save(self, step: int, rollout_state: dict[str, Any], roles_state: dict[str, Any] | None = None) -> None:
+        # every rank saves its share of the policy; rank 0 writes the rest (one copy in the store)
+        self._all("save", step, rollout_state, self._ray.put(roles_state))
 
     def __getattr__(self, name: str) -> Callable[..., Any]:  # anything else: on every rank, rank 0's answer
         if name.startswith("_"):
@@ -382,11 +422,17 @@ class RayRoles(Roles):
 
     def __init__(self, trainer: Any, generators: list[Any], workers: list[Any], tokenizer: Any,
                  owns_ray: bool = False, batch_actors: list[Any] = (), trainers: list[Any] = (),
-                 placement: Placement | None = None):
+                 placement: Placement | None = None, batch_classes: list[type] = (),
+                 reward_actors: list[Any] = (), offload: set[str] = frozenset()):
         self.trainer = RayTrainer(list(trainers) or [trainer])
         self.generators, self.rollout = generators, RayRollout(workers)
         self.batch_actors = list(batch_actors)
         self.batch_roles = [Remote(a) for a in self.batch_actors]
+        self.batch_names = [role_name(cls) for cls in batch_classes]
+        self._trains = [getattr(cls, "trains", True) for cls in batch_classes]  # unknown: assume it does
+        self.reward_actors = list(reward_actors)
+        self.offload = set(offload)  # names of the roles that leave their device between turns
+        self.schedule: list[tuple[str, str]] = []  # the last update's (role, onload | phase | offload)
         self.tokenizer, self.owns_ray = tokenizer, owns_ray
         self.manifest: Manifest | None = None        # set when weights go by collective broadcast
         self.sync_address: tuple[str, int] | None = None
@@ -421,16 +467,54 @@ class RayRoles(Roles):
         return self.rollout.workers
 
     def update(self, groups: list[Group]) -> dict[str, float]:
-        """:meth:`Roles.update` with the batch roles asked at once (each in its actor)."""
+        """:meth:`Roles.update` with the batch roles asked at once (each in its actor), but
+        the roles that offload: each of those in turn, on its device only for its phase."""
         import ray
 
+        self.schedule = []
+        groups_ref = ray.put(groups)
         aux: dict[str, Any] = {}
-        for part in ray.get([a.annotate.remote(groups) for a in self.batch_actors]):
+        for part in self._batch_phase("annotate", groups_ref):
             aux.update(part)
-        metrics = self.trainer.update(groups, aux)
-        for part in ray.get([a.train.remote(groups, aux) for a in self.batch_actors]):
+        metrics = self._turn("trainer", self.trainer.ranks, "update", lambda: self.trainer.update(groups, aux))
+        for part in self._batch_phase("train", groups_ref, ray.put(aux)):
             metrics.update(part)
         return metrics
+
+    def _turn(self, name: str, actors: list[Any], phase: str, call: Callable[[], Any], onload: bool = True) -> Any:
+        """``call()``, the phase of role ``name``; between its actors' onload and offload when it
+        offloads (and ``onload``: the phase uses its models)."""
+        import ray
+
+        if not (onload and name in self.offload):
+            self.schedule.append((name, phase))
+            return call()
+        ray.get([a.onload.remote() for a in actors])
+        self.schedule.append((name, "onload"))
+        try:
+            out = call()
+            self.schedule.append((name, phase))
+        finally:
+            ray.get([a.offload.remote() for a in actors])
+            self.schedule.append((name, "offload"))
+        return out
+
+    def _batch_phase(self, method: str, *args: Any) -> list[Any]:
+        """``method`` on every batch role: those on a device of their own at once, then each
+        offloading one in turn (two on one device are never both onloaded)."""
+        import ray
+
+        roles = list(zip(self.batch_actors, self.batch_names, self._trains))
+        alone = {i: getattr(a, method).remote(*args)
+                 for i, (a, name, _) in enumerate(roles) if name not in self.offload}
+        self.schedule += [(self.batch_names[i], method) for i in alone]
+        out = {}
+        for i, (a, name, trains) in enumerate(roles):
+            if i not in alone:  # a train() that does not touch the role's models needs no onload
+                out[i] = self._turn(name, [a], method, lambda a=a: ray.get(getattr(a, method).remote(*args)),
+                                    onload=method != "train" or trains)
+        out.update(zip(alone, ray.get(list(alone.values()))))
+        return [out[i] for i in range(len(self.batch_actors))]
 
     def sync_weights(self, version: int) -> None:
         import ray
@@ -455,7 +539,8 @@ class RayRoles(Roles):
             try:
                 self.rollout.close()
             finally:
-                for actor in [*self.workers, *self.generators, *self.batch_actors, *self.trainer.ranks]:
+                for actor in [*self.workers, *self.reward_actors, *self.generators, *self.batch_actors,
+                              *self.trainer.ranks]:
                     ray.kill(actor)
                 if self.placement is not None:
                     self.placement.remove()
@@ -470,8 +555,12 @@ def start_roles(cfg: TrainConfig, tokenizer: Any, env_factory: Callable[[EnvConf
     sync, the trainer + generators process group."""
     import ray
 
-    Trainer, Generator, EnvWorker, BatchRole = make_actor_classes(cfg.ray.num_gpus)
+    Trainer, Generator, EnvWorker, BatchRole, Reward = make_actor_classes(cfg.ray.num_gpus)
     classes = batch_role_classes(cfg)
+    for cls in classes:
+        if cfg.ray.roles.get(role_name(cls), RoleResources()).offload and not issubclass(cls, Offloadable):
+            raise ConfigError(f"ray.roles.{role_name(cls)}.offload",
+                              f"{cls.__name__} does not say what it moves (it is no offload.Offloadable)")
     placement = plan(cfg.ray, role_counts(cfg, classes))
     if placement is not None:
         placement.create()
@@ -488,16 +577,24 @@ def start_roles(cfg: TrainConfig, tokenizer: Any, env_factory: Callable[[EnvConf
         batch_actors = [BatchRole.options(**opts(role_name(cls))).remote(cls, cfg, tokenizer) for cls in classes]
         generators = [Generator.options(**opts("generator", i)).remote(cfg, tokenizer)
                       for i in range(cfg.ray.num_generators)]
+        rewards = [Reward.options(**opts("reward", i), runtime_env=_judge_env(cfg)).remote(cfg, tokenizer)
+                   for i in range(cfg.ray.num_reward_actors if cfg.reward.active else 0)]
         workers = [EnvWorker.options(**opts("env_worker", i)).remote(
-                       worker_config(cfg, i), tokenizer, generators, i * GROUP_ID_BLOCK, env_factory)
+                       worker_config(cfg, i), tokenizer, generators, i * GROUP_ID_BLOCK, env_factory,
+                       rewards[i % len(rewards)] if rewards else None)
                    for i in range(cfg.ray.num_env_workers)]
     except BaseException:
         if placement is not None:
             placement.remove()
         raise
     trainer = trainers[0]
+    offload = {name for name, r in cfg.ray.roles.items() if r.offload}
     roles = RayRoles(trainer, generators, workers, tokenizer, batch_actors=batch_actors, trainers=trainers,
-                     placement=placement)
+                     placement=placement, batch_classes=classes, reward_actors=rewards, offload=offload)
+    # built on their device: the offloading roles leave it until their first turn
+    resting = (trainers if "trainer" in offload else []) + \
+        [a for name, a in zip(roles.batch_names, batch_actors) if name in offload]
+    ray.get([a.offload.remote() for a in resting])
     if cfg.ray.weight_sync == "collective":
         world = 1 + len(generators)
         opened = trainer.open_weight_group.remote(world)
@@ -508,10 +605,19 @@ def start_roles(cfg: TrainConfig, tokenizer: Any, env_factory: Callable[[EnvConf
     return roles
 
 
+def _judge_env(cfg: TrainConfig) -> dict[str, Any]:
+    """The reward actor's runtime env: the judge's API key from the driver's environment (a
+    Ray started earlier, or a cluster joined, does not have it)."""
+    key = cfg.reward.judge.api_key_env
+    return {"env_vars": {key: os.environ[key]}} if key and key in os.environ else {}
+
+
 def role_counts(cfg: TrainConfig, batch_classes: list[type]) -> dict[str, int]:
     """The actors of each role of a run, by the role's name in ``ray.roles`` (bundle order)."""
     counts = {"trainer": cfg.ray.num_trainers, "generator": cfg.ray.num_generators,
               "env_worker": cfg.ray.num_env_workers}
+    if cfg.reward.active:
+        counts["reward"] = cfg.ray.num_reward_actors
     for cls in batch_classes:
         name = role_name(cls)
         if name in counts:

@@ -169,6 +169,7 @@ class RewardRole:
         one is left as it is."""
         if s.infra_error:
             return s
+        self.counters["episodes_scored"] += 1
         fields = episode_fields(s)
         parts: dict[str, float] = {}
         for name, fn, v in self.verifiers:

@@ -1,4 +1,4 @@
-"""The roles that training is split into, and their in-process implementation.
+r"""The roles that training is split into, and their in-process implementation.
 
 :mod:`.loop` drives a :class:`Roles`: a :class:`Trainer` (the policy; it updates on groups,
 checkpoints itself and hands out its weights) and a :class:`Rollout` (envs asking a
@@ -31,6 +31,8 @@ from .config import EnvConfig, TrainConfig, config_to_dict
 from .critics import CriticsRole
 from .engines import TransformersEngine, VLLMEngine
 from .models import allowed_token_ids, build_model, load_tokenizer
+from .offload import Offloadable
+from .placement import role_name
 from .policy import ActorModule, make_policy
 from .reward import RewardRole
 from .rollout import Group, PromptTemplate, RolloutManager
@@ -55,10 +57,12 @@ class Trainer(Protocol):
         """The state dict a generator loads."""
 
     def restore(self) -> dict[str, Any] | None:
-        """Load the latest checkpoint if resuming and there is one: ``{"step", "rollout", "path"}``."""
+        """Load the latest checkpoint if resuming and there is one: ``{"step", "rollout",
+        "roles", "path"}`` (``roles``: the batch roles' states, by name)."""
 
-    def save(self, step: int, rollout_state: dict[str, Any]) -> None:
-        """A checkpoint of ``step``: the policy, the RNGs, the config and ``rollout_state``."""
+    def save(self, step: int, rollout_state: dict[str, Any], roles_state: dict[str, Any] | None = None) -> None:
+        """A checkpoint of ``step``: the policy, the RNGs, the config, ``rollout_state`` and
+        the batch roles' ``roles_state`` (by name), in one folder written atomically."""
 
 
 class Rollout(Protocol):
@@ -89,7 +93,11 @@ class Rollout(Protocol):
 class BatchRole(Protocol):
     """A role consulted on each step's groups around the policy's update: the frozen KL
     reference, critics, an attention pass. Tensors it returns are aligned with the rows of
-    ``collate(groups)`` (per token: (B, T) on predicted tokens, like ``Batch.mask``) and on CPU."""
+    ``collate(groups)`` (per token: (B, T) on predicted tokens, like ``Batch.mask``) and on CPU.
+    A class may inherit this protocol for the defaults of :meth:`state_dict` and
+    :meth:`load_state_dict` (a role with no state of its own)."""
+
+    trains: bool = False  # whether train() works on the role's models (the critics) or only reports
 
     def annotate(self, groups: list[Group]) -> dict[str, torch.Tensor]:
         """What the policy's update reads (e.g. ``ref_logp``), before it runs."""
@@ -102,6 +110,15 @@ class BatchRole(Protocol):
         """The policy's new weights, for a role that follows the policy (the attention copy);
         the others ignore them."""
 
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of this role to resume it exactly (CPU tensors): a trained
+        role's models and optimizers (the critics); ``{}`` for a role whose state is derived
+        from the config and the policy (the frozen reference, the attention copy)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Back to what :meth:`state_dict` returned (on resume, before the first sync)."""
+
 
 class Roles(ABC):
     """The roles of one run, as :func:`~rockroll.trainer.loop.run` drives them."""
@@ -110,6 +127,7 @@ class Roles(ABC):
     trainer: Trainer
     rollout: Rollout
     batch_roles: list[BatchRole] = []
+    batch_names: list[str] = []  # each batch role's name (ray.roles, checkpoints): placement.role_name
 
     def update(self, groups: list[Group]) -> dict[str, float]:
         """One step's update: every batch role annotates ``groups``, the trainer trains on them
@@ -121,6 +139,19 @@ class Roles(ABC):
         for role in self.batch_roles:
             metrics.update(role.train(groups, aux))
         return metrics
+
+    def batch_state(self) -> dict[str, Any]:
+        """Every batch role's :meth:`~BatchRole.state_dict`, by name: what a checkpoint keeps."""
+        return {name: role.state_dict() for name, role in zip(self.batch_names, self.batch_roles)}
+
+    def load_batch_state(self, saved: dict[str, Any] | None) -> None:
+        """Resume every batch role from a checkpoint's :meth:`batch_state`; a role it lacks
+        (a checkpoint from before roles were saved, or a role added since) starts afresh."""
+        for name, role in zip(self.batch_names, self.batch_roles):
+            if saved is not None and name in saved:
+                role.load_state_dict(saved[name])
+            else:
+                print(f"rockroll: the checkpoint holds no state of batch role {name!r}: it starts afresh")
 
     @abstractmethod
     def sync_weights(self, version: int) -> None:
@@ -192,9 +223,10 @@ def batch_roles(cfg: TrainConfig, lm, tokenizer: Any) -> list[BatchRole]:
 # ----------------------------------------------------------------------------- the roles
 
 
-class ReferenceRole:
+class ReferenceRole(BatchRole, Offloadable):
     """:class:`BatchRole`: the frozen KL reference, ``lm`` at the start of training;
-    annotates ``ref_logp``, log-probs under the distribution the generator samples from."""
+    annotates ``ref_logp``, log-probs under the distribution the generator samples from.
+    No checkpoint state: the start model is rebuilt from the config and seed."""
 
     name = "reference"  # its key in ray.roles (placement)
 
@@ -222,14 +254,19 @@ class ReferenceRole:
     def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
         pass  # frozen
 
+    def resident_state(self):
+        return [self.model], []
 
-class AttentionRole:
+
+class AttentionRole(BatchRole, Offloadable):
     """:class:`BatchRole`: attention-rhythm credit (:mod:`.rhythm`). An eager-attention copy of
     the policy (SDPA and flash kernels never materialise the attention maps), loaded with the
     policy's weights at every sync, forwards each sampled sequence once; the maps of
     ``algorithm.rhythm.layers`` layers of the middle third, averaged over layers and heads, give
     each response token's WAAD and FAI, and the configured scheme turns them into
-    ``credit_scale`` (B, T), which multiplies the advantages (1 off the response)."""
+    ``credit_scale`` (B, T), which multiplies the advantages (1 off the response).
+    No checkpoint state: its weights and version are the policy's, loaded at the first sync
+    after a resume."""
 
     def __init__(self, cfg: TrainConfig, lm: Any, tokenizer: Any):
         self.cfg, self.rc, self.pad_id = cfg, cfg.algorithm.rhythm, tokenizer.pad_token_id
@@ -274,8 +311,11 @@ class AttentionRole:
         self.model.load_state_dict(state_dict)
         self.version = version
 
+    def resident_state(self):
+        return [self.model], []
 
-class PolicyTrainer:
+
+class PolicyTrainer(Offloadable):
     """:class:`Trainer` over ``lm``: the policy engine (torch or DeepSpeed, PPO's value head as
     the critic)."""
 
@@ -298,9 +338,13 @@ class PolicyTrainer:
         ckpt = latest_checkpoint(self.cfg.checkpoint.dir) if self.cfg.checkpoint.resume else None
         return None if ckpt is None else {**load_checkpoint(ckpt, self.policy), "path": str(ckpt)}
 
-    def save(self, step: int, rollout_state: dict[str, Any]) -> None:
+    def save(self, step: int, rollout_state: dict[str, Any], roles_state: dict[str, Any] | None = None) -> None:
         save_checkpoint(self.cfg.checkpoint.dir, step, self.policy, rollout_state, config_to_dict(self.cfg),
-                        keep=self.cfg.checkpoint.keep, rank=self.shard[0])
+                        keep=self.cfg.checkpoint.keep, rank=self.shard[0], roles_state=roles_state)
+
+    def resident_state(self):
+        # the torch engine's (config.py refuses offload with DeepSpeed, which places its own state)
+        return [self.policy.module], [self.policy.optimizer]
 
 
 class EnvWorker:
@@ -358,6 +402,7 @@ class LocalRoles(Roles):
         lm = build_model(cfg.model, self.tokenizer, cfg.seed)
         self.generator = make_generator(cfg, lm, self.tokenizer)  # copies of lm, taken before the engine wraps it
         self.batch_roles = batch_roles(cfg, lm, self.tokenizer)
+        self.batch_names = [role_name(cls) for cls in batch_role_classes(cfg)]
         self.trainer = PolicyTrainer(cfg, lm, self.tokenizer)
         self.rollout = EnvWorker(cfg, self.tokenizer, self.generator, env_factory=env_factory)
 
@@ -373,4 +418,4 @@ class LocalRoles(Roles):
             self.generator.close()
 
     def summary(self) -> dict[str, Any]:
-        return {"policy": self.trainer.policy, "generator": self.generator}
+        return {"policy": self.trainer.policy, "generator": self.generator, "batch_roles": self.batch_roles}

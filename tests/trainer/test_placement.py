@@ -67,11 +67,35 @@ def test_plan_errors_name_the_key(roles, key):
     ({"num_trainers": 0}, "ray.num_trainers: must be >= 1"),
     ({"num_trainers": 2}, "ray.num_trainers: data-parallel ranks are Ray actors: needs ray.enabled"),
     ({"enabled": True, "num_trainers": 2}, "ray.num_trainers: data-parallel training needs engine.kind: deepspeed"),
+    ({"num_reward_actors": 2}, "ray.num_reward_actors: must be in [1, num_env_workers]"),
+    # offloading is taking turns on a shared device: alone on one, or on a whole one, it is refused
+    ({"roles": {"trainer": {"num_gpus": 0.5, "offload": True}}},
+     "ray.roles.trainer.offload: needs a GPU shared with another role"),
+    ({"roles": {"trainer": {"num_gpus": 1, "offload": True}, "reference": {"num_gpus": 0, "colocate": "trainer"}}},
+     "ray.roles.trainer.offload: needs a GPU shared"),
+    ({"roles": {"trainer": {"num_gpus": 0.5}, "reference": {"num_cpus": 1, "colocate": "trainer", "offload": True}}},
+     "ray.roles.reference.offload: needs a GPU shared"),
+    ({"roles": {"trainer": {"num_gpus": 0.5}, "reference": {"num_gpus": 0.5, "offload": True}}},
+     "ray.roles.reference.offload: needs a GPU shared"),  # fractions of two bundles: maybe two devices
+    ({"roles": {"generator": {"num_gpus": 0.5, "offload": True},
+                "trainer": {"num_gpus": 0.5, "colocate": "generator"}}},
+     "ray.roles.generator.offload: the generator role has no turn to end"),
 ])
 def test_config_errors_name_the_key(ray, key):
     with pytest.raises(ConfigError) as e:
         load_config({"ray": ray})
     assert str(e.value).startswith(key), str(e.value)
+
+
+def test_offload_config():
+    """Colocated fractions, both ways round (the anchor or the colocated role offloads); the
+    trainer's offload is the torch engine's (DeepSpeed keeps its own state)."""
+    both = {"trainer": {"num_gpus": 0.5, "offload": True},
+            "critics": {"num_gpus": 0.5, "colocate": "trainer", "offload": True}}
+    roles = load_config({"ray": {"roles": both}}).ray.roles
+    assert {n for n, r in roles.items() if r.offload} == {"trainer", "critics"}
+    with pytest.raises(ConfigError, match="^ray.roles.trainer.offload: needs engine.kind: torch"):
+        load_config({"engine": {"kind": "deepspeed"}, "ray": {"roles": both}})
 
 
 def test_data_parallel_config_limits():

@@ -11,7 +11,12 @@
   colocated roles share one GPU (a GPU that Ray is told of: there is none here), a cluster
   too small is a ConfigError, and closing the roles frees the group;
 - data parallel: two trainer actors as the ranks of one DeepSpeed ZeRO group (gloo) take the
-  step one rank takes on the whole batch, and hold identical weights after it.
+  step one rank takes on the whole batch, and hold identical weights after it;
+- the reward role: one actor (placed by ``ray.roles.reward``) scores the episodes of both env
+  workers, which hold no judge of their own; the judge's API key reaches it from the driver;
+- batch roles' checkpoint state and offloading: AsyPPO's critics saved by the trainer actor
+  and restored into a fresh critics actor bit for bit, which then trains as the first one
+  did; roles that share a device and offload take turns on it in the loop's order.
 """
 
 import json
@@ -25,6 +30,7 @@ from rockroll.trainer.config import ConfigError, load_config
 from rockroll.trainer.models import load_tokenizer
 
 from _tiny import multi_turn_groups, run_config  # noqa: E402
+from test_reward import TEMPLATE, ScriptedJudge, _openai, judge_server  # noqa: E402,F401  (the judge fixture)
 
 
 @pytest.mark.parametrize("ray, key", [
@@ -90,6 +96,7 @@ def test_train_dispatches_to_ray_and_resumes(tmp_path, local_ray):
     assert (ckpt / "latest").read_text() == "step_000002"
     state = torch.load(ckpt / "step_000002" / "state.pt", weights_only=False)
     assert state["step"] == 2 and len(state["rollout"]["workers"]) == 2
+    assert torch.load(ckpt / "step_000002" / "roles.pt", weights_only=False) == {"reference": {}}  # frozen: none
 
     out = train(run_config(tmp_path, steps=3, **over))  # resumes at step 2
     assert out["start_step"] == 2 and [h["step"] for h in out["history"]] == [2]
@@ -147,12 +154,17 @@ def test_two_workers_two_generators_collective_sync(tmp_path, local_ray):
         roles.close()
 
 
-def test_the_attention_role_runs_in_an_actor_of_its_own_and_follows_the_policy(tmp_path, local_ray):
+@pytest.mark.parametrize("roles", [{}, {"trainer": {"num_gpus": 0.5, "offload": True},
+                                        "attention": {"num_gpus": 0.5, "colocate": "trainer", "offload": True}}],
+                         ids=["resident", "offloaded"])
+def test_the_attention_role_runs_in_an_actor_of_its_own_and_follows_the_policy(tmp_path, local_ray, roles):
     """Rhythm credit under Ray: the attention copy (its own actor) annotates every step with the
-    weights that sampled it, synced from the trainer after each step like a generator."""
+    weights that sampled it, synced from the trainer after each step like a generator; also
+    when it and the trainer share a GPU and offload between turns (the weights reach it in host
+    memory, from a trainer in host memory)."""
     from rockroll.trainer import train
 
-    out = train(run_config(tmp_path, ray={"enabled": True}, algorithm__rhythm={"enabled": True},
+    out = train(run_config(tmp_path, ray={"enabled": True, "roles": roles}, algorithm__rhythm={"enabled": True},
                            logging__tensorboard=False))
     hist = out["history"]
     assert [h["step"] for h in hist] == [0, 1]
@@ -275,3 +287,117 @@ def test_two_ranks_take_the_step_of_one(tmp_path, local_ray, stage):
     for k, v in ref.items():
         assert not torch.equal(v, start[k]) or "norm" in k
         torch.testing.assert_close(got[k], v, atol=1e-5, rtol=1e-4)
+
+
+def test_one_reward_actor_scores_both_workers_episodes_where_ray_roles_puts_it(tmp_path, local_ray, judge_server):
+    """A judge behind an OpenAI-compatible server on 127.0.0.1 (its key set in the driver after
+    Ray started: only the runtime env the roles pass carries it). Two env workers share the one
+    reward actor: its counters account for every judge call the server saw, the workers score
+    through RemoteReward, and it runs in its own process, in the generator's bundle as asked."""
+    ray = local_ray
+    from rockroll.trainer.ray_roles import start_roles
+
+    mode = ScriptedJudge(left="3", delay_s=0.0)
+    roles_cfg = {"generator": {"num_cpus": 0.25}, "reward": {"num_cpus": 0.25, "colocate": "generator"}}
+    cfg = run_config(tmp_path, ray={"enabled": True, "num_env_workers": 2, "roles": roles_cfg},
+                     reward={"judge": {"template": TEMPLATE, **_openai(judge_server(mode))}})
+    tokenizer = load_tokenizer(cfg.tokenizer, cfg.envs, tmp_path / "unused")
+    roles = start_roles(cfg, tokenizer)
+    try:
+        (reward,) = roles.reward_actors
+        roles.sync_weights(0)
+        ray.get([w.start.remote(0) for w in roles.workers])
+        # (workers judging on their own, without the key, would drop every episode: no batch)
+        results = ray.get([w.get_batch.remote(0) for w in roles.workers], timeout=120)
+        ray.get([w.pause.remote() for w in roles.workers])  # no episode finishes after this
+        counters = ray.get(reward.__ray_call__.remote(lambda self: dict(self.counters)))
+        kinds = ray.get([w.reward_kind.remote() for w in roles.workers])
+        where = {"reward": ray.get(reward.placement.remote()),
+                 **{f"worker{i}": ray.get(w.placement.remote()) for i, w in enumerate(roles.workers)}}
+        pg = roles.placement.group
+        table = ray.util.placement_group_table(pg)["bundles"]
+    finally:
+        roles.close()
+    samples = [s for gs, _ in results for g in gs for s in g.samples]
+    assert len(samples) == 6 and all(s.reward_parts == {"judge": pytest.approx(0.3)} for s in samples)
+    assert {g.group_id // (1 << 32) for gs, _ in results for g in gs} == {0, 1}  # both workers' groups
+    assert kinds == ["RemoteReward", "RemoteReward"]
+    # every call the judge server answered came from the one actor, one per episode it scored
+    assert counters["judge_calls"] == counters["episodes_scored"] == len(mode.prompts) >= 6
+    assert where["reward"]["pid"] not in {where["worker0"]["pid"], where["worker1"]["pid"]}
+    assert where["reward"]["placement_group_id"] == pg.id.hex() and where["reward"]["resources"] == {"CPU": 0.25}
+    assert table[roles.placement.bundle["reward"][0]] == {"CPU": 0.5}  # generator's 0.25 + reward's 0.25
+    assert roles.placement.bundle["reward"] == roles.placement.bundle["generator"]
+
+
+def test_critics_state_and_offloading_roles_under_ray(tmp_path, local_ray):
+    """AsyPPO with the KL reference, trainer, reference and critics on one (Ray-counted) GPU,
+    each offloading between its turns. The driver's schedule puts one role on the device at a
+    time, in the loop's order (the reference does not come back for its no-op train); the
+    actors' own counts agree, and each rests in host memory after the step. Then the trainer
+    actor saves the critics' state with its checkpoint; a fresh set of roles restores it, holds
+    it bit for bit, and its critics take the step the first ones took."""
+    ray = local_ray
+    from rockroll.trainer.ray_roles import start_roles
+
+    roles_cfg = {"trainer": {"num_gpus": 0.4, "offload": True},
+                 "reference": {"num_gpus": 0.3, "colocate": "trainer", "offload": True},
+                 "critics": {"num_gpus": 0.3, "colocate": "trainer", "offload": True}}
+    cfg = run_config(tmp_path, algorithm__name="asyppo", algorithm__kl_coef=0.1,
+                     algorithm__critics={"hidden_size": 16, "intermediate_size": 16},
+                     checkpoint={"dir": str(tmp_path / "ckpt")}, ray={"enabled": True, "roles": roles_cfg})
+    tokenizer = load_tokenizer(cfg.tokenizer, cfg.envs, tmp_path / "unused")
+    groups = multi_turn_groups()
+    roles = start_roles(cfg, tokenizer)
+    try:
+        actors = {"trainer": roles.trainer.actor, **dict(zip(roles.batch_names, roles.batch_actors))}
+        assert {n: ray.get(a.where.remote())["residency"] for n, a in actors.items()} == dict.fromkeys(actors, "host")
+        roles.update(groups)
+        assert roles.schedule == [
+            ("reference", "onload"), ("reference", "annotate"), ("reference", "offload"),
+            ("critics", "onload"), ("critics", "annotate"), ("critics", "offload"),
+            ("trainer", "onload"), ("trainer", "update"), ("trainer", "offload"),
+            ("reference", "train"),
+            ("critics", "onload"), ("critics", "train"), ("critics", "offload")]
+        where = {n: ray.get(a.where.remote()) for n, a in actors.items()}
+        assert {n: w["onloads"] for n, w in where.items()} == {"trainer": 1, "reference": 1, "critics": 2}
+        assert all(w["residency"] == "host" and w["device"] == "cpu" for w in where.values())
+        roles.update(groups)
+        saved = roles.batch_state()
+        roles.trainer.save(2, {"workers": [None]}, saved)
+        third = roles.update(groups)
+    finally:
+        roles.close()
+    assert set(saved) == {"reference", "critics"} and saved["reference"] == {}
+    on_disk = torch.load(tmp_path / "ckpt" / "step_000002" / "roles.pt", weights_only=False)
+    _same_state(on_disk, saved)
+
+    fresh = start_roles(cfg, tokenizer)
+    try:
+        state = fresh.trainer.restore()
+        assert state["step"] == 2
+        before = fresh.batch_state()["critics"]
+        assert not torch.equal(before["critics"][0]["head.weight"], saved["critics"]["critics"][0]["head.weight"])
+        fresh.load_batch_state(state["roles"])
+        _same_state(fresh.batch_state(), saved)
+        again = fresh.update(groups)
+    finally:
+        fresh.close()
+    critic_keys = [k for k in third if k.startswith("critic/")]
+    assert critic_keys and {k: again[k] for k in critic_keys} == {k: third[k] for k in critic_keys}
+
+
+def _same_state(a, b):
+    """Two nested state dicts hold the same structure and bit-identical tensors."""
+    if torch.is_tensor(a):
+        assert torch.is_tensor(b) and a.dtype == b.dtype and torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            _same_state(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _same_state(x, y)
+    else:
+        assert a == b
