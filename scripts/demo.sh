@@ -36,9 +36,11 @@ demo_start=$EPOCHREALTIME
 mkdir -p runs
 timed "install rockroll (no extras)" $PIP install -c constraints.txt -e .
 timed "first sandbox answers" $BIN/rockroll sandbox run -- echo "a sandbox answered"
+set -m  # the build in a process group of its own: a failed or interrupted demo stops all of it
 swe_tasks > "$SWE_LOG" 2>&1 &
 swe=$!
-trap 'kill $swe 2>/dev/null || true' EXIT
+set +m
+trap 'kill -- -$swe 2>/dev/null || true' EXIT
 echo "building the demo's SWE tasks in the background (log: $SWE_LOG)"
 timed "train extras (torch, Transformers, DeepSpeed)" $PIP install -c constraints.txt -e '.[train]'
 rm -rf runs/demo
