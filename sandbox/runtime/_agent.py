@@ -54,7 +54,7 @@ import io
 import json
 import os
 import posixpath
-import resource  # the zygote imports it: loading an extension module in each agent costs ~300 page faults
+import resource  # imported by the zygote: loading this extension module in each agent cost ~110 page faults
 import selectors
 import shlex
 import signal
