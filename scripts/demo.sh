@@ -2,12 +2,16 @@
 # `make demo`, phase by phase, each timed; the table at the end. The two long jobs run at
 # once: the SWE tasks build in the background (a Debian base, one package's test suite
 # screened for bugs: `build-swe --demo`) while the training extras install and the GRPO run
-# trains; the SWE episode is played once both are done. Its log: runs/demo-swe.log.
+# trains; the SWE episode is played once both are done.
+#   VENV       the virtualenv to install into (.venv)
+#   DEMO_DIR   the training run's folder (runs/demo); the SWE build's log is $DEMO_DIR-swe.log
+#   DEMO_ARGS  more options for `rockroll train`, after the demo's (e.g. --steps 20)
 set -euo pipefail
 VENV=${VENV:-.venv}
 BIN=$VENV/bin
 PIP="$BIN/python -m pip --disable-pip-version-check -q"
-SWE_LOG=runs/demo-swe.log
+DEMO_DIR=${DEMO_DIR:-runs/demo}
+SWE_LOG=$DEMO_DIR-swe.log
 phases=()
 
 seconds_since() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN {printf "%.0f", b - a}'; }
@@ -33,7 +37,7 @@ wait_swe() {
 }
 
 demo_start=$EPOCHREALTIME
-mkdir -p runs
+mkdir -p "$(dirname "$DEMO_DIR")"
 timed "install rockroll (no extras)" $PIP install -c constraints.txt -e .
 timed "first sandbox answers" $BIN/rockroll sandbox run -- echo "a sandbox answered"
 set -m  # the build in a process group of its own: a failed or interrupted demo stops all of it
@@ -43,10 +47,11 @@ set +m
 trap 'kill -- -$swe 2>/dev/null || true' EXIT
 echo "building the demo's SWE tasks in the background (log: $SWE_LOG)"
 timed "train extras (torch, Transformers, DeepSpeed)" $PIP install -c constraints.txt -e '.[train]'
-rm -rf runs/demo
-timed "GRPO on FrozenLake, 50 steps" $BIN/rockroll train examples/frozenlake_cpu.yaml --steps 50 \
-  --set logging.dir=runs/demo --set checkpoint.dir=runs/demo/ckpt
-timed "reward curve" $BIN/python examples/show_curve.py runs/demo
+rm -rf "$DEMO_DIR"
+# shellcheck disable=SC2086  # DEMO_ARGS is a list of options
+timed "GRPO on FrozenLake" $BIN/rockroll train examples/frozenlake_cpu.yaml --steps 50 \
+  --set logging.dir="$DEMO_DIR" --set checkpoint.dir="$DEMO_DIR/ckpt" ${DEMO_ARGS:-}
+timed "reward curve" $BIN/python examples/show_curve.py "$DEMO_DIR"
 timed "waiting for the SWE tasks" wait_swe
 trap - EXIT
 timed "one rock/SWE-v0 episode" $BIN/python examples/swe_demo.py
