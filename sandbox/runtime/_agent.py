@@ -314,11 +314,11 @@ def mount_layer(cfg: dict, detached: int | None) -> None:
         _check(_libc.syscall(SYS_MOVE_MOUNT, detached, b"", AT_FDCWD, _b(where), MOVE_MOUNT_F_EMPTY_PATH),
                "move_mount")
         os.close(detached)
-    else:
+    else:  # an ext4 layer has its upper and work dirs already (``disk.ext4_template``)
         mount("tmpfs", where, "tmpfs", 0, disk["tmpfs"])
-    for name in ("upper", "work"):  # an ext4 layer has them already (``disk.new_disk``)
-        os.makedirs(f"{where}/{name}", exist_ok=True)
-        os.chmod(f"{where}/{name}", 0o755)
+        for name in ("upper", "work"):
+            os.mkdir(f"{where}/{name}")
+            os.chmod(f"{where}/{name}", 0o755)  # whatever the umask
     os.chdir(where)
     cfg["upper"], cfg["work"] = f"{where}/upper", f"{where}/work"
 
