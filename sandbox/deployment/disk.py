@@ -13,8 +13,9 @@ What backs the layer (decided here; the agent, ``runtime/_agent.py``, only puts 
   (the layer never outlives its sandbox), no reserved blocks, 4 KiB blocks.
 - **unprivileged (a user namespace), or no ``/dev/loop-control``: a tmpfs with ``size=``
   and ``nr_inodes=``.** ext4 on a loop device cannot be mounted inside a user namespace;
-  tmpfs can. It is memory: where the sandbox has a memory cgroup, its files also count
-  against ``memory_mb`` (pages are charged to the cgroup that writes them).
+  tmpfs can (the agent mounts it; as root we make it, like the ext4 one). It is memory:
+  where the sandbox has a memory cgroup, its files also count against ``memory_mb``
+  (pages are charged to the cgroup that writes them).
 - Not project quotas: they need an xfs (or ext4 with the ``project`` feature) host
   filesystem mounted with quotas on, which neither these hosts nor most laptops have.
 - Not tmpfs for root too, though it is the cheapest (one mount syscall, 0.04 ms): a
@@ -27,7 +28,7 @@ idle and up to 140 ms loaded (a queue freeze), the ext4 mount ~1 ms, the first w
 the fresh filesystem tens of ms loaded (bitmap reads through the loop worker). All of it
 is done ahead of time on a background thread (``_SpareDisks``, like the zygote's spare agents): a
 create takes a spare, a formatted image on an attached loop device, already mounted as a
-*detached* mount (``fsmount``) with its upper and work dirs made, and the agent moves
+*detached* mount (``fsmount``) with its directories in it, and the agent moves
 that mount into the sandbox's namespace (``move_mount``): 0.2 ms on the create path.
 What is left shows in ``bench/sandbox.py`` (cold create with the default disk beside
 ``disk_mb=None``, interleaved): creates alone cost the same (367 vs 383 ms median under
@@ -40,11 +41,12 @@ The mount lives in the sandbox's private mount namespace, never in the host's: a
 owner leaves no mount behind (the namespace dies with the sandbox's processes; a spare
 mount dies with our fd), and a thousand sandboxes do not grow the host's mount table
 (each ``unshare(CLONE_NEWNS)`` copies it). Loop devices are auto-clearing: the kernel
-detaches one when its last mount goes. The agent's outer process keeps its working
-directory on the layer; the host reads the upper layer (snapshots) through
-``/proc/<outer>/cwd``, opened once per agent as a directory fd (``SandboxDisk``), so a
-recycled pid can never turn it into someone else's files. Inodes: one per 16 KiB,
-``mke2fs``'s default ratio, on both backings.
+detaches one when its last mount goes. The host reads the upper layer (snapshots)
+through a directory fd on the layer's root (``SandboxDisk``): opened through its own
+mount fd, or for a tmpfs an unprivileged agent made, through ``/proc/<outer>/cwd`` (the
+agent's outer process stays in the layer), once per agent, so a recycled pid can never
+turn it into someone else's files. Inodes: one per 16 KiB, ``mke2fs``'s default ratio,
+on both backings.
 
 The docker backend uses the same layer: its agent builds the sandbox's root as an overlay
 of the container's root and this layer, so the container's own writable layer
@@ -69,7 +71,7 @@ from pathlib import Path
 
 from ..errors import SandboxStartError
 from ..home import state_home
-from ..runtime._agent import detached_layer
+from ..runtime._agent import LAYER_DIRS, detached_layer, detached_mount
 
 BYTES_PER_INODE = 16384  # mke2fs's default ratio
 LOOP_CLR_FD, LOOP_CONFIGURE, LOOP_CTL_ADD, LOOP_CTL_GET_FREE, LO_FLAGS_AUTOCLEAR = 0x4C01, 0x4C0A, 0x4C80, 0x4C82, 4
@@ -81,12 +83,13 @@ def inodes_for(disk_mb: int) -> int:
 
 
 class Disk:
-    """A sandbox's ext4 layer: a sparse image on an auto-clearing loop device, mounted
-    but attached nowhere yet (a detached mount, ``fd``); the agent moves it into the
-    sandbox's mount namespace. Until then our fd is its only user, so an agent that dies
-    first leaks nothing: ``release`` drops the mount, and with it the loop device."""
+    """A sandbox's layer as we made it, mounted but attached nowhere yet (a detached
+    mount, ``fd``): ext4 on a sparse ``image`` on an auto-clearing loop device, or a
+    tmpfs (``image`` None). The agent moves it into the sandbox's mount namespace. Until
+    then our fd is its only user, so an agent that dies first leaks nothing: ``release``
+    drops the mount, and with it the loop device."""
 
-    def __init__(self, image: Path, fd: int):
+    def __init__(self, image: Path | None, fd: int):
         self.image, self.fd = image, fd
 
     def release(self) -> None:
@@ -180,6 +183,21 @@ def new_disk(disk_mb: int, folder: Path, home: Path | None = None) -> Disk:
         raise SandboxStartError(f"cannot mount the sandbox's disk ({e})") from e
 
 
+def new_tmpfs(disk_mb: int) -> Disk:
+    """A tmpfs layer of ``disk_mb`` MiB and ``inodes_for(disk_mb)`` inodes with the
+    layer's directories, mounted detached: what a root host without loop devices gets."""
+    fd = detached_mount("tmpfs", [("size", f"{disk_mb}m"), ("nr_inodes", str(inodes_for(disk_mb))),
+                                  ("mode", "755")])
+    try:
+        for name in LAYER_DIRS:
+            os.mkdir(name, dir_fd=fd)
+            os.chmod(name, 0o755, dir_fd=fd)  # whatever the umask
+    except OSError:
+        os.close(fd)
+        raise
+    return Disk(None, fd)
+
+
 class _SpareDisks:
     """Disks made ahead of time, per (size, run directory), like the zygote's spare agents
     (``process.py``): attaching a loop device waits on the kernel (a queue freeze, an RCU
@@ -250,17 +268,26 @@ def loop_devices_usable() -> bool:
 
 def layer_config(disk_mb: int | None, run_dir: Path, folder: Path, name: str, *, userns: bool,
                  home: Path | None = None) -> tuple[dict | None, Disk | None]:
-    """The agent's ``disk`` config for a fresh writable layer of ``disk_mb`` MiB, mounted at
-    ``folder/name`` (a new empty directory), and the ``Disk`` behind it (ext4 only; its
-    image is ``folder/name.img``). ``(None, None)`` when ``disk_mb`` is None: no limit,
-    the upper is a plain host directory."""
+    """The agent's ``disk`` config for a fresh writable layer of ``disk_mb`` MiB, and the
+    ``Disk`` behind it (None for the tmpfs an unprivileged agent mounts itself; an ext4
+    layer's image is ``folder/name.img``). ``(None, None)`` when ``disk_mb`` is None: no
+    limit, the upper is a plain host directory.
+
+    Every sandbox mounts its layer at the same directory, ``<home>/mnt`` (made once),
+    each in a mount namespace of its own, and the sandbox's root on the layer: a create
+    makes no directory on the host's disk. (On an ext4 without a journal, as these
+    hosts' is, finding a free inode skips every inode deleted in the last minutes: 5-7 %
+    of a 1,000-create burst's CPU went there while a previous burst's were fresh.)"""
     if disk_mb is None:
         return None, None
-    mount_point = folder / name
-    mount_point.mkdir()
-    if userns or not loop_devices_usable():
+    mount_point = (home or state_home()) / "mnt"
+    mount_point.mkdir(exist_ok=True)
+    if userns:
         return {"dir": str(mount_point), "tmpfs": f"size={disk_mb}m,nr_inodes={inodes_for(disk_mb)},mode=755"}, None
-    disk = _spares.take(disk_mb, run_dir, home, folder / f"{name}.img")
+    if loop_devices_usable():
+        disk = _spares.take(disk_mb, run_dir, home, folder / f"{name}.img")
+    else:
+        disk = new_tmpfs(disk_mb)
     # Our pid, not /proc/self: the agent reopens the mount from its own process.
     return {"dir": str(mount_point), "mount": f"/proc/{os.getpid()}/fd/{disk.fd}"}, disk
 
@@ -269,12 +296,12 @@ def ext4_template(disk_mb: int, home: Path | None = None) -> Path:
     """A sparse, formatted ext4 image of ``disk_mb`` MiB, made once per size and cached.
     No journal (the layer never outlives a crash of its sandbox), no reserved blocks (the
     sandbox's root may use it all), inode tables initialised lazily (never, in fact: the
-    agent mounts with ``noinit_itable``, so the image stays sparse). The overlay's
-    ``upper`` and ``work`` directories are in it already (``mke2fs -d``): made on each
+    agent mounts with ``noinit_itable``, so the image stays sparse). The layer's
+    directories (``_agent.LAYER_DIRS``) are in it already (``mke2fs -d``): made on each
     fresh filesystem they cost 0.4 ms of CPU per sandbox (its bitmaps read through the
     loop device), 40 % of a disk's making."""
     folder = (home or state_home()) / "disks"
-    path = folder / f"ext4-4k-uw-{disk_mb}m.img"  # named for its format: a change of options makes a new one
+    path = folder / f"ext4-4k-dirs-{disk_mb}m.img"  # named for its format: a change of options makes a new one
     if path.exists():
         return path
     folder.mkdir(parents=True, exist_ok=True)
@@ -287,8 +314,9 @@ def ext4_template(disk_mb: int, home: Path | None = None) -> Path:
         mke2fs = shutil.which("mke2fs") or "/sbin/mke2fs"
         with tempfile.TemporaryDirectory(prefix=".ext4-root-", dir=folder) as root:
             os.chmod(root, 0o755)
-            for name in ("upper", "work"):
-                os.mkdir(os.path.join(root, name), 0o755)
+            for name in LAYER_DIRS:
+                os.mkdir(os.path.join(root, name))
+                os.chmod(os.path.join(root, name), 0o755)  # whatever the umask: mke2fs copies modes
             # 4 KiB blocks at every size (mke2fs picks 1 KiB for small ones, which caps a file at 16 GiB)
             out = subprocess.run([mke2fs, "-q", "-F", "-t", "ext4", "-b", "4096", "-m", "0", "-i", str(BYTES_PER_INODE),
                                   "-O", "^has_journal,^resize_inode", "-E", "lazy_itable_init=1,nodiscard",
@@ -352,14 +380,17 @@ class SandboxDisk:
         return cfg
 
     def mounted(self, outer_pid: int) -> None:
-        """The agent (its outer process ``outer_pid``) has mounted the layer and sits in
-        it: hold its working directory, the layer's root, as a directory fd, so a recycled
-        pid can never turn ``upper`` into someone else's files. Holding it keeps the layer
-        mounted until ``close``."""
+        """The agent has mounted the layer: hold the layer's root as a directory fd, opened
+        through our own mount fd, or for a tmpfs the agent made, through the working
+        directory of the process that sits in it (its outer process ``outer_pid``), so a
+        recycled pid can never turn ``upper`` into someone else's files. Holding it keeps
+        the layer mounted until ``close``."""
         if self.disk_mb is None:
             return
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
         try:
-            self._fd = os.open(f"/proc/{outer_pid}/cwd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            self._fd = (os.open(".", flags, dir_fd=self._disk.fd) if self._disk is not None
+                        else os.open(f"/proc/{outer_pid}/cwd", flags))
         except OSError as e:
             raise SandboxStartError(f"cannot reach the sandbox's disk ({e})") from e
         finally:
@@ -383,7 +414,6 @@ class SandboxDisk:
             self._disk = None
 
     def drop(self, gen: int) -> None:
-        shutil.rmtree(self.folder / f"disk{gen}", ignore_errors=True)
         (self.folder / f"disk{gen}.img").unlink(missing_ok=True)
 
 

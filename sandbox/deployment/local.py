@@ -101,7 +101,7 @@ class _JoinedAgents:
                 return  # the next create makes its own group, and says why
             agent = None
             try:
-                agent = fork_agent()
+                agent = fork_agent(pid_ns=True)  # root only: see LocalDeployment
                 group.add(agent.pid)
                 agent.stdin.write(encode_frame({"prepare": "net"}))  # in its cgroup, charged there
                 agent.stdin.flush()
@@ -140,7 +140,8 @@ class LocalDeployment:
         self.spec, self.id, self.run = spec, sandbox_id, run
         self.plan = plan_for_image(spec.image, run.home)
         self.dir = run.add(sandbox_id, self.kill_now)
-        (self.dir / "rootfs").mkdir(exist_ok=True)
+        if spec.disk_mb is None:  # else the root's mount point is on the sized layer
+            (self.dir / "rootfs").mkdir(exist_ok=True)
         # On top of everything (image and snapshot layers): the host's name resolution.
         self.net = network_plan(self.dir / "net") if spec.network else RootfsPlan((), ())
         self.gen = 0
@@ -181,7 +182,7 @@ class LocalDeployment:
             os.chmod(upper, 0o755)
         cfg = {
             "id": self.id,
-            "rootfs": str(self.dir / "rootfs"),
+            "rootfs": f"{disk['dir']}/root" if disk else str(self.dir / "rootfs"),
             "lowers": [*self.net.lowers, *(str(p) for p in layers), *self.plan.lowers],
             "upper": str(upper), "work": str(work),
             "binds": [list(b) for b in (*self.plan.binds, *self.net.binds)],

@@ -86,46 +86,49 @@ class Zygote:
         self.proc: subprocess.Popen | None = None
         self._spawner: concurrent.futures.ThreadPoolExecutor | None = None  # starts the zygote
         self._refiller = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rockroll-spares")
-        self._ready: collections.deque[AgentHandle] = collections.deque()
+        # spares of each kind: pid 1 of a pid namespace of its own (True), a plain fork (False)
+        self._ready: dict[bool, collections.deque[AgentHandle]] = {True: collections.deque(),
+                                                                   False: collections.deque()}
 
-    def take(self) -> AgentHandle:
-        """An agent process blocked reading its config frame on stdin: one forked ahead
-        of time (``keep`` wait, generic, holding nothing of any sandbox; the round trip
-        to the zygote is then off the create path), else a fresh fork."""
+    def take(self, pid_ns: bool) -> AgentHandle:
+        """An agent process blocked reading its config frame on stdin, ``pid_ns``: pid 1 of
+        a new pid namespace (``_agent.zygote``'s ``p``), else a plain fork. One forked ahead
+        of time (``keep`` wait per kind, generic, holding nothing of any sandbox; the round
+        trip to the zygote is then off the create path), else a fresh fork."""
         with self._lock:
-            proc = None
-            while self._ready and proc is None:
-                candidate = self._ready.popleft()
+            ready, proc = self._ready[pid_ns], None
+            while ready and proc is None:
+                candidate = ready.popleft()
                 proc = candidate if candidate.poll() is None else None
             if proc is None:
-                proc = self._fork_or_retry()
-        self._refiller.submit(self._refill)
+                proc = self._fork_or_retry(pid_ns)
+        self._refiller.submit(self._refill, pid_ns)
         return proc
 
-    def _refill(self) -> None:
+    def _refill(self, pid_ns: bool) -> None:
         while True:
             with self._lock:
-                if len(self._ready) >= self.keep:
+                if len(self._ready[pid_ns]) >= self.keep:
                     return
                 try:
-                    self._ready.append(self._fork_or_retry())
+                    self._ready[pid_ns].append(self._fork_or_retry(pid_ns))
                 except OSError:
                     return  # the next take forks its own, and says why
 
-    def _fork_or_retry(self) -> AgentHandle:
+    def _fork_or_retry(self, pid_ns: bool) -> AgentHandle:
         try:
-            return self._fork()
+            return self._fork(pid_ns)
         except OSError:
             self._stop()  # dead or confused: one retry with a fresh zygote
-            return self._fork()
+            return self._fork(pid_ns)
 
-    def _fork(self) -> AgentHandle:
+    def _fork(self, pid_ns: bool) -> AgentHandle:
         if self._sock is None:
             self._start()
         stdin_r, stdin_w = os.pipe()
         stdout_r, stdout_w = os.pipe()
         try:
-            socket.send_fds(self._sock, [b"f"], [stdin_r, stdout_w])
+            socket.send_fds(self._sock, [b"p" if pid_ns else b"f"], [stdin_r, stdout_w])
             msg, fds, _, _ = socket.recv_fds(self._sock, 16, 1)
         except BaseException:
             os.close(stdin_w)
@@ -156,7 +159,8 @@ class Zygote:
         self._sock = ours
 
     def _stop(self) -> None:
-        self._ready.clear()  # their pipes close with them: they exit
+        for ready in self._ready.values():
+            ready.clear()  # their pipes close with them: they exit
         sock, proc, self._sock, self.proc = self._sock, self.proc, None, None
         if sock is not None:
             sock.close()  # EOF: the zygote exits (its agents run on)
@@ -174,16 +178,24 @@ def zygote_pid() -> int | None:
     return proc.pid if proc is not None and proc.poll() is None else None
 
 
-def fork_agent() -> AgentHandle:
-    """A generic agent process, waiting for its config (``start_agent``)."""
-    return _zygote.take()
+def own_pid_ns(cfg: dict) -> bool:
+    """Whether an agent of ``cfg`` is forked as pid 1 of its own pid namespace, one
+    process (``_agent``'s lifecycle): root on the local backend. Not in a user namespace
+    (the zygote could not make one) nor in enter mode (the agent joins a container's)."""
+    return not cfg.get("userns") and cfg.get("enter_pid") is None and os.geteuid() == 0
+
+
+def fork_agent(pid_ns: bool) -> AgentHandle:
+    """A generic agent process, waiting for its config (``start_agent``); ``pid_ns``: as
+    ``own_pid_ns`` says of the config it will get."""
+    return _zygote.take(pid_ns)
 
 
 def start_agent(cfg: dict, proc: AgentHandle | None = None) -> AgentHandle:
     """An agent process configured by ``cfg`` (``proc``, from ``fork_agent``, or a new
     one): its stdin/stdout carry the protocol. Every agent gets the syscall filter here,
     whatever its deployment."""
-    proc = proc or _zygote.take()
+    proc = proc or _zygote.take(own_pid_ns(cfg))
     # The config travels as the first frame, not argv: argv is readable in the sandbox.
     proc.stdin.write(_agent.encode_frame({**cfg, "seccomp": bpf_program().hex()}))
     proc.stdin.flush()

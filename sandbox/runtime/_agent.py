@@ -7,17 +7,24 @@ host's Python files are out of reach: everything the agent needs is imported *be
 the root changes, and nothing is imported lazily afterwards.
 
 Lifecycle
-1. (outer process, host namespaces) join the sandbox's cgroups, apply rlimits, unshare
-   mount/pid/uts/ipc/net (and user, when not root), mount the sized writable layer
-   (``disk_mb``, ``mount_layer``) and stay in it, fork, report the child's host pid,
-   exit. The child is pid 1 of the new pid namespace: when it dies, the kernel kills
-   every process of the sandbox, so nothing can outlive it.
+1. (host namespaces) join the sandbox's cgroups, apply rlimits, unshare mount/uts/ipc/net
+   (and user, when not root), mount the sized writable layer (``disk_mb``,
+   ``mount_layer``). The agent is pid 1 of a new pid namespace: when it dies, the kernel
+   kills every process of the sandbox, so nothing can outlive it.
 2. (init) build the root: overlayfs of the image layers and a private upper dir,
    read-only binds, a private /dev and /proc; ``pivot_root`` into it; bring up
    loopback; drop capabilities to Docker's default set and set no_new_privs; install
    the syscall filter (config key ``seccomp``, see ``deployment/seccomp.py``), which
    every process of the sandbox inherits.
 3. (init) serve framed requests until stdin closes (the host died or closed us).
+
+One process or two. As root the zygote forks the agent as pid 1 of a pid namespace of
+its own (request ``p``, ``zygote``), and one process does 1 and 2: a single fork per
+sandbox, and the setup's pages are copied from the zygote once. Otherwise (a user
+namespace: an unprivileged zygote cannot make a pid namespace without one of its own,
+which every sandbox would then share) an *outer* process does 1, unsharing the pid
+namespace too, and stays in the layer; it forks init (2, 3), reports init's host pid
+(``spawned``) and waits for it. ``ready`` says ``one_process`` in the first case.
 
 Enter mode (the docker backend, config key ``enter_pid``): instead of unsharing, the
 outer process joins the cgroups and the ipc/uts/net/pid/mnt namespaces of a running
@@ -277,19 +284,30 @@ def loopback_up() -> None:
 SYS_MOVE_MOUNT, SYS_FSOPEN, SYS_FSCONFIG, SYS_FSMOUNT = 429, 430, 431, 432  # x86_64
 FSCONFIG_SET_FLAG, FSCONFIG_SET_STRING, FSCONFIG_CMD_CREATE = 0, 1, 6
 MOVE_MOUNT_F_EMPTY_PATH, AT_FDCWD = 4, -100
+# On a sized layer: the overlay's upper and work dirs, and the mount point of the
+# sandbox's root (``cfg["rootfs"]``), so a create makes no directory on the host's disk.
+LAYER_DIRS = ("upper", "work", "root")
 
 
-def detached_layer(device: str) -> int:
-    """The ext4 layer on loop ``device`` as a detached mount (the new mount API), made by
-    the host ahead of time (``deployment/disk.py``); ``mount_layer`` attaches it."""
-    fs = _check(_libc.syscall(SYS_FSOPEN, b"ext4", 1), "fsopen")  # FSOPEN_CLOEXEC
-    try:  # discard: deleted files punch holes back into the sparse image
-        for cmd, key, value in ((FSCONFIG_SET_STRING, b"source", _b(device)), (FSCONFIG_SET_FLAG, b"discard", None),
-                                (FSCONFIG_SET_FLAG, b"noinit_itable", None), (FSCONFIG_CMD_CREATE, None, None)):
-            _check(_libc.syscall(SYS_FSCONFIG, fs, cmd, key, value, 0), f"fsconfig {key}")
+def detached_mount(fstype: str, options: list[tuple[str, str | None]]) -> int:
+    """A new ``fstype`` filesystem with ``options`` (a value, or None for a flag) as a
+    detached mount (the new mount API), made by the host ahead of time
+    (``deployment/disk.py``); ``mount_layer`` attaches it."""
+    fs = _check(_libc.syscall(SYS_FSOPEN, _b(fstype), 1), "fsopen")  # FSOPEN_CLOEXEC
+    try:
+        for key, value in options:
+            cmd = FSCONFIG_SET_FLAG if value is None else FSCONFIG_SET_STRING
+            _check(_libc.syscall(SYS_FSCONFIG, fs, cmd, _b(key), _b(value), 0), f"fsconfig {key}")
+        _check(_libc.syscall(SYS_FSCONFIG, fs, FSCONFIG_CMD_CREATE, None, None, 0), "fsconfig create")
         return _check(_libc.syscall(SYS_FSMOUNT, fs, 1, 0), "fsmount")  # FSMOUNT_CLOEXEC
     finally:
         os.close(fs)
+
+
+def detached_layer(device: str) -> int:
+    """The ext4 layer on loop ``device`` as a detached mount. ``discard``: deleted files
+    punch holes back into the sparse image."""
+    return detached_mount("ext4", [("source", device), ("discard", None), ("noinit_itable", None)])
 
 
 def open_layer(cfg: dict) -> int | None:
@@ -302,10 +320,10 @@ def open_layer(cfg: dict) -> int | None:
 
 def mount_layer(cfg: dict, detached: int | None) -> None:
     """Mount the sandbox's sized writable layer (``cfg["disk"]``, see
-    ``deployment/disk.py``: the host's ext4 mount ``detached``, or a tmpfs) in this
-    process's new mount namespace, with the overlay's upper and work dirs on it, and stay
-    in it: the host reads the upper layer through ``/proc/<this pid>/cwd``. Runs in the
-    outer process, before init is forked."""
+    ``deployment/disk.py``: the host's mount ``detached``, ext4 or tmpfs, or a tmpfs of
+    ours) in this process's new mount namespace, with the overlay's upper and work dirs
+    on it, and stay in it: the host reads the upper layer through its own fd on a mount
+    it made, else through ``/proc/<this pid>/cwd`` (an outer process's: init leaves it)."""
     disk = cfg["disk"]
     mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing below may propagate to the host
     where = disk["dir"]
@@ -314,9 +332,9 @@ def mount_layer(cfg: dict, detached: int | None) -> None:
         _check(_libc.syscall(SYS_MOVE_MOUNT, detached, b"", AT_FDCWD, _b(where), MOVE_MOUNT_F_EMPTY_PATH),
                "move_mount")
         os.close(detached)
-    else:  # an ext4 layer has its upper and work dirs already (``disk.ext4_template``)
+    else:  # the host's mounts have these dirs already (``disk.ext4_template``, ``disk.new_tmpfs``)
         mount("tmpfs", where, "tmpfs", 0, disk["tmpfs"])
-        for name in ("upper", "work"):
+        for name in LAYER_DIRS:
             os.mkdir(f"{where}/{name}")
             os.chmod(f"{where}/{name}", 0o755)  # whatever the umask
     os.chdir(where)
@@ -343,7 +361,7 @@ def layer_root(cfg: dict) -> None:
     children = [p for p in _root_children() if p != layer]
     lower, root = layer + "/lower", layer + "/root"
     for path in (lower, root):
-        os.mkdir(path)
+        os.makedirs(path, exist_ok=True)  # a layer the host made has root/ already
     mount("/", lower, None, MS_BIND)  # the root mount alone, not what is mounted on it
     mount("overlay", root, "overlay", 0, "lowerdir=%s,upperdir=%s,workdir=%s" % (lower, cfg["upper"], cfg["work"]))
     for point in children:
@@ -1054,15 +1072,16 @@ class Agent:
         reap_children()  # pid 1 inherits every orphan in the sandbox: none may stay a zombie
 
 
-def _setup_outer(cfg: dict) -> None:
-    """Runs in the host namespaces: cgroups, rlimits, namespaces, the sized layer."""
+def _setup_outer(cfg: dict, pid_ns: bool) -> None:
+    """Runs in the host namespaces: cgroups, rlimits, namespaces (the pid namespace too
+    when ``pid_ns``: an outer process's), the sized layer."""
     layer = open_layer(cfg)
     for path in cfg.get("cgroup_procs", []):
         with open(path, "w") as f:
-            f.write(str(os.getpid()))
+            f.write("0")  # this process, whatever pid namespace it is in
     for res, soft, hard in cfg.get("rlimits", []):
         resource.setrlimit(res, (soft, hard))
-    flags = CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWPID
+    flags = CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | (CLONE_NEWPID if pid_ns else 0)
     if not cfg.get("network") and not cfg.get("net_ready"):
         flags |= CLONE_NEWNET
     if cfg.get("userns"):
@@ -1087,7 +1106,7 @@ def _enter_outer(cfg: dict) -> None:
     layer = open_layer(cfg)
     for path in cfg.get("cgroup_procs", []):
         with open(path, "w") as f:
-            f.write(str(os.getpid()))
+            f.write("0")
     enter_namespaces(cfg["enter_pid"])
     if cfg.get("disk"):
         unshare(CLONE_NEWNS)  # the sandbox's root is ours to build (layer_root)
@@ -1134,14 +1153,19 @@ def zygote() -> None:
     create costs a fork (about a millisecond of CPU) instead of a fresh interpreter
     (35 ms: start-up, imports, compiling this file).
 
-    Its stdin is a SOCK_SEQPACKET socket to the owner. Each request is one message
-    carrying two fds (the new agent's stdin and stdout pipes); the reply carries the
-    child's pid and a pidfd of it, so the owner can wait for a process that is not its
-    child. The zygote never sees a sandbox's configuration (the owner writes it into the
-    child's stdin, as to any agent), so nothing of one sandbox is in the memory the next
-    one inherits; its environment is empty, its children keep none of its fds (only the
-    two pipes, as 0 and 1, and stderr), and each joins its own cgroups in ``main``. It
-    dies with its owner: PR_SET_PDEATHSIG, and EOF on the socket; it reaps its children."""
+    Its stdin is a SOCK_SEQPACKET socket to the owner. Each request is one message,
+    ``f`` (a plain fork) or ``p`` (the child is pid 1 of a new pid namespace), carrying
+    two fds (the new agent's stdin and stdout pipes); the reply carries the child's pid
+    and a pidfd of it, so the owner can wait for a process that is not its child. For
+    ``p`` the zygote unshares a pid namespace for its next child only, and returns to its
+    own right after the fork (``setns``); if it cannot return, it exits rather than fork
+    a later agent into a sandbox's namespace.
+
+    The zygote never sees a sandbox's configuration (the owner writes it into the child's
+    stdin, as to any agent), so nothing of one sandbox is in the memory the next one
+    inherits; its environment is empty, its children keep none of its fds (only the two
+    pipes, as 0 and 1, and stderr), and each joins its own cgroups in ``main``. It dies
+    with its owner: PR_SET_PDEATHSIG, and EOF on the socket; it reaps its children."""
     parent = os.getppid()
     _libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
     if os.getppid() != parent:
@@ -1152,6 +1176,7 @@ def zygote() -> None:
     os.close(null)
     os.chdir("/")
     signal.signal(signal.SIGCHLD, reap_children)
+    own_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
     gc.freeze()  # the imported modules' objects stay shared with every child (no GC writes)
     while True:
         try:
@@ -1168,7 +1193,11 @@ def zygote() -> None:
         # SIGCHLD held until the pidfd is open: a child that dies at once must not be
         # reaped (and its pid reused) before the pidfd pins it.
         signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
-        pid = os.fork()
+        new_pid_ns = msg == b"p" and _unshare_pid_ns()
+        try:
+            pid = os.fork()
+        except OSError:
+            pid = -1
         if pid == 0:
             try:
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -1179,10 +1208,12 @@ def zygote() -> None:
                 main()
             finally:
                 os._exit(1)
+        if new_pid_ns and _libc.setns(own_pid_ns, CLONE_NEWPID) != 0:
+            os._exit(1)  # the owner starts a new zygote; its agents run on
         for fd in fds:
             os.close(fd)
         try:
-            pidfd = os.pidfd_open(pid)
+            pidfd = os.pidfd_open(pid) if pid > 0 else None
         except OSError:
             pidfd = None
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
@@ -1193,6 +1224,12 @@ def zygote() -> None:
             socket.send_fds(sock, [struct.pack("i", pid)], [pidfd])
         finally:
             os.close(pidfd)
+
+
+def _unshare_pid_ns() -> bool:
+    """Whether the next child will be pid 1 of a new pid namespace (needs CAP_SYS_ADMIN;
+    without it the child finds it is not pid 1 and starts an outer process's way)."""
+    return _libc.unshare(ctypes.c_int(CLONE_NEWPID)) == 0
 
 
 def reap_children(*_signal) -> None:
@@ -1213,11 +1250,12 @@ def main() -> None:
     if os.getppid() != parent:
         os._exit(1)
     enter = cfg.get("enter_pid") is not None
+    one_process = not enter and os.getpid() == 1  # the zygote made our pid namespace
     try:
         if enter:
             _enter_outer(cfg)
         else:
-            _setup_outer(cfg)
+            _setup_outer(cfg, pid_ns=not one_process)
     except OSError as e:
         if enter:
             failure = {"error": "SandboxStartError", "message": f"cannot enter the container ({e})"}
@@ -1230,16 +1268,10 @@ def main() -> None:
     # Enter mode's init is ready in milliseconds: it waits for this gate to close, so its
     # "ready" never overtakes our "spawned" on the shared stdout.
     gate = os.pipe() if enter else ()
-    pid = os.fork()
-    if pid:
-        # Stay as init's parent, so its exit is reaped here and not left to the host's pid 1.
-        os.write(1, encode_frame({"op": "spawned", "init_pid": pid}))
-        for fd in (0, 1, *gate):
-            os.close(fd)
-        try:
-            os.waitpid(pid, 0)
-        finally:
-            os._exit(0)
+    if not one_process:
+        init = os.fork()
+        if init:
+            _outer_wait(init, gate)
     try:  # init: pid 1 of the sandbox (enter mode: the container's first agent process)
         if enter:
             os.close(gate[1])
@@ -1268,12 +1300,22 @@ def main() -> None:
                                   "message": f"cannot build the sandbox root ({e}): this host does not "
                                              "allow the local backend's isolation; use backend='docker'"}))
         os._exit(1)
-    os.write(1, encode_frame({"op": "ready", "ok": True, "pid": os.getpid()}))
+    os.write(1, encode_frame({"op": "ready", "ok": True, "pid": os.getpid(), "one_process": one_process}))
     try:
         agent.serve()
     finally:
         os._exit(0)
 
 
+def _outer_wait(init: int, gate: tuple) -> None:
+    """The outer process, once ``init`` is forked: report init's host pid and stay its
+    parent, so its exit is reaped here and not left to the host's pid 1."""
+    os.write(1, encode_frame({"op": "spawned", "init_pid": init}))
+    for fd in (0, 1, *gate):
+        os.close(fd)
+    try:
+        os.waitpid(init, 0)
+    finally:
+        os._exit(0)
 if __name__ == "__main__":
     zygote() if sys.argv[1:] == ["zygote"] else main()

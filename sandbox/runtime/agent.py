@@ -54,6 +54,7 @@ class AgentConnection:
     def __init__(self, proc, sandbox_id: str, model_endpoint: str | None = None):
         self.loop = asyncio.get_running_loop()
         self.sandbox_id = sandbox_id
+        self.pid = proc.pid
         self.rfd, self.wfd = proc.stdout.fileno(), proc.stdin.fileno()
         os.set_blocking(self.rfd, False)
         os.set_blocking(self.wfd, False)
@@ -196,7 +197,8 @@ class AgentConnection:
     async def handshake(self, timeout: float = 30.0) -> int:
         """Wait for the agent to report its init pid and readiness; return the init pid.
 
-        The two frames come from two processes sharing one pipe (the outer agent reports the
+        An agent that is one process is init itself (``ready`` says ``one_process``). Else
+        the two frames come from two processes sharing one pipe (the outer agent reports the
         pid it forked, init reports ready), so on a loaded host "ready" can come first."""
         init_pid, ready = None, False
         deadline = time.monotonic() + timeout
@@ -214,6 +216,8 @@ class AgentConnection:
                     cls = _ERRORS.get(header.get("error"), SandboxStartError)
                     raise cls(header.get("message", "start failed"), sandbox_id=self.sandbox_id)
                 ready = True
+                if header.get("one_process"):
+                    init_pid = self.pid
             elif op == "eof":
                 raise SandboxStartError(f"the sandbox agent exited during start-up ({self.dead})",
                                         sandbox_id=self.sandbox_id)

@@ -211,6 +211,27 @@ async def test_handshake_takes_ready_before_spawned():
         proc.wait()
 
 
+async def test_handshake_of_a_one_process_agent_is_its_own_pid():
+    # As root the agent is init itself (pid 1 of a pid namespace the zygote made): its
+    # "ready" says so, no "spawned" comes, and the pid to record is the process's own.
+    from rockroll.sandbox.runtime.agent import AgentConnection
+
+    script = textwrap.dedent("""
+        import os, sys
+        from rockroll.sandbox.runtime._agent import encode_frame
+        os.write(1, encode_frame({"op": "ready", "ok": True, "pid": 1, "one_process": True}))
+        sys.stdin.read()
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        conn = AgentConnection(proc, "sb-test")
+        assert await conn.handshake(timeout=30) == proc.pid
+        conn.close()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 @pytest.mark.parametrize("frame", [
     "struct.pack('>II', 1 << 31, 0)",                     # an oversized frame, from its size alone
     "struct.pack('>II', 4, 0) + b'null'",                 # a header that is not a JSON object

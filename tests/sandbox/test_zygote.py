@@ -53,12 +53,22 @@ def memory_holds(pid: int, needle: bytes) -> bool:
     return False
 
 
+def ns_of(pid: int, kind: str) -> str:
+    return os.readlink(f"/proc/{pid}/ns/{kind}")
+
+
 def test_agents_are_forked_by_the_zygote():
     with open_sandbox(SandboxSpec(memory_mb=128, pids=64)) as sb:
         outer, init = agent_pids(sb)
         zygote = zygote_pid()
-        assert zygote is not None and parent_of(outer) == zygote
-        assert parent_of(init) == outer
+        # as root, one process: the zygote forked it as pid 1 of a pid namespace of its own
+        assert zygote is not None and outer == init and parent_of(init) == zygote
+        assert ns_of(init, "pid") != ns_of(zygote, "pid")
+        # and the zygote went back to its own: the next agent gets a namespace of its own too
+        assert ns_of(zygote, "pid_for_children") == ns_of(zygote, "pid")
+        with open_sandbox(SandboxSpec(memory_mb=128, pids=64)) as other:
+            _, other_init = agent_pids(other)
+            assert ns_of(other_init, "pid") not in (ns_of(init, "pid"), ns_of(zygote, "pid"))
         # the zygote is ours, not a sandbox's: in our cgroup, with an empty environment
         assert Path(f"/proc/{zygote}/cgroup").read_text() == Path("/proc/self/cgroup").read_text()
         assert Path(f"/proc/{zygote}/environ").read_bytes() == b""
@@ -80,12 +90,13 @@ def test_a_second_sandbox_inherits_nothing_of_the_first():
             for pid in (zygote, outer, init):
                 assert not memory_holds(pid, secret.encode()), pid
             assert memory_holds(first_init, secret.encode())  # the check can see one
-            # fds: the outer process keeps none (its pipes went to init), init only its own
-            # pipes, /dev/null and its selector; nothing of the first sandbox or the zygote
+            # fds: init only its own pipes, /dev/null and its selector; nothing of the first
+            # sandbox or the zygote (an outer process, where there is one, keeps none)
             theirs = fd_targets(outer) + fd_targets(init)
             assert not first_pipes & set(theirs)
             assert not [t for t in theirs if t.startswith("socket:")]
-            assert [t for t in fd_targets(outer) if not t.startswith("/dev/null")] == []
+            if outer != init:
+                assert [t for t in fd_targets(outer) if not t.startswith("/dev/null")] == []
             # environment: empty (sessions get theirs from the config); cgroup: its own
             assert Path(f"/proc/{init}/environ").read_bytes() == b""
             cgroup = Path(f"/proc/{init}/cgroup").read_text()
