@@ -332,7 +332,7 @@ def mount_layer(cfg: dict, detached: int | None) -> None:
         _check(_libc.syscall(SYS_MOVE_MOUNT, detached, b"", AT_FDCWD, _b(where), MOVE_MOUNT_F_EMPTY_PATH),
                "move_mount")
         os.close(detached)
-    else:  # the host's mounts have these dirs already (``disk.ext4_template``, ``disk.new_tmpfs``)
+    else:  # the host made these dirs on its mounts (``disk.new_disk``, ``disk.new_tmpfs``)
         mount("tmpfs", where, "tmpfs", 0, disk["tmpfs"])
         for name in LAYER_DIRS:
             os.mkdir(f"{where}/{name}")
