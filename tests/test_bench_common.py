@@ -1,0 +1,53 @@
+"""The benchmarks' own measuring helpers (``bench/_common.py``): a wrong meter makes every
+table that uses it wrong."""
+
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import _common  # noqa: E402
+
+
+def _burn_then_wait(ms: float, gate: tuple[int, int]) -> int:
+    """A forked child that uses ``ms`` of CPU, then blocks until ``gate``'s write end is
+    closed everywhere (each child drops its copy at once)."""
+    pid = os.fork()
+    if pid == 0:
+        os.close(gate[1])
+        end = time.thread_time() + ms / 1e3
+        while time.thread_time() < end:
+            pass
+        os.read(gate[0], 1)
+        os._exit(0)
+    return pid
+
+
+def test_tree_cpu_counts_many_short_lived_workers_exactly():
+    """A thousand sandbox agents that each ran a few ms: ``/proc/PID/stat`` rounds each one
+    down to a whole clock tick (10 ms), so it read 0 for every one and a burst's create CPU
+    came out at half its real value. 20 children of 4 ms each must count as >= 80 ms."""
+    gate = os.pipe()
+    kids = [_burn_then_wait(4, gate) for _ in range(20)]
+    try:
+        time.sleep(0.3)  # every child has burnt its share and blocks
+        counted = sum(_common.tree_cpu_s(pid) for pid in kids)
+    finally:
+        os.close(gate[1])
+        for pid in kids:
+            os.waitpid(pid, 0)
+        os.close(gate[0])
+    assert counted >= 20 * 0.004, counted
+    assert counted < 20 * 0.004 + 0.5, counted  # and not wildly more: each child's own time
+
+
+def test_tree_cpu_keeps_reaped_children():
+    """Children already reaped count through the parent's cutime/cstime."""
+    before = _common.tree_cpu_s(os.getpid())
+    gate = os.pipe()
+    pid = _burn_then_wait(150, gate)
+    os.close(gate[1])
+    os.waitpid(pid, 0)
+    os.close(gate[0])
+    assert _common.tree_cpu_s(os.getpid()) - before >= 0.14
