@@ -10,15 +10,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import _common  # noqa: E402
 
 
-def _burn_then_wait(ms: float, gate: tuple[int, int]) -> int:
-    """A forked child that uses ``ms`` of CPU, then blocks until ``gate``'s write end is
-    closed everywhere (each child drops its copy at once)."""
+def _burn_then_wait(ms: float, gate: tuple[int, int], done: int | None = None) -> int:
+    """A forked child that uses ``ms`` of CPU, says so on ``done``, then blocks until
+    ``gate``'s write end is closed everywhere (each child drops its copy at once)."""
     pid = os.fork()
     if pid == 0:
         os.close(gate[1])
         end = time.thread_time() + ms / 1e3
         while time.thread_time() < end:
             pass
+        if done is not None:
+            os.write(done, b".")
         os.read(gate[0], 1)
         os._exit(0)
     return pid
@@ -28,16 +30,19 @@ def test_tree_cpu_counts_many_short_lived_workers_exactly():
     """A thousand sandbox agents that each ran a few ms: ``/proc/PID/stat`` rounds each one
     down to a whole clock tick (10 ms), so it read 0 for every one and a burst's create CPU
     came out at half its real value. 20 children of 4 ms each must count as >= 80 ms."""
-    gate = os.pipe()
-    kids = [_burn_then_wait(4, gate) for _ in range(20)]
+    gate, done = os.pipe(), os.pipe()
+    kids = [_burn_then_wait(4, gate, done[1]) for _ in range(20)]
     try:
-        time.sleep(0.3)  # every child has burnt its share and blocks
+        burnt = b""
+        while len(burnt) < len(kids):  # every child has used its share
+            burnt += os.read(done[0], 64)
         counted = sum(_common.tree_cpu_s(pid) for pid in kids)
     finally:
         os.close(gate[1])
         for pid in kids:
             os.waitpid(pid, 0)
-        os.close(gate[0])
+        for fd in (gate[0], *done):
+            os.close(fd)
     assert counted >= 20 * 0.004, counted
     assert counted < 20 * 0.004 + 0.5, counted  # and not wildly more: each child's own time
 
