@@ -70,7 +70,7 @@ import uuid
 from pathlib import Path
 
 from ..errors import SandboxStartError
-from ..home import state_home
+from ..home import first_use_lock, state_home
 from ..runtime._agent import LAYER_DIRS, detached_layer, detached_mount
 
 BYTES_PER_INODE = 16384  # mke2fs's default ratio
@@ -305,8 +305,14 @@ def ext4_template(disk_mb: int, home: Path | None = None) -> Path:
     agent mounts with ``noinit_itable``, so the image stays sparse)."""
     folder = (home or state_home()) / "disks"
     path = folder / f"ext4-4k-{disk_mb}m.img"  # named for its format: a change of options makes a new one
-    if path.exists():
-        return path
+    if not path.exists():
+        with first_use_lock(path):
+            if not path.exists():
+                _format_template(disk_mb, folder, path)
+    return path
+
+
+def _format_template(disk_mb: int, folder: Path, path: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".ext4-", dir=folder)
     try:
@@ -329,7 +335,6 @@ def ext4_template(disk_mb: int, home: Path | None = None) -> Path:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    return path
 
 
 def sparse_copy(src: Path, dst: Path) -> None:

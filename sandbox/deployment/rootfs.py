@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..home import state_home
+from ..home import first_use_lock, state_home
 
 SKELETON_DIRS = {
     "workspace": 0o755, "tmp": 0o1777, "root": 0o700, "home": 0o755, "etc": 0o755,
@@ -126,10 +126,18 @@ def host_base_layer(home: Path | None = None) -> Path:
     cached = _host_layers.get(home)
     if cached is not None and cached.is_dir():
         return cached
-    layer = home / "layers" / f"host-{_etc_fingerprint()}"
-    if layer.is_dir():
+    with first_use_lock(home / "layers" / "host"):  # one walk of /etc, not one per waiting create
+        cached = _host_layers.get(home)
+        if cached is not None and cached.is_dir():
+            return cached
+        layer = home / "layers" / f"host-{_etc_fingerprint()}"
+        if not layer.is_dir():
+            _build_host_layer(layer)
         _host_layers[home] = layer
-        return layer
+    return layer
+
+
+def _build_host_layer(layer: Path) -> None:
     layer.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".host-", dir=layer.parent))
     try:
@@ -151,8 +159,6 @@ def host_base_layer(home: Path | None = None) -> Path:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _host_layers[home] = layer
-    return layer
 
 
 def network_plan(folder: Path) -> RootfsPlan:

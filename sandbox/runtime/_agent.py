@@ -158,6 +158,11 @@ ENTER_NAMESPACES = ("ipc", "uts", "net", "pid", "mnt")
 KEEP_CAPS = (0, 1, 3, 4, 5, 6, 7, 8, 10, 18, 29, 31)
 
 _libc = ctypes.CDLL(None, use_errno=True)
+# Looked up here, once: ctypes resolves a function on its first use, and in each agent
+# (a fork of the zygote) that first use would redo the lookup and dirty shared pages.
+for _name in ("capset", "mount", "prctl", "setns", "syscall", "umount2", "unshare"):
+    getattr(_libc, _name)
+del _name
 
 
 def _check(ret: int, what: str) -> int:
@@ -235,11 +240,21 @@ def kill_tree(root: int) -> None:
             pass
 
 
+def _last_cap() -> int:
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            return int(f.read())
+    except OSError:
+        return 40
+
+
+# Read once, by the zygote (or a fresh agent) at import: each agent is a fork of it.
+LAST_CAP = _last_cap()
+
+
 def drop_capabilities() -> None:
     """Shrink the bounding, permitted and effective sets to KEEP_CAPS, for good."""
-    last = int(open("/proc/sys/kernel/cap_last_cap").read()) if os.path.exists(
-        "/proc/sys/kernel/cap_last_cap") else 40
-    for cap in range(last + 1):
+    for cap in range(LAST_CAP + 1):
         if cap not in KEEP_CAPS:
             _check(_libc.prctl(PR_CAPBSET_DROP, ctypes.c_ulong(cap), 0, 0, 0), "capbset_drop")
     mask = sum(1 << c for c in KEEP_CAPS)

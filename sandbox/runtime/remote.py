@@ -5,6 +5,8 @@
 The service is found from ``configure(url, token)`` or, by default, ``$ROCKROLL_URL``
 (``http://127.0.0.1:8765``) and ``$ROCKROLL_TOKEN``.
 
+Creates issued together (one ``asyncio.gather``) go out as one ``POST /v1/sandboxes/batch``
+(``batch.Coalescer``); each call still returns its own sandbox or raises its own error.
 One ``httpx.AsyncClient`` per event loop (HTTP/1.1 keep-alive) carries every sandbox's
 calls. Idempotent calls (GET, PUT, DELETE) are retried with backoff on connection errors
 and on an untyped 502/503 (a proxy, a restarting server); other calls only when the
@@ -27,9 +29,11 @@ import httpx
 from ..base import CHUNK, AsyncSandbox, file_chunks
 from ..errors import (AgentDied, SandboxClosed, SandboxError, SandboxLost, SandboxNotFound,
                       ServiceUnreachable, SnapshotError, SpecError, StorageLimitError)
-from ..server.wire import API, AuthError, ResultOut, SandboxOut, SnapshotOut, error_from_body
+from ..server.wire import (API, MAX_BATCH, AuthError, BatchItemOut, ResultOut, SandboxOut, SnapshotOut,
+                           error_from_body)
 from ..spec import CommandResult, SandboxSpec, Snapshot
 from ..storage.limits import StorageLimits
+from .batch import Coalescer, Pending
 from .model_channel import TOKEN_HEADER, current_token
 
 DEFAULT_URL = "http://127.0.0.1:8765"
@@ -126,10 +130,7 @@ class RemoteSandbox(AsyncSandbox):
         # The model service's admin token rides in a header, never in the spec (which the
         # service lists); the service issues and revokes this sandbox's key with it.
         token = current_token() if spec.model_endpoint else None
-        # POST is not repeated after the request went out: a retry could create a second sandbox.
-        resp = await _request(ep, "POST", f"{API}/sandboxes", json_body=body,
-                              headers={TOKEN_HEADER: token} if token else None)
-        return cls(spec, SandboxOut.model_validate(resp.json()).id, ep)
+        return cls(spec, await _creates.submit((ep, token), body), ep)
 
     create = open  # ``RemoteSandbox.create(spec, url=..., token=...)``: this service, not the factory's
 
@@ -293,9 +294,11 @@ def _unreachable(ep: Endpoint, e: Exception, sandbox_id: str | None) -> str:
 
 async def _request(ep: Endpoint, method: str, path: str, *, json_body: Any = None, params: dict | None = None,
                    content=None, stream: bool = False, sandbox_id: str | None = None,
-                   on_error=None, headers: dict[str, str] | None = None) -> httpx.Response:
-    """One API call with retries; a non-2xx answer raises the typed error it carries.
-    ``content`` is a zero-argument callable giving the body afresh for each attempt."""
+                   on_error=None, headers: dict[str, str] | None = None,
+                   passthrough: tuple[int, ...] = ()) -> httpx.Response:
+    """One API call with retries; a non-2xx answer raises the typed error it carries
+    (one in ``passthrough`` is returned instead). ``content`` is a zero-argument callable
+    giving the body afresh for each attempt."""
     client = _client()
     headers = {**(headers or {}), **({"Authorization": f"Bearer {ep.token}"} if ep.token else {})}
     delay = BACKOFF_S
@@ -313,7 +316,7 @@ async def _request(ep: Endpoint, method: str, path: str, *, json_body: Any = Non
                 raise SandboxLost(f"connection to {ep.url} failed during {method} {path}: {e}",
                                   sandbox_id=sandbox_id) from e
         else:
-            if resp.status_code < 400:
+            if resp.status_code < 400 or resp.status_code in passthrough:
                 return resp
             if stream:
                 await resp.aread()
@@ -332,6 +335,75 @@ async def _request(ep: Endpoint, method: str, path: str, *, json_body: Any = Non
         await asyncio.sleep(delay)
         delay *= 2
     raise AssertionError("unreachable")
+
+
+# ----------------------------------------------------------------- creates issued together
+_NO_BATCH: set[str] = set()  # services that answered a batch with 404/405: older ones
+
+
+async def _create_batch(key: tuple[Endpoint, str | None], calls: list[Pending]) -> None:
+    """Creates issued together (``batch.Coalescer``): one ``POST /v1/sandboxes/batch``,
+    whose NDJSON lines answer each call as its sandbox is ready. One call alone, or a
+    service without the batch route, takes ``POST /v1/sandboxes`` per call; so does a
+    batch the service refused for a bad item (each caller then gets its own error)."""
+    ep, token = key
+    headers = {TOKEN_HEADER: token} if token else None
+    if len(calls) > 1 and ep.url not in _NO_BATCH:
+        try:
+            resp = await _request(ep, "POST", f"{API}/sandboxes/batch", stream=True, headers=headers,
+                                  json_body={"sandboxes": [c.payload for c in calls]}, passthrough=(404, 405))
+        except SpecError:
+            resp = None
+        if resp is not None and resp.status_code in (404, 405):
+            await resp.aclose()
+            _NO_BATCH.add(ep.url)
+        elif resp is not None:
+            await _read_batch(ep, resp, calls)
+            return
+    await asyncio.gather(*(c.settle(_create_one(ep, c.payload, headers)) for c in calls))
+
+
+async def _read_batch(ep: Endpoint, resp: httpx.Response, calls: list[Pending]) -> None:
+    try:
+        async for line in resp.aiter_lines():
+            if line:
+                item = BatchItemOut.model_validate_json(line)
+                if item.sandbox is not None:
+                    calls[item.index].resolve(item.sandbox.id)
+                else:
+                    calls[item.index].fail(error_from_body(item.status, item.error))
+    except httpx.TransportError as e:
+        # The service closes what it could not send (its answer to a client that left).
+        raise SandboxLost(f"connection to {ep.url} failed during a batch of creates: {e}") from e
+    finally:
+        await resp.aclose()
+    for call in calls:
+        if not call.future.done():
+            call.fail(SandboxLost("the service ended a batch of creates without answering for this one"))
+
+
+async def _create_one(ep: Endpoint, body: dict, headers: dict[str, str] | None) -> str:
+    # POST is not repeated after the request went out: a retry could create a second sandbox.
+    resp = await _request(ep, "POST", f"{API}/sandboxes", json_body=body, headers=headers)
+    return SandboxOut.model_validate(resp.json()).id
+
+
+def _close_orphan(key: tuple[Endpoint, str | None], sandbox_id: str) -> None:
+    """A sandbox whose create's caller was cancelled meanwhile: nobody holds it."""
+    task = asyncio.ensure_future(_request(key[0], "DELETE", f"{API}/sandboxes/{sandbox_id}",
+                                          sandbox_id=sandbox_id))
+    _ORPHANS.add(task)
+    task.add_done_callback(_orphan_done)
+
+
+def _orphan_done(task: asyncio.Task) -> None:
+    _ORPHANS.discard(task)
+    if not task.cancelled():
+        task.exception()  # retrieved: a failed close of a sandbox nobody holds is not worth a warning
+
+
+_ORPHANS: set[asyncio.Task] = set()
+_creates = Coalescer(_create_batch, limit=MAX_BATCH, orphan=_close_orphan)
 
 
 def _json_or_none(resp: httpx.Response) -> Any:

@@ -43,6 +43,9 @@ class Metrics:
                                         buckets=CREATE_BUCKETS, registry=r)
         self.command_seconds = Histogram("rockroll_command_duration_seconds", "Wall time of run() calls, server side.",
                                          buckets=COMMAND_BUCKETS, registry=r)
+        self.batches = Counter("rockroll_create_batches", "POST /v1/sandboxes/batch requests (the SDK sends "
+                               "creates issued together as one).", registry=r)
+        self.batched = Counter("rockroll_create_batched", "Sandboxes asked for in batches.", registry=r)
         self.failures = Counter("rockroll_failures", "Failed requests, by error kind.", ["kind"], registry=r)
         self.unpooled = Counter("rockroll_pool_unpooled", "Creates whose spec no warm pool serves.", registry=r)
         self.oom_kills = Counter("rockroll_oom_kills", "Commands the sandbox's memory limit killed.", registry=r)

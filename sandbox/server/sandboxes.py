@@ -4,29 +4,101 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
-from typing import AsyncIterator
+from typing import AsyncIterator, Sequence
 
 from fastapi import APIRouter, Header, Request, Response
 from fastapi.responses import StreamingResponse
 
-from ..errors import SandboxError
+from ..errors import SandboxError, SpecError
 from ..runtime.model_channel import admin_token
+from ..spec import SandboxSpec
 from .deps import Hub, Store
 from .quota import token_key
-from .wire import ForkIn, OkOut, RestoreIn, ResultOut, RunIn, SandboxOut, SnapshotOut, SpecIn, error_body
+from .wire import (BatchIn, BatchItemOut, ForkIn, OkOut, RestoreIn, ResultOut, RunIn, SandboxOut, SnapshotOut,
+                   SpecIn, error_body, status_of)
 
 router = APIRouter()
+log = logging.getLogger("rockroll.serve")
+# Tasks closing the sandboxes of a batch whose client left before it heard of them.
+_UNHEARD: set[asyncio.Task] = set()
+MODEL_TOKEN_DOC = ("the admin token of the spec's model_endpoint (else the service's own "
+                   "$ROCKROLL_MODEL_TOKEN); kept in memory only")
 
 
 # sandboxes ------------------------------------------------------------------
 @router.post("/sandboxes", response_model=SandboxOut, status_code=201)
 async def create_sandbox(body: SpecIn, hub: Hub, x_rockroll_model_token: str | None = Header(
-        default=None, description="the admin token of the spec's model_endpoint (else the "
-                                  "service's own $ROCKROLL_MODEL_TOKEN); kept in memory only")) -> SandboxOut:
+        default=None, description=MODEL_TOKEN_DOC)) -> SandboxOut:
     with admin_token(x_rockroll_model_token):
         entry = await hub.create(body.to_spec(hub.backend), body.snapshot)
     return entry.describe(False)
+
+
+@router.post("/sandboxes/batch",
+             responses={200: {"content": {"application/x-ndjson": {}},
+                              "description": "one BatchItemOut per line, each as soon as its sandbox is "
+                                             "ready (or failed): the order is not the request's"}})
+async def create_sandboxes(body: BatchIn, hub: Hub, x_rockroll_model_token: str | None = Header(
+        default=None, description=MODEL_TOKEN_DOC)) -> StreamingResponse:
+    """Many sandboxes in one request: one HTTP round trip and one request's parsing for
+    all of them, which is what a burst of creates spends most in, on both ends. Every item
+    is checked before any sandbox is made (a bad one is a 422 naming ``sandboxes.<i>.<field>``);
+    then each succeeds or fails on its own, as ``POST /v1/sandboxes`` would. A client that
+    goes away mid-answer loses nothing: the sandboxes it was not sent are closed."""
+    specs = []
+    for i, item in enumerate(body.sandboxes):
+        try:
+            specs.append(item.to_spec(hub.backend))
+        except SpecError as e:
+            raise SpecError(f"sandboxes.{i}.{e.field}", str(e).split(": ", 1)[-1]) from None
+    return StreamingResponse(_batch_lines(hub, specs, [item.snapshot for item in body.sandboxes],
+                                          x_rockroll_model_token),
+                             media_type="application/x-ndjson", headers={"X-Accel-Buffering": "no"})
+
+
+async def _batch_lines(hub, specs: Sequence[SandboxSpec], snapshots: Sequence[str | None],
+                       model_token: str | None) -> AsyncIterator[str]:
+    # The creates start with the stream: a generator that never ran has no cleanup to run.
+    with admin_token(model_token):
+        tasks = [asyncio.ensure_future(hub.create(spec, snap)) for spec, snap in zip(specs, snapshots)]
+    hub.metrics.batches.inc()
+    hub.metrics.batched.inc(len(tasks))
+    index = {task: i for i, task in enumerate(tasks)}
+    pending: set[asyncio.Future] = set(tasks)
+    heard: set[asyncio.Future] = set()
+    try:
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            yield "".join(_batch_line(hub, index[task], task) + "\n" for task in done)
+            heard |= done  # resumed: the server took the chunk
+    finally:
+        unheard = [task for task in tasks if task not in heard]
+        if unheard:
+            closer = asyncio.ensure_future(_close_unheard(hub, unheard))
+            _UNHEARD.add(closer)
+            closer.add_done_callback(_UNHEARD.discard)
+
+
+def _batch_line(hub, i: int, task: asyncio.Future) -> str:
+    exc = task.exception()
+    if exc is None:
+        return BatchItemOut(index=i, status=201, sandbox=task.result().describe(False)).model_dump_json()
+    if not isinstance(exc, SandboxError):
+        log.error("unexpected error creating sandbox %d of a batch", i, exc_info=exc)
+        exc = SandboxError(f"{type(exc).__name__}: {exc}")
+        body, status = {**error_body(exc), "error": "InternalError"}, 500
+    else:
+        body, status = error_body(exc), status_of(exc)
+    hub.metrics.failures.labels(body["error"]).inc()
+    return BatchItemOut(index=i, status=status, error=body).model_dump_json()
+
+
+async def _close_unheard(hub, tasks: list[asyncio.Future]) -> None:
+    for entry in await asyncio.gather(*tasks, return_exceptions=True):
+        if not isinstance(entry, BaseException):
+            await hub.close(entry.id, "client")
 
 
 @router.get("/sandboxes", response_model=list[SandboxOut], response_model_exclude_none=True)

@@ -154,6 +154,16 @@ class ForkIn(BaseModel):
     n: int = Field(default=1, ge=1, le=64)
 
 
+MAX_BATCH = 1024  # sandboxes one POST /v1/sandboxes/batch may ask for
+
+
+class BatchIn(BaseModel):
+    """``POST /v1/sandboxes/batch``: many sandboxes in one request (what the SDK sends
+    for creates issued together); each item as ``POST /v1/sandboxes`` takes it."""
+    model_config = ConfigDict(extra="forbid")
+    sandboxes: list[SpecIn] = Field(min_length=1, max_length=MAX_BATCH)
+
+
 class RestoreIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     snapshot: str = Field(pattern=DIGEST_PATTERN)
@@ -195,6 +205,16 @@ class SandboxOut(BaseModel):
     pool: str | None = Field(default=None, description="the warm pool it was handed out from")
     stats: StatsOut | None = None
     recent: list[CommandOut] | None = None
+
+
+class BatchItemOut(BaseModel):
+    """One line of the batch's answer (NDJSON, in the order the sandboxes become ready):
+    ``index`` into the request's ``sandboxes``, the ``status`` the single create would
+    have answered, and its body: ``sandbox`` (201) or ``error`` (an ``ErrorOut``)."""
+    index: int
+    status: int
+    sandbox: SandboxOut | None = None
+    error: dict[str, Any] | None = None
 
 
 class PoolOut(BaseModel):
