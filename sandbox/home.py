@@ -64,7 +64,6 @@ def first_use_lock(path: Path) -> threading.Lock:
     base layer, a disk template): the first of many creates started at once builds it,
     the others wait for it. Without it, each of a burst's deployment threads built a copy
     of its own (64 copies of /etc: 200 creates at once on a fresh home took 40 s instead
-    of 2). Other processes still race: the builders rename into place atomically."""
+    of 3). Other processes still race: the builders rename into place atomically."""
     with _first_use_guard:
         return _first_use.setdefault(Path(path), threading.Lock())
-

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -69,6 +70,29 @@ class Server:
             raise
         finally:
             self.log.close()
+
+
+@contextlib.contextmanager
+def sdk_service(*args: str):
+    """A ``Server`` the remote SDK points at (``remote.configure``) while the block runs. Its
+    environment holds no model-service admin token, whatever earlier tests of this process
+    left in ours (an agent env's shared model service sets it), so a test can check that the
+    driver's token is the one the service used."""
+    from rockroll.sandbox.runtime import remote
+    from rockroll.sandbox.runtime.model_channel import TOKEN_ENV
+
+    saved = os.environ.pop(TOKEN_ENV, None)
+    try:
+        srv = Server(*args)
+    finally:
+        if saved is not None:
+            os.environ[TOKEN_ENV] = saved
+    remote.configure(srv.url, srv.token)
+    try:
+        yield srv
+    finally:
+        remote.configure(None)
+        srv.stop()
 
 
 async def rock_and_swerex_share_a_sandbox(srv: Server, sb, tmp_path: Path) -> None:

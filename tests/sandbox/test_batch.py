@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 import re
 import socket
 import time
@@ -16,30 +15,19 @@ import pytest
 
 from rockroll.sandbox import AsyncSandbox, CapacityError, SandboxSpec, SpecError
 from rockroll.sandbox.modelservice import ModelService
-from rockroll.sandbox.runtime import remote
 from rockroll.sandbox.runtime.model_channel import TOKEN_ENV
 from rockroll.sandbox.sync import run_sync
 
 from _model import CALL, WhoAmI, host_call
-from _server import Server
+from _server import Server, sdk_service
 
 SPEC = SandboxSpec(backend="remote", memory_mb=128, pids=64, timeout_s=30)
 
 
 @pytest.fixture(scope="module")
 def server():
-    # No model-service admin token in the service's environment, whatever earlier tests left
-    # in ours: test_a_batch_carries_the_drivers_model_token needs the driver's to be the one.
-    saved = os.environ.pop(TOKEN_ENV, None)
-    try:
-        srv = Server("--max-sandboxes", "16")
-    finally:
-        if saved is not None:
-            os.environ[TOKEN_ENV] = saved
-    remote.configure(srv.url, srv.token)
-    yield srv
-    remote.configure(None)
-    srv.stop()
+    with sdk_service("--max-sandboxes", "16") as srv:
+        yield srv
 
 
 def metric(srv: Server, name: str, labels: str = "") -> float:

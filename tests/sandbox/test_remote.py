@@ -17,28 +17,16 @@ from rockroll.sandbox.runtime import remote
 from rockroll.sandbox.runtime.remote import AuthError, RemoteSandbox
 
 from _model import CALL, WhoAmI, assert_served, host_call
-from _server import Server
+from _server import Server, sdk_service
 
 SPEC = SandboxSpec(backend="remote", memory_mb=256, pids=128, timeout_s=30)
 
 
 @pytest.fixture(scope="module")
 def server():
-    # A service whose own environment holds no model-service admin token, whatever earlier
-    # tests of this process left in ours (an agent env's shared model service sets it):
-    # test_model_endpoint_with_the_drivers_token checks that the driver's token is the one used.
-    from rockroll.sandbox.runtime.model_channel import TOKEN_ENV
-
-    saved = os.environ.pop(TOKEN_ENV, None)
-    try:
-        srv = Server()
-    finally:
-        if saved is not None:
-            os.environ[TOKEN_ENV] = saved
-    remote.configure(srv.url, srv.token)
-    yield srv
-    remote.configure(None)
-    srv.stop()
+    # test_model_endpoint_with_the_drivers_token checks that the driver's token is the one used
+    with sdk_service() as srv:
+        yield srv
 
 
 @pytest.fixture
