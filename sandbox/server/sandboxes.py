@@ -40,7 +40,7 @@ async def create_sandbox(body: SpecIn, hub: Hub, x_rockroll_model_token: str | N
              responses={200: {"content": {"application/x-ndjson": {}},
                               "description": "one BatchItemOut per line, each as soon as its sandbox is "
                                              "ready (or failed): the order is not the request's"}})
-async def create_sandboxes(body: BatchIn, hub: Hub, x_rockroll_model_token: str | None = Header(
+async def create_sandboxes(body: BatchIn, hub: Hub, request: Request, x_rockroll_model_token: str | None = Header(
         default=None, description=MODEL_TOKEN_DOC)) -> StreamingResponse:
     """Many sandboxes in one request: one HTTP round trip and one request's parsing for
     all of them, which is what a burst of creates spends most in, on both ends. Every item
@@ -53,12 +53,12 @@ async def create_sandboxes(body: BatchIn, hub: Hub, x_rockroll_model_token: str 
             specs.append(item.to_spec(hub.backend))
         except SpecError as e:
             raise SpecError(f"sandboxes.{i}.{e.field}", str(e).split(": ", 1)[-1]) from None
-    return StreamingResponse(_batch_lines(hub, specs, [item.snapshot for item in body.sandboxes],
+    return StreamingResponse(_batch_lines(hub, request, specs, [item.snapshot for item in body.sandboxes],
                                           x_rockroll_model_token),
                              media_type="application/x-ndjson", headers={"X-Accel-Buffering": "no"})
 
 
-async def _batch_lines(hub, specs: Sequence[SandboxSpec], snapshots: Sequence[str | None],
+async def _batch_lines(hub, request: Request, specs: Sequence[SandboxSpec], snapshots: Sequence[str | None],
                        model_token: str | None) -> AsyncIterator[str]:
     # The creates start with the stream: a generator that never ran has no cleanup to run.
     with admin_token(model_token):
@@ -72,7 +72,13 @@ async def _batch_lines(hub, specs: Sequence[SandboxSpec], snapshots: Sequence[st
         while pending:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             yield "".join(_batch_line(hub, index[task], task) + "\n" for task in done)
-            heard |= done  # resumed: the server took the chunk
+            # The server's send returns even when it dropped the chunk: a hang-up it read in this
+            # turn of the loop closed the transport, and the connection's end is reported in the
+            # next. So the chunk counts as heard only if, one turn later, the client is still there.
+            await asyncio.sleep(0)
+            if await request.is_disconnected():
+                break
+            heard |= done
     finally:
         unheard = [task for task in tasks if task not in heard]
         if unheard:

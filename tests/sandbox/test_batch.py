@@ -130,40 +130,50 @@ def test_the_answer_is_one_line_per_sandbox(server):
 def test_a_client_that_leaves_mid_batch_leaves_no_sandbox(server):
     """The client sends a batch and hangs up once the service has started it: the service
     closes every sandbox whose line it could not send; what it keeps, the client read (up
-    to the end of the connection)."""
-    before = live(server)
-    batches = metric(server, "rockroll_create_batches_total")
-    created = metric(server, "rockroll_sandboxes_created_total")
-    request = httpx.Request("POST", server.url + "/v1/sandboxes/batch", json={"sandboxes": [{"memory_mb": 128}] * 6},
-                            headers={"Authorization": f"Bearer {server.token}"})
+    to the end of the connection). The hang-up sweeps across the batch's creates, since
+    a line the service writes in the same moment it reads the hang-up is the one at risk."""
+    for round in range(12):
+        left, heard = hang_up_mid_batch(server, delay=round * 0.004)
+        try:
+            assert left <= heard, f"round {round}: sandboxes the client never heard of were left: {left - heard}"
+        finally:
+            for sid in left:
+                server.http.delete(f"/v1/sandboxes/{sid}")
+
+
+def hang_up_mid_batch(srv: Server, delay: float, n: int = 6) -> tuple[set[str], set[str]]:
+    """Sends a batch of ``n``, hangs up ``delay`` s after its creates started, reads the
+    connection to its end; the sandboxes left of it once every create is over, and those
+    the client was sent."""
+    before = live(srv)
+    batches = metric(srv, "rockroll_create_batches_total")
+    created = metric(srv, "rockroll_sandboxes_created_total")
+    request = httpx.Request("POST", srv.url + "/v1/sandboxes/batch", json={"sandboxes": [{"memory_mb": 128}] * n},
+                            headers={"Authorization": f"Bearer {srv.token}"})
     head = "".join(f"{k}: {v}\r\n" for k, v in request.headers.items())
     received = b""
-    with socket.create_connection(("127.0.0.1", server.port)) as s:
+    with socket.create_connection(("127.0.0.1", srv.port)) as s:
         s.sendall(f"POST /v1/sandboxes/batch HTTP/1.1\r\n{head}\r\n".encode() + request.read())
         deadline = time.monotonic() + 30
-        while metric(server, "rockroll_create_batches_total") < batches + 1:  # its creates have started
+        while metric(srv, "rockroll_create_batches_total") < batches + 1:  # its creates have started
             assert time.monotonic() < deadline
             time.sleep(0.002)
+        time.sleep(delay)
         s.shutdown(socket.SHUT_WR)  # hang up: the service sees the connection end
         s.settimeout(30)
         while chunk := s.recv(65536):
             received += chunk
-    heard = set(re.findall(rb'"sandbox":\{"id":"(sb-[0-9a-f]+)"', received))
-    heard = {h.decode() for h in heard}
+    heard = {h.decode() for h in re.findall(rb'"sandbox":\{"id":"(sb-[0-9a-f]+)"', received)}
     deadline = time.monotonic() + 60
-    while metric(server, "rockroll_sandboxes_created_total") < created + 6:  # every create ran to its end
+    while metric(srv, "rockroll_sandboxes_created_total") < created + n:  # every create ran to its end
         assert time.monotonic() < deadline, "the batch's creates did not finish"
         time.sleep(0.05)
     # Kept: only sandboxes the client was sent (one whose line went out as the hang-up was
     # seen may be closed too: its client is gone either way).
     deadline = time.monotonic() + 15
-    while not (left := live(server) - before) <= heard and time.monotonic() < deadline:
+    while not (left := live(srv) - before) <= heard and time.monotonic() < deadline:
         time.sleep(0.1)
-    try:
-        assert left <= heard, f"sandboxes the client never heard of were left: {left - heard}"
-    finally:
-        for sid in left:
-            server.http.delete(f"/v1/sandboxes/{sid}")
+    return left, heard
 
 
 def test_a_caller_cancelled_mid_batch_leaves_no_sandbox(server):
