@@ -113,6 +113,10 @@ class ContinuousBatcher:
         self._rows: list[_Request] = []  # the running batch, in the stepper's row order
         self._cv = threading.Condition()
         self._loading = False  # "wait": a weight load is draining the batch, admit nothing
+        # loads waiting for the step lock: the loop starts no iteration while one waits, so a
+        # load comes in after the step in progress (a lock alone is not fair: a busy loop
+        # could take it again and again, and an "abort" load wait out the whole batch)
+        self._loads = 0
         self._step_lock = threading.Lock()  # held for one iteration; weights load between iterations
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -142,10 +146,11 @@ class ContinuousBatcher:
 
     def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
         """Load weights between two steps, as ``on_load`` says (module docstring)."""
-        if self.on_load == "wait":
-            with self._cv:
+        with self._cv:
+            if self.on_load == "wait":
                 self._loading = True
                 self._cv.wait_for(lambda: not self._rows or self._stop)
+            self._loads += 1
         try:
             with self._step_lock, self._cv:
                 if self._rows:  # "abort": back to the front of the queue, to restart on the new weights
@@ -157,6 +162,7 @@ class ContinuousBatcher:
                 self.version = version
         finally:
             with self._cv:
+                self._loads -= 1
                 self._loading = False
                 self._cv.notify_all()
 
@@ -176,7 +182,8 @@ class ContinuousBatcher:
         try:
             while True:
                 with self._cv:
-                    self._cv.wait_for(lambda: self._stop or self._rows or (self._queue and not self._loading))
+                    self._cv.wait_for(lambda: self._stop or not self._loads and (
+                        self._rows or (self._queue and not self._loading)))
                     if self._stop:
                         break
                 with self._step_lock:

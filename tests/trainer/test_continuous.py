@@ -16,9 +16,6 @@ from _tiny import TinyTok
 
 SHORT = SamplingParams(temperature=1.0, max_new_tokens=3, stop_token_ids=[2])
 LONG = SamplingParams(temperature=1.0, max_new_tokens=40, stop_token_ids=[])
-# for a request that must still run when another thread acts: the loop's step lock is not
-# fair, and a waiting thread may miss a few dozen steps on a busy machine
-LONGER = SamplingParams(temperature=1.0, max_new_tokens=400, stop_token_ids=[])
 P1, P2, P3 = [5, 6, 7], [9, 10, 11, 12, 13, 14, 15], [3, 4]
 
 
@@ -49,32 +46,48 @@ def _alone(model_state, prompt, sp):
         eng.close()
 
 
-def _between_steps(engine, n, fn):
-    """``fn()`` once the engine has made ``n`` decode steps, with its loop held between two
-    steps (its step lock), so requests in flight are still in flight when ``fn`` runs."""
-    while True:
-        with engine.batcher._step_lock:
-            if engine.batcher.steps >= n:
-                assert engine.batcher._rows, "the running batch finished before the test could join it"
-                return fn()
-        threading.Event().wait(0.001)
+class _Held:
+    """Holds the engine's loop inside its ``n``-th decode step (its step lock held, the batch
+    mid-generation) while the ``with`` block runs: what the test does there happens between
+    two steps however the threads are scheduled. ``sizes``: the rows decoded at each step."""
+
+    def __init__(self, engine, n):
+        self.n, self.sizes = n, []
+        self._there, self._go = threading.Event(), threading.Event()
+        decode = engine.batcher.stepper.decode
+
+        def held(tokens):
+            self.sizes.append(len(tokens))
+            if len(self.sizes) == n:
+                self._there.set()
+                self._go.wait(60)
+            return decode(tokens)
+
+        engine.batcher.stepper.decode = held
+
+    def __enter__(self):
+        assert self._there.wait(60), f"the engine never made {self.n} decode steps"
+        return self
+
+    def __exit__(self, *exc):
+        self._go.set()
 
 
 def test_a_request_that_joins_a_running_batch_gets_what_it_gets_alone(engine):
     state = {k: v.clone() for k, v in engine.model.state_dict().items()}
     alone = {name: _alone(state, p, _seeded(sp, s)) for name, p, sp, s in
-             [("long", P2, LONGER, 3), ("a", P1, SHORT, 11), ("b", P3, LONG, 5)]}
-    long_fut = engine.submit(P2, _seeded(LONGER, 3))
-    # the others arrive while the long one is decoding: they join its batch mid-generation
-    a, b = _between_steps(engine, 3, lambda: (engine.submit(P1, _seeded(SHORT, 11)),
-                                              engine.submit(P3, _seeded(LONG, 5))))
+             [("long", P2, LONG, 3), ("a", P1, SHORT, 11), ("b", P3, LONG, 5)]}
+    held = _Held(engine, 3)
+    long_fut = engine.submit(P2, _seeded(LONG, 3))
+    with held:  # the others arrive while the long one is decoding: they join its batch mid-generation
+        a, b = engine.submit(P1, _seeded(SHORT, 11)), engine.submit(P3, _seeded(LONG, 5))
     got = {"long": long_fut.result(), "a": a.result(), "b": b.result()}
-    assert engine.batcher.joins >= 1 and engine.batcher.max_rows >= 2
+    assert engine.batcher.joins == 2 and held.sizes[:4] == [1, 1, 1, 3]
     for name, out in got.items():
         assert out.token_ids == alone[name].token_ids, name
         assert out.logprobs == pytest.approx(alone[name].logprobs, abs=1e-4), name
         assert out.version == 0
-    assert len(got["long"].token_ids) == 400 and got["a"].finish_reason in ("stop", "length")
+    assert len(got["long"].token_ids) == 40 and got["a"].finish_reason in ("stop", "length")
 
 
 def test_a_finished_request_leaves_the_batch_at_once(engine):
@@ -114,50 +127,55 @@ def test_weight_load_waits_for_requests_in_flight(engine):
     tokens it has alone on them); one submitted during the load runs on the new (version 1)."""
     old = {k: v.clone() for k, v in engine.model.state_dict().items()}
     new = _other_weights(engine)
-    fut = engine.submit(P2, _seeded(LONGER, 7))
-    while engine.batcher.steps < 2:
-        threading.Event().wait(0.001)
+    held = _Held(engine, 2)
+    fut = engine.submit(P2, _seeded(LONG, 7))
     loader = threading.Thread(target=engine.load_weights, args=(new, 1))
-    loader.start()
-    while not engine.batcher._loading:
-        threading.Event().wait(0.001)
-    late = engine.submit(P1, _seeded(LONG, 8))
+    with held:
+        loader.start()
+        while not engine.batcher._loading:  # the load waits for the batch to drain
+            threading.Event().wait(0.001)
+        late = engine.submit(P1, _seeded(LONG, 8))
     loader.join()
     first, second = fut.result(), late.result()
-    assert first.version == 0 and first.token_ids == _alone(old, P2, _seeded(LONGER, 7)).token_ids
+    assert first.version == 0 and first.token_ids == _alone(old, P2, _seeded(LONG, 7)).token_ids
     assert second.version == 1 and second.token_ids == _alone(new, P1, _seeded(LONG, 8)).token_ids
-    assert engine.batcher.requeued == 0
+    assert engine.batcher.requeued == 0 and max(held.sizes) == 1  # the late one never joined the old batch
 
 
 def test_weight_load_aborts_and_requeues_requests_in_flight():
-    """on_load="abort": the request in flight restarts from its prompt on the new weights, so
-    all of its tokens are the new version's (what it has alone on them)."""
+    """on_load="abort": the load comes in after the step in progress; the request in flight
+    restarts from its prompt on the new weights, so all of its tokens are the new version's
+    (what it has alone on them)."""
     engine = TransformersEngine(_model(), pad_token_id=0, on_load="abort")
     try:
         new = _other_weights(engine)
-        fut = engine.submit(P2, _seeded(LONGER, 7))
-        # asked while the request is in flight (the loop held between two steps): a load that
-        # only began after a descheduled test thread woke up could find it finished
+        held = _Held(engine, 2)
+        fut = engine.submit(P2, _seeded(LONG, 7))
         loader = threading.Thread(target=engine.load_weights, args=(new, 1))
-        _between_steps(engine, 2, loader.start)
+        with held:
+            loader.start()
+            while not engine.batcher._loads:  # the load is waiting for the step in progress
+                threading.Event().wait(0.001)
         loader.join()
         out = fut.result()
         assert engine.batcher.requeued == 1
-        assert out.version == 1 and out.token_ids == _alone(new, P2, _seeded(LONGER, 7)).token_ids
-        assert len(out.token_ids) == LONGER.max_new_tokens
+        assert out.version == 1 and out.token_ids == _alone(new, P2, _seeded(LONG, 7)).token_ids
+        # 2 steps on the old weights, then all 40 again from the prompt on the new
+        assert len(out.token_ids) == LONG.max_new_tokens and engine.batcher.steps == 2 + 39
     finally:
         engine.close()
 
 
 def test_a_cancelled_request_frees_its_row(engine):
     """A cancelled caller's row leaves at the next step, not after its 200 tokens."""
-    fut = engine.submit(P2, SamplingParams(max_new_tokens=200, seeds=[1]))
-    other = engine.submit(P1, _seeded(LONG, 2))
-    while engine.batcher.steps < 2:
-        threading.Event().wait(0.001)
-    fut.cancel()
+    held = _Held(engine, 2)
+    fut, other = engine.batcher.submit_many([(P2, SamplingParams(max_new_tokens=200, seeds=[1])),
+                                             (P1, _seeded(LONG, 2))])  # one batch from the first step
+    with held:
+        assert fut.cancel()
     assert len(other.result().token_ids) == 40
     assert not engine.batcher._rows
+    assert held.sizes[:2] == [2, 2] and set(held.sizes[2:]) == {1}  # alone from the step after
 
 
 def _rollout(continuous: bool):

@@ -9,7 +9,7 @@ per-request seeds, stop tokens, and the weight sync after a further training ste
 
 import os
 import random
-import time
+import threading
 
 import pytest
 import torch
@@ -162,14 +162,30 @@ def test_requests_join_the_running_batch(run):
     prompts = _prompts(run)
     short = SamplingParams(temperature=T, max_new_tokens=2, stop_token_ids=[stop], seeds=[31])
     alone = gen.generate(prompts[:1], short)[0]
-    order = []
-    long_fut = gen.submit(prompts[1], SamplingParams(temperature=T, max_new_tokens=200, seeds=[32]))
-    long_fut.add_done_callback(lambda f: order.append("long"))
-    steps, joins = gen.steps, gen.joins
-    while gen.steps < steps + 3 and not long_fut.done():  # the long one is decoding
-        time.sleep(0.001)
-    short_fut = gen.submit(prompts[0], short)
-    short_fut.add_done_callback(lambda f: order.append("short"))
+    order, joins = [], gen.joins
+    # the loop held inside the long one's second engine step (its step lock held): the short
+    # one arrives while the long one decodes, however the threads are scheduled
+    eng = gen.llm.llm_engine
+    step, there, go, calls = eng.step, threading.Event(), threading.Event(), []
+
+    def held():
+        calls.append(1)
+        if len(calls) == 2:
+            there.set()
+            go.wait(60)
+        return step()
+
+    eng.step = held
+    try:
+        long_fut = gen.submit(prompts[1], SamplingParams(temperature=T, max_new_tokens=200, seeds=[32]))
+        long_fut.add_done_callback(lambda f: order.append("long"))
+        assert there.wait(60), "the engine never made two steps"
+        short_fut = gen.submit(prompts[0], short)
+        short_fut.add_done_callback(lambda f: order.append("short"))
+        go.set()
+    finally:
+        go.set()
+        del eng.step
     joined, long_out = short_fut.result(), long_fut.result()
     assert order == ["short", "long"] and len(long_out.token_ids) > 2  # (vLLM stops at EOS)
     assert joined.token_ids == alone.token_ids and joined.logprobs == pytest.approx(alone.logprobs, abs=1e-5)
