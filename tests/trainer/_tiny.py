@@ -1,7 +1,8 @@
 """Tiny things the trainer tests share: a tokenizer stand-in, hand-made multi-turn batches,
-and the config of a tiny FrozenLake run."""
+the config of a tiny FrozenLake run, and a way to hold a generation loop inside one step."""
 
 import random
+import threading
 
 from rockroll.trainer.config import TrainConfig, load_config
 from rockroll.trainer.rollout import Group, Sample
@@ -53,3 +54,35 @@ def run_config(tmp_path, **over) -> TrainConfig:
             node = node.setdefault(p, {})
         node[leaf] = v
     return load_config(data)
+
+
+class Held:
+    """Holds a generation loop inside its ``n``-th call of ``obj.name`` (a decode or engine
+    step: the loop's step lock held, the batch mid-generation) while the ``with`` block runs,
+    so what a test does there happens between two steps however the threads are scheduled.
+    ``calls``: the arguments of every call; :meth:`undo` puts the method back."""
+
+    def __init__(self, obj, name, n):
+        self.obj, self.name, self.n, self.calls = obj, name, n, []
+        self._there, self._go = threading.Event(), threading.Event()
+        method = getattr(obj, name)
+
+        def held(*args):
+            self.calls.append(args)
+            if len(self.calls) == n:
+                self._there.set()
+                self._go.wait(60)
+            return method(*args)
+
+        setattr(obj, name, held)
+
+    def __enter__(self):
+        assert self._there.wait(60), f"the loop never made {self.n} calls of {self.name}"
+        return self
+
+    def __exit__(self, *exc):
+        self._go.set()
+
+    def undo(self):
+        self._go.set()
+        delattr(self.obj, self.name)

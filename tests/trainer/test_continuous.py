@@ -12,7 +12,7 @@ from rockroll.trainer.config import load_config
 from rockroll.trainer.engines import SamplingParams, TransformersEngine
 from rockroll.trainer.models import build_model
 
-from _tiny import TinyTok
+from _tiny import Held, TinyTok
 
 SHORT = SamplingParams(temperature=1.0, max_new_tokens=3, stop_token_ids=[2])
 LONG = SamplingParams(temperature=1.0, max_new_tokens=40, stop_token_ids=[])
@@ -46,43 +46,26 @@ def _alone(model_state, prompt, sp):
         eng.close()
 
 
-class _Held:
-    """Holds the engine's loop inside its ``n``-th decode step (its step lock held, the batch
-    mid-generation) while the ``with`` block runs: what the test does there happens between
-    two steps however the threads are scheduled. ``sizes``: the rows decoded at each step."""
+def _held(engine, n):
+    """The engine's loop held inside its ``n``-th decode step."""
+    return Held(engine.batcher.stepper, "decode", n)
 
-    def __init__(self, engine, n):
-        self.n, self.sizes = n, []
-        self._there, self._go = threading.Event(), threading.Event()
-        decode = engine.batcher.stepper.decode
 
-        def held(tokens):
-            self.sizes.append(len(tokens))
-            if len(self.sizes) == n:
-                self._there.set()
-                self._go.wait(60)
-            return decode(tokens)
-
-        engine.batcher.stepper.decode = held
-
-    def __enter__(self):
-        assert self._there.wait(60), f"the engine never made {self.n} decode steps"
-        return self
-
-    def __exit__(self, *exc):
-        self._go.set()
+def _rows(held):
+    """The rows decoded at each step so far."""
+    return [len(tokens) for tokens, in held.calls]
 
 
 def test_a_request_that_joins_a_running_batch_gets_what_it_gets_alone(engine):
     state = {k: v.clone() for k, v in engine.model.state_dict().items()}
     alone = {name: _alone(state, p, _seeded(sp, s)) for name, p, sp, s in
              [("long", P2, LONG, 3), ("a", P1, SHORT, 11), ("b", P3, LONG, 5)]}
-    held = _Held(engine, 3)
+    held = _held(engine, 3)
     long_fut = engine.submit(P2, _seeded(LONG, 3))
     with held:  # the others arrive while the long one is decoding: they join its batch mid-generation
         a, b = engine.submit(P1, _seeded(SHORT, 11)), engine.submit(P3, _seeded(LONG, 5))
     got = {"long": long_fut.result(), "a": a.result(), "b": b.result()}
-    assert engine.batcher.joins == 2 and held.sizes[:4] == [1, 1, 1, 3]
+    assert engine.batcher.joins == 2 and _rows(held)[:4] == [1, 1, 1, 3]
     for name, out in got.items():
         assert out.token_ids == alone[name].token_ids, name
         assert out.logprobs == pytest.approx(alone[name].logprobs, abs=1e-4), name
@@ -127,7 +110,7 @@ def test_weight_load_waits_for_requests_in_flight(engine):
     tokens it has alone on them); one submitted during the load runs on the new (version 1)."""
     old = {k: v.clone() for k, v in engine.model.state_dict().items()}
     new = _other_weights(engine)
-    held = _Held(engine, 2)
+    held = _held(engine, 2)
     fut = engine.submit(P2, _seeded(LONG, 7))
     loader = threading.Thread(target=engine.load_weights, args=(new, 1))
     with held:
@@ -139,7 +122,7 @@ def test_weight_load_waits_for_requests_in_flight(engine):
     first, second = fut.result(), late.result()
     assert first.version == 0 and first.token_ids == _alone(old, P2, _seeded(LONG, 7)).token_ids
     assert second.version == 1 and second.token_ids == _alone(new, P1, _seeded(LONG, 8)).token_ids
-    assert engine.batcher.requeued == 0 and max(held.sizes) == 1  # the late one never joined the old batch
+    assert engine.batcher.requeued == 0 and max(_rows(held)) == 1  # the late one never joined the old batch
 
 
 def test_weight_load_aborts_and_requeues_requests_in_flight():
@@ -149,7 +132,7 @@ def test_weight_load_aborts_and_requeues_requests_in_flight():
     engine = TransformersEngine(_model(), pad_token_id=0, on_load="abort")
     try:
         new = _other_weights(engine)
-        held = _Held(engine, 2)
+        held = _held(engine, 2)
         fut = engine.submit(P2, _seeded(LONG, 7))
         loader = threading.Thread(target=engine.load_weights, args=(new, 1))
         with held:
@@ -168,14 +151,14 @@ def test_weight_load_aborts_and_requeues_requests_in_flight():
 
 def test_a_cancelled_request_frees_its_row(engine):
     """A cancelled caller's row leaves at the next step, not after its 200 tokens."""
-    held = _Held(engine, 2)
+    held = _held(engine, 2)
     fut, other = engine.batcher.submit_many([(P2, SamplingParams(max_new_tokens=200, seeds=[1])),
                                              (P1, _seeded(LONG, 2))])  # one batch from the first step
     with held:
         assert fut.cancel()
     assert len(other.result().token_ids) == 40
     assert not engine.batcher._rows
-    assert held.sizes[:2] == [2, 2] and set(held.sizes[2:]) == {1}  # alone from the step after
+    assert _rows(held)[:2] == [2, 2] and set(_rows(held)[2:]) == {1}  # alone from the step after
 
 
 def _rollout(continuous: bool):

@@ -9,7 +9,6 @@ per-request seeds, stop tokens, and the weight sync after a further training ste
 
 import os
 import random
-import threading
 
 import pytest
 import torch
@@ -24,6 +23,8 @@ from rockroll.trainer.controller import train  # noqa: E402
 from rockroll.trainer.engines import SamplingParams, VLLMEngine  # noqa: E402
 from rockroll.trainer.rollout import Group, PromptTemplate, Sample  # noqa: E402
 from rockroll.trainer.update import collate, target_logp, update_policy  # noqa: E402
+
+from _tiny import Held  # noqa: E402
 
 T = 0.8  # a temperature != 1: the reported log-probs must be those of the sampled distribution
 
@@ -163,29 +164,17 @@ def test_requests_join_the_running_batch(run):
     short = SamplingParams(temperature=T, max_new_tokens=2, stop_token_ids=[stop], seeds=[31])
     alone = gen.generate(prompts[:1], short)[0]
     order, joins = [], gen.joins
-    # the loop held inside the long one's second engine step (its step lock held): the short
-    # one arrives while the long one decodes, however the threads are scheduled
-    eng = gen.llm.llm_engine
-    step, there, go, calls = eng.step, threading.Event(), threading.Event(), []
-
-    def held():
-        calls.append(1)
-        if len(calls) == 2:
-            there.set()
-            go.wait(60)
-        return step()
-
-    eng.step = held
+    # the loop held inside the long one's second engine step: the short one arrives while the
+    # long one decodes, however the threads are scheduled
+    held = Held(gen.llm.llm_engine, "step", 2)
     try:
         long_fut = gen.submit(prompts[1], SamplingParams(temperature=T, max_new_tokens=200, seeds=[32]))
         long_fut.add_done_callback(lambda f: order.append("long"))
-        assert there.wait(60), "the engine never made two steps"
-        short_fut = gen.submit(prompts[0], short)
-        short_fut.add_done_callback(lambda f: order.append("short"))
-        go.set()
+        with held:
+            short_fut = gen.submit(prompts[0], short)
+            short_fut.add_done_callback(lambda f: order.append("short"))
     finally:
-        go.set()
-        del eng.step
+        held.undo()
     joined, long_out = short_fut.result(), long_fut.result()
     assert order == ["short", "long"] and len(long_out.token_ids) > 2  # (vLLM stops at EOS)
     assert joined.token_ids == alone.token_ids and joined.logprobs == pytest.approx(alone.logprobs, abs=1e-5)
