@@ -37,7 +37,7 @@ from .bases import debian_base_layer, docker_base_layer
 from .cache import LocalCache, _write_atomic
 from .errors import BuildError, HubError
 from .manifest import EnvManifest, LayerRef
-from .package import Package, load_package
+from .package import Package, entry_kwargs, load_package
 from .pull import pull
 
 # setup steps compile, install, unpack: more room than an episode's sandbox (16 GiB of disk, sparse)
@@ -138,32 +138,51 @@ def _forward_ca(sb) -> dict[str, str]:
     return dict.fromkeys(CA_VARS, _BUILD_CA)
 
 
-_IMPORT_CHECK = """
-import importlib, sys
-entry, python = sys.argv[1], sys.argv[2]
+_ENTRY_CHECK = """
+import importlib, json, sys
+entry, python, args = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 if python:
     sys.path.insert(0, python)
 module, _, attr = entry.partition(":")
-getattr(importlib.import_module(module), attr)
+cls = getattr(importlib.import_module(module), attr)
+try:
+    env = cls(**args)
+except Exception as e:
+    print(f"{type(e).__name__}: {e}", file=sys.stderr)
+    sys.exit(3)
+getattr(env, "close", lambda: None)()
 """
 
 
 def check_entry_point(pkg: Package) -> None:
-    """The entry point must import as ``gymnasium.make`` will import it: from the package's
-    ``python`` folder (put on ``sys.path`` then) or from what is installed, never from the
-    folder the build happens to run in. Checked before the build, in a fresh interpreter
-    run from an empty folder, so a missing ``python`` key fails here, not at make time."""
+    """The entry point must import and construct as ``gymnasium.make`` will: imported from the
+    package's ``python`` folder (put on ``sys.path`` then) or from what is installed, never
+    from the folder the build happens to run in, and called once with the keyword arguments
+    make passes (``entry_kwargs``: the manifest's kwargs, ``image``, ``tasks_file``,
+    ``private_dir``), then closed. Checked before the build, in a fresh interpreter run from
+    an empty folder, so a missing ``python`` key or a class that does not take ``image=``
+    fails here, not at make time."""
+    import json
     import subprocess
     import sys
     import tempfile
 
     python = str(pkg.root / pkg.python) if pkg.python else ""
+    args = entry_kwargs(pkg.kwargs, f"hub:{pkg.name}@{pkg.version}",
+                        str(pkg.root / pkg.tasks) if pkg.tasks else None,
+                        str(pkg.root / pkg.private) if pkg.private else None)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     with tempfile.TemporaryDirectory() as empty:
-        r = subprocess.run([sys.executable, "-P", "-c", _IMPORT_CHECK, pkg.entry_point, python],
+        r = subprocess.run([sys.executable, "-P", "-c", _ENTRY_CHECK, pkg.entry_point, python, json.dumps(args)],
                            capture_output=True, text=True, cwd=empty, env=env, timeout=300)
+    why = (r.stderr.strip().splitlines() or ["(no output)"])[-1]
+    if r.returncode == 3:
+        call = ", ".join(f"{k}={v!r}" for k, v in args.items())
+        raise BuildError(f"{pkg.name}@{pkg.version}: gymnasium.make will construct {pkg.entry_point}({call}), "
+                         f"and that failed: {why}. An env class must accept its [env] kwargs and image= (the "
+                         "package's sandbox image), and tasks_file= / private_dir= when the package has tasks / "
+                         "private files (docs/env-contract.md)")
     if r.returncode:
-        why = (r.stderr.strip().splitlines() or ["(no output)"])[-1]
         module = pkg.entry_point.partition(":")[0]
         where = (f"the package's python folder {pkg.python!r} or the installed packages" if pkg.python else
                  f'the installed packages; to ship it, set python = "<folder holding {module.replace(".", "/")}.py>" '

@@ -246,3 +246,17 @@ def parse_package(data: dict, root: Path, file: str) -> Package:
                    license=string("license", ""), base=base, gym_id=gym_id, setup=setup,
                    setup_timeout_s=float(timeout), tasks=tasks, python=python, private=private, files=tuple(files),
                    entry_point=entry, kwargs=dict(kwargs), snapshots=tuple(snaps))
+
+
+def entry_kwargs(kwargs: dict[str, Any], image: str, tasks_file: str | None = None,
+                 private_dir: str | None = None) -> dict[str, Any]:
+    """The keyword arguments ``gymnasium.make`` gives an env package's class: the manifest's
+    (and the caller's) ``kwargs``, ``image`` (the package's own sandbox image), and
+    ``tasks_file`` / ``private_dir`` where the package has them. The one definition that
+    ``hub build``'s check and ``make_hub_env`` both use."""
+    args = {**kwargs, "image": image}
+    if tasks_file is not None:
+        args.setdefault("tasks_file", tasks_file)
+    if private_dir is not None:
+        args.setdefault("private_dir", private_dir)
+    return args

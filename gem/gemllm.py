@@ -52,7 +52,7 @@ from gymnasium.error import NameNotFound
 from .core import GemEnv
 from .gemllm_load import GemLLMUnavailable, is_gem_llm_env, load_gem_llm
 
-__all__ = ["GEM_PREFIX", "GemLLMEnv", "GemLLMUnavailable", "gem_llm_ids", "unavailable_reason"]
+__all__ = ["GEM_PREFIX", "GemLLMEnv", "GemLLMUnavailable", "check_gem_llm_id", "gem_llm_ids", "unavailable_reason"]
 
 GEM_PREFIX = "gem:"  # rockroll's id of gem-llm's "game:GuessTheNumber-v0-easy" is "gem:game:GuessTheNumber-v0-easy"
 SUCCESS_REWARD = 1.0  # gem-llm's LanguageGameReward.success_reward; a solved rg/math task also scores 1.0
@@ -92,6 +92,17 @@ def unavailable_reason(gem_id: str, kwargs: dict[str, Any] | None = None) -> str
         except ImportError as e:
             return f"gem-llm's {gem_id} cannot be imported ({module}): {e}"
     return None
+
+
+def check_gem_llm_id(gem_id: str) -> None:
+    """Raise gymnasium's ``NameNotFound``, with the closest ids, if ``gem_id`` is not in
+    gem-llm's registry (``GemLLMUnavailable`` if gem-llm is not installed)."""
+    registry = _registry()
+    if gem_id not in registry:
+        close = difflib.get_close_matches(gem_id, list(registry), n=3)
+        raise NameNotFound(f"{gem_id!r} is not an id of gem-llm's registry (gem.envs.registration.ENV_REGISTRY, "
+                           f"{len(registry)} ids; `rockroll envs --gem-llm` lists them)"
+                           + (f"; close: {', '.join(GEM_PREFIX + c for c in close)}" if close else ""))
 
 
 def gem_llm_ids() -> list[tuple[str, str | None]]:
@@ -161,12 +172,7 @@ class GemLLMEnv(GemEnv):
 
     @staticmethod
     def _make(gem_id: str, kwargs: dict[str, Any]) -> Any:
-        registry = _registry()
-        if gem_id not in registry:
-            close = difflib.get_close_matches(gem_id, list(registry), n=3)
-            raise NameNotFound(f"{gem_id!r} is not an id of gem-llm's registry (gem.envs.registration.ENV_REGISTRY, "
-                               f"{len(registry)} ids; `rockroll envs --gem-llm` lists them)"
-                               + (f"; close: {', '.join(close)}" if close else ""))
+        check_gem_llm_id(gem_id)
         reason = unavailable_reason(gem_id, kwargs)
         if reason:
             raise GemLLMUnavailable(reason)

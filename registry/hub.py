@@ -32,16 +32,22 @@ __all__ = ["HubEnvInfo", "is_base_image", "list_envs", "make_base_image", "make_
 
 def make_hub_env(*, hub_url: str, hub_env: str, hub_version: str, **kwargs):
     """Gymnasium entry point of a hub env: pull, import, construct."""
+    from rockroll.envhub.package import entry_kwargs
     from rockroll.envhub.pull import pull
 
     env = pull(f"{hub_env}@{hub_version}", hub=hub_url)
     cls = _import_entry_point(env.manifest.entry_point, env.python_path)
-    args = {**env.manifest.kwargs, **kwargs, "image": env.image}
-    if env.tasks_file is not None:
-        args.setdefault("tasks_file", str(env.tasks_file))
-    if env.private_dir is not None:
-        args.setdefault("private_dir", str(env.private_dir))
-    return cls(**args)
+    args = entry_kwargs({**env.manifest.kwargs, **kwargs}, env.image,
+                        None if env.tasks_file is None else str(env.tasks_file),
+                        None if env.private_dir is None else str(env.private_dir))
+    try:
+        return cls(**args)
+    except TypeError as e:
+        if "unexpected keyword argument" not in str(e):
+            raise
+        raise TypeError(f"{e}: gymnasium.make called {env.manifest.entry_point}({', '.join(args)}); an env class "
+                        "must accept its [env] kwargs and image= (and tasks_file= / private_dir= when the package "
+                        "has them): docs/env-contract.md") from e
 
 
 def make_base_image(*, hub_url: str, hub_env: str, hub_version: str, **kwargs):

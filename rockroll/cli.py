@@ -3,14 +3,34 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import click
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Main(click.Group):
+    """The ``rockroll`` group: an error a command raises comes as one ``error:`` line (exit 1;
+    2 for a bad config), not a traceback, which ``--debug`` or ``ROCKROLL_DEBUG=1`` shows."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort, KeyboardInterrupt):
+            raise
+        except Exception as e:  # noqa: BLE001  (every error: one line, the traceback on demand)
+            if ctx.params.get("debug") or os.environ.get("ROCKROLL_DEBUG", "") not in ("", "0"):
+                raise
+            ours = type(e).__module__.startswith("rockroll.")
+            click.echo(f"error: {e}" if ours and str(e) else f"error: {type(e).__name__}: {e}", err=True)
+            click.echo("(rockroll --debug ... or ROCKROLL_DEBUG=1 shows the traceback)", err=True)
+            ctx.exit(2 if type(e).__name__ == "ConfigError" else 1)
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="rockroll")
-def main() -> None:
+@click.option("--debug", is_flag=True, help="Show the traceback of an error (also: ROCKROLL_DEBUG=1).")
+def main(debug: bool) -> None:
     """rockroll: sandboxes, env hub, GEM environments and a trainer for agentic RL."""
 
 
@@ -582,6 +602,7 @@ def train_cmd(config_path, overrides, steps, fresh):
         import yaml
 
         from rockroll.trainer.config import ConfigError, load_config
+        from rockroll.trainer.envs import resolve_envs
     except ImportError as e:
         click.echo(f"error: the trainer needs the train extra: pip install 'rockroll[train]' ({e})", err=True)
         sys.exit(2)
@@ -595,6 +616,7 @@ def train_cmd(config_path, overrides, steps, fresh):
         values["steps"] = steps
     try:
         cfg = load_config(config_path, values)
+        resolve_envs(cfg)  # every env id found (and its hub registered) before anything is built
     except ConfigError as e:
         # an override's fault is named as the override, not as the file's
         where = next((f"--set {k}" for k in values if e.key == k or e.key.startswith(k + ".")), config_path)
@@ -610,9 +632,11 @@ def train_cmd(config_path, overrides, steps, fresh):
     out = train(cfg)
     hist = out["history"]
     if out["start_step"] >= out["steps"]:
-        click.echo(f"nothing to do: the run in {out['run_dir']} has finished its {out['steps']} steps "
-                   "(resumed from its checkpoint); set a new logging.dir and checkpoint.dir, raise --steps, "
-                   "or pass --fresh to start over", err=True)
+        done = (f"has finished its {out['steps']} steps" if out["start_step"] == out["steps"] else
+                f"is at step {out['start_step']}, past the {out['steps']} steps asked")
+        click.echo(f"nothing to do: the run in {out['run_dir']} {done} (resumed from its checkpoint); "
+                   "set a new logging.dir and checkpoint.dir, raise --steps, or pass --fresh to start over",
+                   err=True)
     if hist:
         first, last = hist[0], hist[-1]
         click.echo(f"steps {out['start_step']}..{out['steps']}: reward {first.get('rollout/reward', 0):.3f} -> "

@@ -108,6 +108,7 @@ class EnvConfig:
     weight: float = 1.0
     kwargs: dict[str, Any] = field(default_factory=dict)
     task_ids: list[Any] | None = None
+    hub: str | None = None  # the hub the id is read from (filled from the run's `hubs` when it loads)
 
     def validate(self, p: str) -> None:
         _check(bool(self.id), f"{p}.id", "must be a gymnasium id")
@@ -659,9 +660,12 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    hubs: list[str] = field(default_factory=list)  # env hubs (folder, s3://...) the env ids are read from,
+    #                                                 after the built-in ids and $ROCKROLL_HUB's
 
     def validate(self, p: str = "") -> None:
         _check(self.steps >= 0, "steps", "must be >= 0")
+        _check(all(isinstance(h, str) and h for h in self.hubs), "hubs", "must be hub URLs or folders")
         _check(len(self.envs) >= 1, "envs", "needs at least one environment")
         for i, env in enumerate(self.envs):
             env.validate(f"envs[{i}]")

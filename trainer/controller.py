@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .config import EnvConfig, TrainConfig, load_config
+from .envs import resolve_envs
 from .loop import run
 from .roles import LocalRoles
 
@@ -19,6 +20,8 @@ def train(config: TrainConfig | dict | str | Path, *,
     this process the ``policy``, ``generator`` and ``tokenizer``; no policy object comes back
     from Ray actors)."""
     cfg = config if isinstance(config, TrainConfig) else load_config(config)
+    if env_factory is None:  # ids are made by the one factory: check them before anything is built
+        resolve_envs(cfg)
     if cfg.ray.enabled:
         from .ray_roles import RayRoles  # ray is an optional extra
 

@@ -39,7 +39,8 @@ def run(cfg: TrainConfig, open_roles: Callable[..., Roles],
 
         log = RunLogger(run_dir, tensorboard=cfg.logging.tensorboard, plot=cfg.logging.plot,
                         transcripts=cfg.logging.transcripts, progress=cfg.logging.progress,
-                        total_steps=cfg.steps, start_step=start, plot_every=cfg.logging.plot_every)
+                        total_steps=cfg.steps, start_step=start, plot_every=cfg.logging.plot_every,
+                        reevaluate_start=bool(cfg.eval.every) and start < cfg.steps and start % cfg.eval.every == 0)
         for step in range(start, cfg.steps):
             if cfg.eval.every and step % cfg.eval.every == 0:  # the weights of version `step`
                 log.log_eval(step, roles.rollout.evaluate(cfg.eval.episodes, cfg.eval.seed))

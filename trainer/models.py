@@ -129,7 +129,8 @@ def allowed_token_ids(tokenizer: Any, texts: list[str]) -> list[int] | None:
     for text in texts:
         enc = tokenizer.encode(text, add_special_tokens=False)
         if len(enc) != 1 or enc[0] == tokenizer.unk_token_id:
-            raise ConfigError("generation.allowed_tokens", f"{text!r} is not one token of the tokenizer ({enc})")
+            raise ConfigError("generation.allowed_tokens", f"{text!r} is not one token of the tokenizer ({enc}); "
+                              "with a built tokenizer, list it in tokenizer.add_tokens to keep it whole")
         ids.append(enc[0])
     return sorted(set(ids))
 

@@ -16,18 +16,27 @@ from typing import Any
 
 class RunLogger:
     def __init__(self, folder: str | Path, *, tensorboard: bool, plot: bool, transcripts: int,
-                 progress: bool, total_steps: int, start_step: int, plot_every: int = 10):
+                 progress: bool, total_steps: int, start_step: int, plot_every: int = 10,
+                 reevaluate_start: bool = True):
+        """``start_step``: the step a resumed run starts at (0: a fresh run, whose old logs are
+        removed). ``reevaluate_start``: whether this run evaluates version ``start_step`` again
+        (then an earlier row of that version is replaced; otherwise it is the checkpoint's own
+        evaluation and stays, as when a finished run is started again)."""
         self.dir = Path(folder)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.dir / "metrics.jsonl"
         self.eval_path = self.dir / "eval.jsonl"
         self.n_transcripts, self.plot, self.plot_every = transcripts, plot, plot_every
-        for path in (self.metrics_path, self.eval_path):
+        # A metrics row of step s is the update from version s to s + 1, redone from s =
+        # start_step on; an eval row's step is the version evaluated, whose weights the
+        # checkpoint of start_step holds up to and including start_step.
+        last_kept = {self.metrics_path: start_step - 1, self.eval_path: start_step - reevaluate_start}
+        for path, last in last_kept.items():
             if start_step == 0 and path.exists():
                 path.unlink()  # a fresh run; a resumed one appends
             elif path.exists():  # drop lines of steps after the checkpoint we resumed from
                 keep = [line for line in path.read_text().splitlines()
-                        if line.strip() and json.loads(line).get("step", 0) < start_step]
+                        if line.strip() and json.loads(line).get("step", 0) <= last]
                 path.write_text("".join(k + "\n" for k in keep))
         self.tb = None
         if tensorboard:
@@ -41,7 +50,7 @@ class RunLogger:
         if progress:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total_steps, initial=start_step, desc="train", file=sys.stderr, dynamic_ncols=True)
+            self.bar = tqdm(total=max(total_steps, start_step), initial=start_step, desc="train", file=sys.stderr, dynamic_ncols=True)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         row = {"step": step, **metrics}

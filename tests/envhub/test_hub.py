@@ -378,15 +378,21 @@ def test_a_large_blob_that_does_not_match_its_digest_is_never_published(moto_s3,
 @pytest.mark.parametrize("change, words", [
     (('python = "python"\n', ""), ['python = "<folder holding counter_env.py>"', "ModuleNotFoundError"]),
     (("counter_env:CounterEnv", "counter_env:CountrEnv"), ["'counter_env:CountrEnv'", "AttributeError"]),
+    # issue #36: a class that does not take image= built and published, then failed at make time
+    (("*, image: str, tasks_file", "*, tasks_file"), ["unexpected keyword argument 'image'", "must accept",
+                                                       "image='hub:counter@8.0.0'", "docs/env-contract.md"]),
+    (("kwargs = { max_turns = 3 }", "kwargs = { max_turns = 3, colour = 1 }"),
+     ["unexpected keyword argument 'colour'", "[env] kwargs"]),
 ])
 def test_build_refuses_an_entry_point_that_would_not_import(pkg, change, words):
-    """A package whose entry point cannot be imported as ``gymnasium.make`` will import it
-    fails at build time, saying what to set, not later with a bare ModuleNotFoundError."""
+    """A package whose entry point cannot be imported, or constructed with the arguments
+    ``gymnasium.make`` will pass it, fails at build time saying what to set, not later with a
+    bare ModuleNotFoundError or TypeError."""
     from rockroll.envhub.errors import BuildError
 
     folder = pkg(version="8.0.0")
-    toml = folder / "rockenv.toml"
-    toml.write_text(toml.read_text().replace(*change))
+    for path in (folder / "rockenv.toml", folder / "python" / "counter_env.py"):
+        path.write_text(path.read_text().replace(*change))
     with pytest.raises(BuildError) as err:
         build(folder)
     assert all(w in str(err.value) for w in words), str(err.value)

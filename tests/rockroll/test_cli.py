@@ -97,3 +97,43 @@ def test_bench_group_lists_and_refuses_unknown_names():
     assert bad.returncode == 2 and "no benchmark 'nope'" in bad.stderr and "rollout" in bad.stderr
     private = rr("bench", "run", "_common")
     assert private.returncode == 2
+
+
+def _train_config(tmp_path, **over) -> str:
+    import yaml
+
+    data = {"steps": 1, "model": {"hidden_size": 64, "num_layers": 1, "num_heads": 1, "intermediate_size": 64},
+            "tokenizer": {"build_dir": str(tmp_path / "tok")}, "envs": [{"id": "rock/FrozenLake-v0"}],
+            "logging": {"dir": str(tmp_path / "run"), "progress": False}, **over}
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def test_train_names_an_unknown_env_id_the_hubs_searched_and_the_namespace(tmp_path):
+    """Issue #36: an id that is nowhere fails when the config loads, in one line that names
+    the id, every hub searched, how to add one, and the rock/ namespace it lacks."""
+    hub = tmp_path / "team-hub"
+    out = rr("train", _train_config(tmp_path, envs=[{"id": "FrozenLake-v0"}], hubs=[str(hub)]))
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    [line] = out.stderr.splitlines()
+    assert line.startswith("error: ") and "envs[0].id: env id 'FrozenLake-v0' is not registered" in line
+    assert f"file://{hub}" in line and "$ROCKROLL_HUB" in line and "hubs: [URL]" in line
+    assert "Did you mean 'rock/FrozenLake-v0'?" in line
+    assert not (tmp_path / "tok").exists()  # nothing was built
+
+
+def test_an_error_deep_in_a_command_is_one_line_unless_debug(tmp_path):
+    """Issue #36: an error raised while a run is set up (here the tokenizer refusing an allowed
+    token) comes as one `error:` line with what to do, not a traceback; --debug shows it."""
+    config = _train_config(tmp_path, generation={"max_new_tokens": 1, "allowed_tokens": ["Up Down"]})
+    out = rr("train", config)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.splitlines() == [
+        "error: generation.allowed_tokens: 'Up Down' is not one token of the tokenizer"
+        + out.stderr.split("tokenizer", 1)[1].splitlines()[0],
+        "(rockroll --debug ... or ROCKROLL_DEBUG=1 shows the traceback)"]
+    assert "tokenizer.add_tokens" in out.stderr
+    debug = rr("--debug", "train", config)
+    assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr
+    assert "ConfigError: generation.allowed_tokens" in debug.stderr

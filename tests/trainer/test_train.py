@@ -138,6 +138,33 @@ def test_checkpoint_resume_matches_straight_run(tmp_path):
     assert evals["a"] == evals["b"] and all(e["eval/episodes"] == 4 for e in evals["a"])
 
 
+def test_a_finished_run_started_again_keeps_its_logs_and_says_where_it_is(tmp_path):
+    """Issue #36: starting a finished run again trains nothing and must not delete its final
+    evaluation (an eval row's step is the version evaluated, which the checkpoint holds);
+    asked for fewer steps than it has done, the CLI says the step it is at."""
+    import yaml
+    from click.testing import CliRunner
+
+    from rockroll.cli import main
+    from rockroll.trainer.config import config_to_dict
+
+    over = {"checkpoint__dir": str(tmp_path / "ckpt"), "logging__tensorboard": False, "logging__plot": False,
+            "rollout__async_ratio": 0, "eval__every": 2, "eval__episodes": 2, "steps": 3}
+    train(_cfg(tmp_path, **over))
+    logs = {name: (tmp_path / "run" / name).read_text() for name in ("metrics.jsonl", "eval.jsonl")}
+    assert [json.loads(x)["step"] for x in logs["eval.jsonl"].splitlines()] == [0, 2, 3]
+    again = train(_cfg(tmp_path, **over))
+    assert (again["start_step"], again["history"]) == (3, [])
+    assert {name: (tmp_path / "run" / name).read_text() for name in logs} == logs
+
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(config_to_dict(_cfg(tmp_path, **over))))
+    result = CliRunner().invoke(main, ["train", str(config), "--steps", "1"])
+    assert result.exit_code == 0, result.output
+    assert "is at step 3, past the 1 steps asked" in result.output
+    assert {name: (tmp_path / "run" / name).read_text() for name in logs} == logs
+
+
 # --------------------------------------------------------------------------- off-policy ratios
 
 
