@@ -114,6 +114,17 @@ def agent_spec(agent: str | AgentSpec | dict) -> AgentSpec:
         raise ValueError(f"agent must be one of {sorted(AGENTS)} or an AgentSpec, not {agent!r}") from None
 
 
+def _agent_toml(spec: AgentSpec) -> str:
+    """``spec`` as the TOML value ``gymnasium.make`` passes back as ``agent=``: the registry's
+    name for an agent of ``AGENTS``, else an inline table of every field (JSON strings are
+    TOML basic strings), so the published env runs exactly the agent its image holds."""
+    if AGENTS.get(spec.name) == spec:
+        return json.dumps(spec.name)
+    env = ", ".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in spec.env.items())
+    return (f"{{ name = {json.dumps(spec.name)}, command = {json.dumps(spec.command)}, "
+            f"install = [{', '.join(json.dumps(step) for step in spec.install)}], env = {{ {env} }} }}")
+
+
 def agent_package(agent: str | AgentSpec, folder: str | os.PathLike, *, name: str | None = None,
                   version: str = "1.0.0", base: str = "host", files: dict[str, str] | None = None) -> Path:
     """Write an env package (``folder/rockenv.toml``) whose image holds ``agent``: its
@@ -129,7 +140,6 @@ def agent_package(agent: str | AgentSpec, folder: str | os.PathLike, *, name: st
              f"setup = [{', '.join(json.dumps(step) for step in spec.install)}]", "",
              "[files]", *(f"{json.dumps(src)} = {json.dumps(dst)}" for src, dst in (files or {}).items()), "",
              "[env]", 'entry_point = "rockroll.gem.agent_env:AgentEnv"',
-             # An agent of the registry is named; another one must be passed to make() again.
-             f"kwargs = {{ agent = {json.dumps(spec.name if spec.name in AGENTS else 'openai-tool-agent')} }}", ""]
+             f"kwargs = {{ agent = {_agent_toml(spec)} }}", ""]
     (folder / "rockenv.toml").write_text("\n".join(lines))
     return folder

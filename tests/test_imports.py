@@ -151,3 +151,29 @@ def test_the_in_sandbox_agent_needs_only_the_standard_library():
     names |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert not any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(tree))
     assert names - {"__future__"} <= set(sys.stdlib_module_names)
+
+
+def _extra_closure(extras: dict[str, list[str]], name: str) -> set[str]:
+    """The distribution names an extra installs, following ``rockroll[other]`` references."""
+    import re
+
+    out = set()
+    for req in extras[name]:
+        dist = re.match(r"[A-Za-z0-9_.-]+", req).group(0).lower()
+        if dist == "rockroll":
+            for inner in re.search(r"\[(.*)\]", req).group(1).split(","):
+                out |= _extra_closure(extras, inner.strip())
+        else:
+            out.add(dist)
+    return out
+
+
+def test_the_train_extra_brings_what_agent_training_runs():
+    """Issue #41: `pip install rockroll[train]` then training `rock/Agent-v0` failed on a bare
+    ModuleNotFoundError (uvicorn): the model service's packages come with the train extra."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    needs = _extra_closure(extras, "service")
+    assert {"fastapi", "uvicorn", "httpx"} <= needs
+    assert needs <= _extra_closure(extras, "train")

@@ -245,7 +245,12 @@ class ModelService:
 
     def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         """Serve on ``host:port`` (0: a free port) in a background thread; returns the URL."""
-        import uvicorn  # noqa: PLC0415 - the service extra
+        try:
+            import fastapi  # noqa: F401, PLC0415 - app() builds on it
+            import uvicorn  # noqa: PLC0415 - the service extra
+        except ImportError as e:
+            raise ImportError(f"the model service (agent envs, rock/Agent-v0) needs the service extra: "
+                              f"pip install 'rockroll[service]' ({e})") from e
 
         config = uvicorn.Config(self.app(), host=host, port=port, log_level="warning", lifespan="off")
         self._server = server = uvicorn.Server(config)

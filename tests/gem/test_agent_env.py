@@ -447,6 +447,32 @@ def test_agent_image_built_as_a_hub_env(service, tmp_path):
         env.close()
 
 
+def test_a_custom_agent_published_is_the_agent_made_by_id(service, tmp_path):
+    """Issue #41: ``agent_package`` of a spec of one's own writes that spec (it wrote
+    ``openai-tool-agent``, which the image does not hold); ``gymnasium.make`` of the published
+    id runs it."""
+    from rockroll.envhub.build import build
+    from rockroll.envhub.publish import publish
+    from rockroll.envhub.store import HubStore
+    from rockroll.gem.agents import agent_package
+    from rockroll.registry.hub import register_hub
+
+    mine = AgentSpec(name="echoer", command="bash /opt/echoer.sh {task}",
+                     install=("mkdir -p /opt && printf 'cat \"$1\"\\n' > /opt/echoer.sh",),
+                     env={"ECHOER": "on \"quotes\" and é"})
+    hub = f"file://{tmp_path / 'hub'}"
+    publish(build(agent_package(mine, tmp_path / "pkg")).manifest, HubStore(hub))
+    assert "rock/agent-echoer-v1" in register_hub(hub)
+    env = gymnasium.make("rock/agent-echoer-v1", task_set="terminal", task_kwargs={"tasks": TASKS},
+                         sandbox_spec=SPEC)
+    try:
+        assert env.unwrapped.agent == mine
+        with open_sandbox(dataclasses.replace(SPEC, image="hub:agent-echoer@1.0.0")) as sb:
+            assert sb.run("cat /opt/echoer.sh").stdout == 'cat "$1"\n'  # its install step ran
+    finally:
+        env.close()
+
+
 def test_build_agent_cli_builds_the_chat_agent_image_that_plays_the_corridor(service, tmp_path):
     """``rockroll envs build-agent``: the agent's install steps run at build time (the client
     pip-installed from PyPI, byte-compiled by pip), published as hub:agent-<name>@1.0.0; an
