@@ -462,10 +462,10 @@ class CheckpointConfig:
 class LoggingConfig:
     """What a run writes to its folder (:mod:`rockroll.trainer.runlog`)."""
 
-    # the run folder: metrics.jsonl, eval.jsonl, tb/, curve.png, transcripts (and a built tokenizer)
+    # the run folder: metrics.jsonl, eval.jsonl, tb/, curve.png, transcripts/ (and a built tokenizer)
     dir: str = "runs/default"
     tensorboard: bool = True  # write TensorBoard events under <dir>/tb
-    plot: bool = True  # draw <dir>/curve.png (reward, eval success)
+    plot: bool = True  # draw <dir>/curve.png (reward and success per step, evaluations as points)
     transcripts: int = 2    # sample transcripts written per step
     progress: bool = True  # a progress bar on stderr
     plot_every: int = 10  # steps between redraws of curve.png
@@ -690,9 +690,7 @@ class TrainConfig:
 
     steps: int = 100  # training steps in all: a resumed run goes on from its checkpoint up to this many (--steps N)
     seed: int = 0  # seeds the model's init, task and env sampling and generation (Ray env workers mix in their index)
-    # torch's deterministic algorithms, and blocking generation batches (not continuous) whose make-up does not depend
-    # on timing: a rerun repeats its samples
-    deterministic: bool = False
+    deterministic: bool = False  # torch's deterministic algorithms, and no continuous batching (its batches vary)
     model: ModelConfig = field(default_factory=ModelConfig)  # the policy model
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)  # the tokenizer and how turns are framed
     # the task mixture: one entry per env, sampled by weight

@@ -256,6 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     """Write the reference to ``docs/config.md`` of the checkout (or the path given)."""
     args = sys.argv[1:] if argv is None else argv
     path = Path(args[0]) if args else Path(__file__).resolve().parents[1] / DOC_PATH
+    if not path.parent.is_dir():  # an installed (not editable) rockroll has no docs/ beside it
+        print(f"error: no folder {path.parent}: name the file to write", file=sys.stderr)
+        return 2
     path.write_text(config_reference())
     print(f"wrote {path}")
     return 0
