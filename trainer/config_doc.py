@@ -145,9 +145,11 @@ def _docstring(cls: type) -> str:
 
 
 def _markdown(text: str) -> str:
-    """reStructuredText inline markup as Markdown: ``x`` and :mod:`x` become `x`."""
+    """reStructuredText inline markup as Markdown: ``x`` and :mod:`x` become `x`; outside code
+    spans a ``<`` is escaped, so ``<dir>/tb`` is not taken for an HTML tag."""
     text = re.sub(r":\w+:`~?([^`]+)`", r"`\1`", text)
-    return text.replace("``", "`").replace("\\\\", "\\")
+    parts = text.replace("``", "`").replace("\\\\", "\\").split("`")
+    return "`".join(p if i % 2 else p.replace("<", "\\<") for i, p in enumerate(parts))
 
 
 # ----------------------------------------------------------------------------- rendering

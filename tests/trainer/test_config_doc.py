@@ -66,7 +66,7 @@ class Inner:
     # a block above b,
     # two lines
     b: str = "x y"
-    c: list[str] = field(default_factory=lambda: ["p", "q"])  # c's own
+    c: list[str] = field(default_factory=lambda: ["p", "q"])  # c's own <dir>, `<kept>`
     d: float | None = None
 
 
@@ -93,7 +93,7 @@ def test_the_comment_reader_on_each_shape(tmp_path):
     inner = {r.key: r for r in secs["inner"].rows}
     assert inner["a"].meaning == "trailing and its continuation | with a pipe"
     assert inner["b"].meaning == "a block above b, two lines" and inner["b"].default == "`'x y'`"
-    assert inner["c"].meaning == "c's own" and inner["c"].default == "`[p, q]`"
+    assert inner["c"].meaning == "c's own \\<dir>, `<kept>`" and inner["c"].default == "`[p, q]`"
     assert inner["d"].meaning == "" and inner["d"].type == "float | None" and inner["d"].default == "`null`"
     assert secs["inner"].intro == "An inner section, over two lines.\n\nSecond `paragraph`: `x.y`."
     assert secs[""].intro == ""  # a dataclass without a docstring: not its generated signature
