@@ -44,13 +44,15 @@ class ModelConfig:
     """The policy. ``name_or_path`` loads a Hugging Face checkpoint (``from_pretrained``);
     without it a tiny Llama is built from the dims below (CPU runs, tests)."""
 
-    name_or_path: str | None = None
-    hidden_size: int = 128
-    num_layers: int = 2
-    num_heads: int = 2          # head dim = hidden_size / num_heads (64: what vLLM kernels expect)
-    intermediate_size: int = 256
-    max_position_embeddings: int = 2048
-    dtype: str = "float32"
+    name_or_path: str | None = None  # a Hugging Face checkpoint folder or hub id (null: a tiny Llama of the dims below)
+    hidden_size: int = 128  # tiny model (no name_or_path): width
+    num_layers: int = 2  # tiny model: decoder layers
+    num_heads: int = 2          # tiny model: attention heads; head dim = hidden_size / num_heads (64: what vLLM
+    #                             kernels expect)
+    intermediate_size: int = 256  # tiny model: MLP width
+    max_position_embeddings: int = 2048  # tiny model: the context length it is built for
+    dtype: str = "float32"  # weights' dtype (float32, bfloat16, float16), loaded or built, and the vLLM engine's
+    # recompute activations in the backward pass instead of keeping them: less memory, more compute
     gradient_checkpointing: bool = False
 
     def validate(self, p: str) -> None:
@@ -77,14 +79,16 @@ class TokenizerConfig:
     ``add_tokens``: strings a built word tokenizer keeps whole, one token each (a whole answer
     such as ``\\boxed{7}``, so ``generation.allowed_tokens`` can name it)."""
 
+    # a pretrained tokenizer (folder or hub id); null: a word tokenizer built over the envs' texts
     name_or_path: str | None = None
-    build_dir: str | None = None
-    template: str = "chat"
-    system: str = ""
-    user_prefix: str = "<|user|>"
-    user_suffix: str = "<|end|>"
-    assistant_prefix: str = "<|assistant|>"
-    stop: str = "<|end|>"
+    build_dir: str | None = None  # where the built word tokenizer is saved and reused (null: <logging.dir>/tokenizer)
+    template: str = "chat"  # chat: the tokenizer's chat template frames the turns; prefixes: the three keys below do
+    system: str = ""  # the system message (chat; none when empty), or raw text before the first turn (prefixes)
+    user_prefix: str = "<|user|>"  # prefixes only: text before each observation
+    user_suffix: str = "<|end|>"  # prefixes only: text after each observation
+    assistant_prefix: str = "<|assistant|>"  # prefixes only: text before each reply (the generation prompt)
+    stop: str = "<|end|>"  # the end-of-turn token a reply ends with (must end an assistant turn of the chat template)
+    # built word tokenizer only: strings kept whole, one token each (e.g. \boxed{7})
     add_tokens: list[str] = field(default_factory=list)
 
     def validate(self, p: str) -> None:
@@ -104,9 +108,10 @@ class EnvConfig:
     """One entry of the task mixture: a gymnasium id, its kwargs, its sampling weight and
     (optionally) a fixed list of task ids, so a run can train on a small learnable set."""
 
-    id: str = "rock/FrozenLake-v0"
-    weight: float = 1.0
-    kwargs: dict[str, Any] = field(default_factory=dict)
+    id: str = "rock/FrozenLake-v0"  # a gymnasium id (rock/...), a gem-llm id (gem:...) or an entry point module:Class
+    weight: float = 1.0  # sampling weight among the mixture's entries
+    kwargs: dict[str, Any] = field(default_factory=dict)  # keyword arguments of the env (gymnasium.make(id, **kwargs))
+    # tasks to train and evaluate on, as reset(options={'task_id': ...}) (null: the env draws)
     task_ids: list[Any] | None = None
     hub: str | None = None  # the hub the id is read from (filled from the run's `hubs` when it loads)
 
@@ -122,7 +127,7 @@ class CurriculumConfig:
     groups of a task start from states saved along one of its successful episodes, first one
     turn before the goal, then earlier as the success rate at the current start rises."""
 
-    enabled: bool = False
+    enabled: bool = False  # start groups from states along a task's successful episode (needs envs with task_ids)
     promote_at: float = 0.8  # mean group success at the current start that moves it one turn earlier
     window: int = 4          # groups started at a level that the mean is taken over
 
@@ -133,13 +138,18 @@ class CurriculumConfig:
 
 @dataclass
 class RolloutConfig:
+    """How episodes are played and grouped (:mod:`rockroll.trainer.rollout`): every env runs
+    its own loop, generation requests are batched, a group is ``group_size`` episodes of one
+    task, a step trains on ``batch_groups`` finished groups, and ``async_ratio`` bounds how
+    stale (in policy versions) a sample may be."""
+
     group_size: int = 8            # G rollouts per task (one GRPO group)
     redundant: int = 0             # r extra envs per group: the first G finished complete it
     async_ratio: int = 0           # alpha: a sample started at version v is used at step t iff t - v <= alpha
-    max_turns: int = 8
+    max_turns: int = 8  # an episode stops (truncated) after this many replies
     batch_groups: int = 4          # groups per training step
-    max_concurrent_groups: int = 0  # 0: batch_groups * (async_ratio + 1)
-    max_batch_size: int = 64       # largest generate() call
+    max_concurrent_groups: int = 0  # groups in flight at once (0: batch_groups * (async_ratio + 1))
+    max_batch_size: int = 64       # most requests in one generate() call
     batch_wait_ms: float = 5.0     # how long a partial generation batch waits for more requests
     max_seq_len: int = 2048        # an episode stops (truncated) before its tokens exceed this
     env_threads: int = 0           # >0: blocking env.step runs in a thread pool of this size
@@ -147,8 +157,8 @@ class RolloutConfig:
     # that finish ("first": faster, biased toward short episodes) or on a random batch_groups of
     # them once all are in ("quorum": unbiased; spares then only cover dropped groups).
     spare_groups: int = 0
-    spare_selection: str = "first"
-    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    spare_selection: str = "first"  # which spares a step trains on: first or quorum (see spare_groups)
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)  # initialized sampling (rollback curriculum)
 
     def validate(self, p: str) -> None:
         for k in ("group_size", "max_turns", "batch_groups", "max_batch_size", "max_seq_len"):
@@ -162,10 +172,15 @@ class RolloutConfig:
 
 @dataclass
 class IPAConfig:
-    enabled: bool = False
-    gamma: float = 1.0
-    ratio_low: float = 0.5
-    ratio_high: float = 2.0
+    """Chunk-level IPA credit (``algorithm.name: grpo``, :mod:`rockroll.trainer.credit`): a
+    chunk is one turn, its return gamma^(K-k) * R, its ratio the geometric mean of its tokens'
+    ratios to the generator's log-probs; chunks whose ratio leaves [``ratio_low``,
+    ``ratio_high``] are masked out of the loss."""
+
+    enabled: bool = False  # IPA's chunk advantages and chunk-ratio loss replace grpo's (algorithm.name: grpo)
+    gamma: float = 1.0  # chunk k of K gets the return gamma^(K-k) * R
+    ratio_low: float = 0.5  # a chunk whose ratio is below this is masked out of the loss
+    ratio_high: float = 2.0  # a chunk whose ratio is above this is masked out of the loss
 
     def validate(self, p: str) -> None:
         _check(0 < self.gamma <= 1, f"{p}.gamma", "must be in (0, 1]")
@@ -183,13 +198,14 @@ class RhythmConfig:
     pre-planning / anchor tokens; ``amplify_*``: a selected token's scale is 1 + amplify.
     ``window``: WAAD's distance clip; ``layers``: how many layers of the middle third are read."""
 
-    enabled: bool = False
-    scheme: str = "coupled"
-    top_k: float = 0.4
-    window: int = 10
-    layers: int = 3
-    amplify_preplan: float = 0.5
-    amplify_anchor: float = 0.5
+    enabled: bool = False  # scale advantages by the attention rhythm (an eager-attention copy reads every batch)
+    scheme: str = "coupled"  # local_chunk, global_anchor or coupled (above)
+    top_k: float = 0.4  # fraction of a response's tokens selected as pre-planning / anchor tokens
+    window: int = 10  # WAAD's distance clip, in tokens
+    layers: int = 3  # how many layers of the middle third are read
+    amplify_preplan: float = 0.5  # local_chunk: a pre-planning token's scale is 1 + this
+    amplify_anchor: float = 0.5  # global_anchor, coupled: an anchor token's scale is 1 + this
+    # coupled: the share of an anchor's extra credit passed to the pre-planning token before it
     pass_fraction: float = 0.5
 
     def validate(self, p: str) -> None:
@@ -221,15 +237,15 @@ class CriticsConfig:
     advantage 0, those where they disagree most (the ``1 - entropy_quantile`` fraction with the
     highest std) are left out of the entropy bonus (``algorithm.entropy_coef``)."""
 
-    count: int = 2
-    name_or_path: str | None = None
-    hidden_size: int = 64
-    num_layers: int = 1
-    num_heads: int = 1
-    intermediate_size: int = 128
-    lr: float = 1e-3
-    mask_quantile: float = 0.2      # 0: mask no advantage
-    entropy_quantile: float = 0.8   # 1: exclude no state from the entropy bonus
+    count: int = 2  # mini-critics, each trained on its own shard of a step's groups (>= 2)
+    name_or_path: str | None = None  # a checkpoint each critic starts from (null: a tiny Llama of the dims below)
+    hidden_size: int = 64  # tiny critic: width
+    num_layers: int = 1  # tiny critic: decoder layers
+    num_heads: int = 1  # tiny critic: attention heads (must divide hidden_size)
+    intermediate_size: int = 128  # tiny critic: MLP width
+    lr: float = 1e-3  # each critic's AdamW learning rate
+    mask_quantile: float = 0.2      # fraction of states, lowest critic std first, whose advantage is 0 (0: none)
+    entropy_quantile: float = 0.8   # states above this quantile of critic std get no entropy bonus (1: none)
 
     def validate(self, p: str) -> None:
         _check(self.count >= 2, f"{p}.count", "must be >= 2 (AsyPPO's uncertainty is their disagreement)")
@@ -247,8 +263,8 @@ class RAFTConfig:
     accepted (0: no rank limit), and only those whose reward is above ``min_reward`` (null: no
     threshold); the policy trains by maximum likelihood on the accepted samples."""
 
-    top_k: int = 1
-    min_reward: float | None = None
+    top_k: int = 1  # samples accepted per group, highest reward first (0: no rank limit)
+    min_reward: float | None = None  # accept only rewards above this (null: no threshold)
 
     def validate(self, p: str) -> None:
         _check(self.top_k >= 0, f"{p}.top_k", "must be >= 0")
@@ -258,13 +274,21 @@ class RAFTConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: str = "grpo"
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    dual_clip: float | None = None
+    """The advantage estimator and policy loss (``name``, a row of
+    :data:`rockroll.trainer.algorithms.ALGORITHMS`) and the credit options. A key the chosen
+    algorithm does not read, set away from its default, is a ConfigError naming it."""
+
+    name: str = "grpo"  # grpo, ppo, reinforce_pp, topr, cispo, asyppo or raft (algorithms.ALGORITHMS)
+    clip_low: float = 0.2  # the clipped ratio's lower bound is 1 - clip_low
+    clip_high: float = 0.28  # the clipped ratio's upper bound is 1 + clip_high
+    dual_clip: float | None = None  # c > 1: a negative-advantage token's loss is capped at c * |A| (null: off)
+    # k3 KL to the frozen initial policy, times this, in the loss (reinforce_pp: in the reward); 0: no reference
     kl_coef: float = 0.0
+    # how per-token losses reduce to one: token-mean, seq-mean-token-mean or seq-mean-token-sum
     loss_agg: str = "token-mean"
+    # divide group-centred rewards by the group's std (false: Dr.GRPO, the mean baseline only)
     std_normalize: bool = True
+    # drop and refill groups whose advantages are all zero (every episode earned the same)
     dynamic_sampling: bool = False
     # dynamic sampling gives up (the rollout fails with ZeroAdvantageError) once this many
     # batches' worth of groups in a row (x rollout.batch_groups) had zero advantage: a policy
@@ -272,23 +296,23 @@ class AlgorithmConfig:
     # Generous: early in a sparse-reward run most groups fail alike (the FrozenLake example
     # drops 40 in a row before its first success on some seeds)
     dynamic_sampling_max_batches: int = 100
-    format_penalty: float | None = None  # overrides each env's format_penalty when set
+    format_penalty: float | None = None  # reward of an unparsable reply: overrides each env's format_penalty when set
     tis_cap: float = 2.0                 # PPO clip loss: truncated IS weight pi_old / pi_behav (0: off)
-    ppo_epochs: int = 1
-    mini_batches: int = 1
+    ppo_epochs: int = 1  # passes over each step's batch
+    mini_batches: int = 1  # optimizer steps per pass: the batch is split into this many
     # outcome: every token of an episode shares one advantage from its summed reward;
     # discounted: each turn's tokens get the group-normalised discounted return-to-go of the
     # per-turn rewards (gamma), see credit.turn_advantages
     turn_credit: str = "outcome"
     gamma: float = 1.0                   # ppo: GAE; turn_credit=discounted: per-turn discount
-    lam: float = 0.95
-    vf_coef: float = 0.5
-    ipa: IPAConfig = field(default_factory=IPAConfig)
-    rhythm: RhythmConfig = field(default_factory=RhythmConfig)
+    lam: float = 0.95  # GAE's lambda (ppo, asyppo)
+    vf_coef: float = 0.5  # weight of the value head's squared error in the loss (ppo)
+    ipa: IPAConfig = field(default_factory=IPAConfig)  # chunk-level IPA credit (grpo only)
+    rhythm: RhythmConfig = field(default_factory=RhythmConfig)  # attention-rhythm credit
     # entropy bonus: loss -= entropy_coef * H(pi) over response tokens (the entropy is logged always)
     entropy_coef: float = 0.0
-    critics: CriticsConfig = field(default_factory=CriticsConfig)   # asyppo only
-    raft: RAFTConfig = field(default_factory=RAFTConfig)            # raft only
+    critics: CriticsConfig = field(default_factory=CriticsConfig)   # AsyPPO's mini-critics (asyppo only)
+    raft: RAFTConfig = field(default_factory=RAFTConfig)            # RAFT's acceptance rule (raft only)
 
     @property
     def spec(self):
@@ -359,12 +383,12 @@ class AlgorithmConfig:
 class EngineConfig:
     """Where the policy trains: plain PyTorch, or DeepSpeed ZeRO (``zero_stage`` 0-3)."""
 
-    kind: str = "torch"
-    zero_stage: int = 1
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    grad_clip: float = 1.0
+    kind: str = "torch"  # torch or deepspeed
+    zero_stage: int = 1  # deepspeed: ZeRO stage (1 partitions optimizer state, 2 also gradients, 3 also parameters)
+    lr: float = 1e-3  # AdamW learning rate
+    weight_decay: float = 0.0  # AdamW weight decay
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW betas
+    grad_clip: float = 1.0  # gradient-norm clip per optimizer step (0: off)
     # sequences per forward/backward: a mini-batch's micro-batches accumulate their gradients
     # into one optimizer step, exactly as one pass would (0: the whole mini-batch at once)
     micro_batch_size: int = 0
@@ -381,14 +405,19 @@ class EngineConfig:
 
 @dataclass
 class GenerationConfig:
-    backend: str = "transformers"
-    temperature: float = 1.0
-    top_p: float = 1.0
-    # 0: off. top-k / top-p truncate the distribution the generator samples from; the trainer's
-    # log-probs are taken under the same truncation (trainer/sampling.py), so ratios are unbiased
+    """How replies are sampled (:mod:`rockroll.trainer.sampling`): temperature, top-k, top-p
+    and the allowed tokens define one distribution, used alike by the generator and the
+    trainer's log-probs."""
+
+    backend: str = "transformers"  # transformers (in process, CPU or GPU) or vllm (extra vllm)
+    temperature: float = 1.0  # sampling temperature; the trainer's log-probs are taken under it too
+    top_p: float = 1.0  # nucleus sampling: the smallest set of tokens holding this mass (1: off)
+    # sample among the k most likely tokens (0: off). top-k / top-p truncate the distribution the
+    # generator samples from; the trainer's log-probs are taken under the same truncation
+    # (trainer/sampling.py), so ratios are unbiased
     top_k: int = 0
-    max_new_tokens: int = 4
-    gpu_memory_utilization: float = 0.5  # vllm only
+    max_new_tokens: int = 4  # longest reply per turn, in tokens
+    gpu_memory_utilization: float = 0.5  # vllm only: the share of the GPU's memory the engine may take
     # Constrained decoding: the reply may use only these texts, each one token of the tokenizer
     # (empty: the whole vocabulary). Generator and trainer both renormalise over them, so the
     # learned log-probs are those of the distribution sampled from. For action-space tasks and
@@ -415,10 +444,14 @@ class GenerationConfig:
 
 @dataclass
 class CheckpointConfig:
-    dir: str | None = None
+    """Checkpoints of the whole run (model, optimizer, rollout buffer, step, RNG, the batch
+    roles' state) in ``dir``, every ``every`` steps and at the end; a rerun resumes from the
+    latest."""
+
+    dir: str | None = None  # folder of the run's checkpoints (null: none saved, none resumed)
     every: int = 0          # steps between checkpoints (0: only at the end)
     resume: bool = True     # continue from the latest checkpoint in ``dir`` if there is one
-    keep: int = 2
+    keep: int = 2  # newest checkpoints kept; older ones are deleted
 
     def validate(self, p: str) -> None:
         _check(self.every >= 0, f"{p}.every", "must be >= 0")
@@ -427,12 +460,15 @@ class CheckpointConfig:
 
 @dataclass
 class LoggingConfig:
+    """What a run writes to its folder (:mod:`rockroll.trainer.runlog`)."""
+
+    # the run folder: metrics.jsonl, eval.jsonl, tb/, curve.png, transcripts/ (and a built tokenizer)
     dir: str = "runs/default"
-    tensorboard: bool = True
-    plot: bool = True
+    tensorboard: bool = True  # write TensorBoard events under <dir>/tb
+    plot: bool = True  # draw <dir>/curve.png (reward and success per step, evaluations as points)
     transcripts: int = 2    # sample transcripts written per step
-    progress: bool = True
-    plot_every: int = 10
+    progress: bool = True  # a progress bar on stderr
+    plot_every: int = 10  # steps between redraws of curve.png
 
     def validate(self, p: str) -> None:
         _check(self.transcripts >= 0, f"{p}.transcripts", "must be >= 0")
@@ -445,9 +481,9 @@ class EvalConfig:
     after the last step: ``episodes`` per env from each task's first observation, on a fixed
     list of seeds, at the generation temperature. Written to ``<logging.dir>/eval.jsonl``."""
 
-    every: int = 0
-    episodes: int = 32
-    seed: int = 1_000_003
+    every: int = 0  # steps between evaluations (0: none at all)
+    episodes: int = 32  # episodes per env at each evaluation
+    seed: int = 1_000_003  # the env and sampling seeds of the evaluation episodes (the same at every evaluation)
 
     def validate(self, p: str) -> None:
         _check(self.every >= 0, f"{p}.every", "must be >= 0")
@@ -466,10 +502,11 @@ class RoleResources:
     keeps its models and optimizer state in host memory outside its turns (the trainer and
     batch roles, on a device they share: :mod:`rockroll.trainer.offload`)."""
 
-    num_cpus: float = 0.0
-    num_gpus: float = 0.0
+    num_cpus: float = 0.0  # CPUs each actor of the role asks for
+    num_gpus: float = 0.0  # GPUs each actor asks for: a fraction of one (shared by turns) or whole GPUs
+    # a role whose placement-group bundles this role's actors join (null: bundles of its own)
     colocate: str | None = None
-    offload: bool = False
+    offload: bool = False  # keep models and optimizer state in host memory outside the role's turns
 
     def validate(self, p: str) -> None:
         _check(self.num_cpus >= 0, f"{p}.num_cpus", "must be >= 0")
@@ -493,16 +530,17 @@ class RayConfig:
     ``num_reward_actors``: actors of the reward role (when ``reward`` has verifiers or a judge),
     shared by the env workers."""
 
-    enabled: bool = False
-    num_env_workers: int = 1
-    num_generators: int = 1
-    address: str | None = None
-    weight_sync: str = "object_store"
-    num_gpus: float = 0.0  # GPUs for the trainer actor and for each generator actor
-    num_trainers: int = 1
+    enabled: bool = False  # run the loop over Ray actors (false: every role in this process)
+    num_env_workers: int = 1  # env-worker actors; they split rollout.batch_groups between them
+    num_generators: int = 1  # generation engines, at most num_env_workers (each serves one or more env workers)
+    address: str | None = None  # a running Ray cluster to join (null: start a local Ray on 127.0.0.1)
+    weight_sync: str = "object_store"  # how new weights reach the generators: object_store or collective
+    num_gpus: float = 0.0  # GPUs of each trainer, generator and batch-role actor (ray.roles may set a role's own)
+    num_trainers: int = 1  # data-parallel policy ranks (needs engine.kind: deepspeed)
+    # per role: its actors' resources and colocation (empty: no placement group)
     roles: dict[str, RoleResources] = field(default_factory=dict)
-    placement_strategy: str = "PACK"
-    num_reward_actors: int = 1
+    placement_strategy: str = "PACK"  # the placement group's strategy: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD
+    num_reward_actors: int = 1  # reward-role actors (with verifiers or a judge), shared by the env workers
 
     def validate(self, p: str) -> None:
         _check(self.num_env_workers >= 1, f"{p}.num_env_workers", "must be >= 1")
@@ -554,10 +592,10 @@ class VerifierConfig:
     ``fn(question, answer, transcript, **kwargs) -> float`` on every finished episode; its
     value times ``weight`` is added to the episode's reward. An exception is an infra error."""
 
-    fn: str = ""
+    fn: str = ""  # module:function, called as fn(question, answer, transcript, **kwargs) -> float
     name: str = ""          # the metric's name (default: the function's)
-    weight: float = 1.0
-    kwargs: dict[str, Any] = field(default_factory=dict)
+    weight: float = 1.0  # the value times this is added to the reward
+    kwargs: dict[str, Any] = field(default_factory=dict)  # extra keyword arguments of fn
 
     def validate(self, p: str) -> None:
         _check(":" in self.fn and all(self.fn.split(":", 1)), f"{p}.fn", "must be module:function")
@@ -575,22 +613,23 @@ class JudgeConfig:
     to [0, 1], times ``weight``, added to the reward. A timeout, an HTTP error or a reply
     without a score in range is an infra error: the episode is dropped, never scored 0."""
 
-    backend: str = ""        # "": no judge; local | openai
-    url: str | None = None
-    api_key_env: str = "OPENAI_API_KEY"
+    backend: str = ""        # local or openai ("": no judge)
+    url: str | None = None  # openai: the endpoint (.../v1)
+    api_key_env: str = "OPENAI_API_KEY"  # openai: the environment variable holding the API key
     model: str = ""          # openai: the model name sent; local: a checkpoint folder
-    system: str = ""
+    system: str = ""  # the system message before the template's (none when empty)
+    # the user message: str.format over question, answer, transcript, env_id, task_id, reward
     template: str = DEFAULT_JUDGE_TEMPLATE
-    score_regex: str = r"(-?\d+(?:\.\d+)?)"
-    score_range: list[float] = field(default_factory=lambda: [0.0, 10.0])
-    weight: float = 1.0
-    max_tokens: int = 8
-    temperature: float = 0.0
+    score_regex: str = r"(-?\d+(?:\.\d+)?)"  # its first match's first group in the reply is the score
+    score_range: list[float] = field(default_factory=lambda: [0.0, 10.0])  # [low, high] of the score, mapped to [0, 1]
+    weight: float = 1.0  # the mapped score times this is added to the reward
+    max_tokens: int = 8  # longest judge reply, in tokens
+    temperature: float = 0.0  # the judge's sampling temperature (0: greedy)
     allowed_tokens: list[str] = field(default_factory=list)  # local: constrained decoding, as generation's
     max_concurrency: int = 16   # judge calls in flight at once
     max_batch_size: int = 16    # local: requests per engine call
-    timeout_s: float = 60.0     # per call, retries included
-    retries: int = 2            # openai: 429/5xx and connection errors, with back-off
+    timeout_s: float = 60.0     # seconds per judge call, retries included
+    retries: int = 2            # openai: retries of a call on 429/5xx and connection errors, with back-off
 
     def validate(self, p: str) -> None:
         import re
@@ -630,8 +669,9 @@ class RewardConfig:
     stays, and each verifier's and the judge's weighted scores are added to it (on the last
     turn), each recorded in ``Sample.reward_parts``."""
 
+    # rule-based verifiers, each weighted score added to the reward
     verifiers: list[VerifierConfig] = field(default_factory=list)
-    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)  # an LLM judge (backend empty: none)
 
     @property
     def active(self) -> bool:
@@ -645,20 +685,27 @@ class RewardConfig:
 
 @dataclass
 class TrainConfig:
-    steps: int = 100
-    seed: int = 0
-    deterministic: bool = False
-    model: ModelConfig = field(default_factory=ModelConfig)
-    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    """A whole training run: the top level of a YAML config, one section per part of the
+    run (each a dataclass below); ``envs`` is a list, ``ray.roles`` a mapping by role name."""
+
+    steps: int = 100  # training steps in all: a resumed run goes on from its checkpoint up to this many (--steps N)
+    seed: int = 0  # seeds the model's init, task and env sampling and generation (Ray env workers mix in their index)
+    deterministic: bool = False  # torch's deterministic algorithms, and no continuous batching (its batches vary)
+    model: ModelConfig = field(default_factory=ModelConfig)  # the policy model
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)  # the tokenizer and how turns are framed
+    # the task mixture: one entry per env, sampled by weight
     envs: list[EnvConfig] = field(default_factory=lambda: [EnvConfig()])
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    generation: GenerationConfig = field(default_factory=GenerationConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)  # how episodes are played, grouped and batched
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)  # advantages, policy loss and credit
+    engine: EngineConfig = field(default_factory=EngineConfig)  # where the policy trains, and its optimizer
+    generation: GenerationConfig = field(default_factory=GenerationConfig)  # sampling and the generation backend
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)  # saving and resuming
+    # the run folder: metrics, TensorBoard, curve, transcripts
     logging: LoggingConfig = field(default_factory=LoggingConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)  # evaluation on the same fresh episodes each time
+    # Ray actors and their placement (off: every role in this process)
     ray: RayConfig = field(default_factory=RayConfig)
+    # verifiers and an LLM judge whose scores are added to the env's reward
     reward: RewardConfig = field(default_factory=RewardConfig)
     hubs: list[str] = field(default_factory=list)  # env hubs (folder, s3://...) the env ids are read from,
     #                                                 after the built-in ids and $ROCKROLL_HUB's
