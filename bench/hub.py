@@ -31,12 +31,14 @@ BUCKET = "rockroll-bench"
 ENV_ID = "rock/Math-v0"  # the package names this built-in env's entry point
 HUB_IMAGE = "hub:bench@1.0.0"
 # What bench/results/hub.json holds (tests/test_bench_smoke.py checks every run against it):
-# each list's rows by their first column, in order (a row's label starts with its name).
+# a list's rows by their first column, in order (a row's label starts with its name); a
+# dict's keys, each measured (not None); "" is the top level.
 PROMISED = {
     "transfer": ("publish (s3, verify + upload)", "pull: transfer + sha256", "pull: whole (+ unpack)"),
     "latency_ms": ("pull, fully cached (new process view)", "pull, memoised in-process",
-                   "sandbox start, image=host", f"sandbox start, image={HUB_IMAGE}"),
+                   "sandbox start, image=host", "sandbox start, image=hub:bench@1.0.0"),
     "rounds": ("boto3_up", "publish", "boto3_down", "fetch", "pull"),
+    "": ("env_mib", "build_s"),
 }
 
 
@@ -45,7 +47,7 @@ def rss_mb() -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true",
                     help="a smoke run: 4 MiB, 1 round, 3 starts, 5 cached pulls (each may still be set)")
     ap.add_argument("--mb", type=int, help="MiB of random bytes in the env (default 200; --quick 4)")
