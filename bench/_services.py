@@ -1,6 +1,7 @@
-"""What a benchmark starts beside itself: a ``rockroll serve`` and a loopback Ray cluster.
+"""What a benchmark starts beside itself: a ``rockroll serve``, a loopback Ray cluster and
+moto's S3 server.
 
-Both listen on 127.0.0.1 only and run in their own process groups, so ``stop()`` ends
+All listen on 127.0.0.1 only and run in their own process groups, so ``stop()`` ends
 exactly what was started here (SIGTERM first, then SIGKILL), also after a Ctrl-C.
 Benchmarks never import the tests: the test suite has its own copy of this logic.
 """
@@ -184,3 +185,40 @@ class RayCluster:
         self.pgids.clear()
         shutil.rmtree(self.root, ignore_errors=True)
         return how
+
+
+class MotoServer:
+    """moto's S3 server (``moto_server``, a test dependency) on 127.0.0.1 and a free port, in
+    a process group of its own; ``endpoint`` is its URL. Its data lives in its memory."""
+
+    def __init__(self, start_timeout: float = 30.0):
+        self.port = free_ports(1)[0]
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        exe = Path(sys.executable).with_name("moto_server")
+        if not exe.is_file():
+            raise RuntimeError(f"no {exe}: install the test extra (pip install -e '.[test]'), which brings moto[server]")
+        self.proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(self.port)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + start_timeout
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"moto_server did not start on port {self.port}") from None
+                time.sleep(0.1)
+
+    def stop(self, grace: float = 10.0) -> str:
+        """SIGTERM, then SIGKILL after ``grace`` seconds; returns how it ended. Idempotent."""
+        if self.proc.poll() is not None:
+            return "not running"
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(grace)
+            return "SIGTERM"
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            return "SIGKILL"

@@ -1,7 +1,7 @@
 """Env benchmark: rock/SWE-v0 reset latency and stepping throughput, against a container
 per episode driven through the Docker CLI (the gem-llm / SWE-ReX way), in the same run.
 
-    .venv/bin/python bench/envs.py [--quick] [--envs 64] [--no-docker]
+    .venv/bin/python bench/envs.py [--quick] [--envs 64] [--no-docker] [--hub URL]
 
 1. reset: p50/p95 of ``env.reset()`` on one task whose warm pool holds sandboxes already at
    the task's state (target p50 <= 20 ms), against ``docker run -d`` of the same task's
@@ -10,7 +10,7 @@ per episode driven through the Docker CLI (the gem-llm / SWE-ReX way), in the sa
    4-command script per episode, against the same script on containers, one ``docker
    exec`` per command, N/8 episodes at a time in threads.
 
-Needs the default SWE set on the default hub (``rockroll envs build-swe --default``).
+Needs the default SWE set on the default hub (``rockroll envs build-swe --default``), or on ``--hub``.
 gem-llm itself is not run: its terminal env (gem-llm 0.1.0, gem/envs/terminal/docker_env.py)
 drives terminal-bench tasks through docker compose, building per-task images from Dockerfiles
 whose bases come from a registry this machine cannot reach; the docker CLI rows measure the
@@ -38,6 +38,15 @@ from rockroll.gem.vector import GemVectorEnv  # noqa: E402
 SCRIPT = ["git status --short | wc -l", "ls", "grep -rc 'def ' --include=*.py . | tail -n 3",
           "python3 -c 'import sys; print(sys.version_info[:2])'"]
 COLUMNS = ("metric", "rockroll", "docker CLI", "ratio", "target", "met")
+# What bench/results/envs.json holds (tests/test_bench_smoke.py checks every run against it):
+# a list's rows by their first column, in order (a row's label starts with its name); a
+# dict's keys, each measured (not None); "" is the top level.
+PROMISED = {
+    "rows": ("reset p50 (ms)", "reset p95 (ms)", "steps/s"),
+    "reset_ms": ("median", "p95", "n"),
+    "docker_start_ms": ("median", "p95", "n"),
+    "": ("steps_per_s", "docker_steps_per_s"),
+}
 
 
 def bash(cmd: str) -> str:
@@ -102,11 +111,12 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
     ap.add_argument("--envs", type=int, default=64, help="concurrent envs for the steps/s row")
     ap.add_argument("--no-docker", action="store_true", help="skip the docker CLI comparison")
+    ap.add_argument("--hub", help="the hub holding the SWE set (default: the default hub)")
     args = ap.parse_args()
     sigterm_as_exit()
-    tasks = hub_swe_tasks()
+    tasks = hub_swe_tasks(args.hub)
     if not tasks:
-        sys.exit("no SWE tasks on the default hub: run `rockroll envs build-swe --default` first")
+        sys.exit(f"no SWE tasks on the hub {args.hub or '(default)'}: run `rockroll envs build-swe --default` first")
     resets = 30 if args.quick else 200
     rounds = 1 if args.quick else 3
     print(f"reset x{resets} (warm pool, one task)", file=sys.stderr)

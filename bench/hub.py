@@ -5,8 +5,10 @@ sandbox cold start from a pulled env vs the host image.
 The env holds ``--mb`` MiB of random (incompressible) bytes made by a setup step, so zstd
 cannot shrink the transfer. Pull is timed twice: transfer + sha256 verification (the
 part comparable with boto3's download_file) and the whole pull (plus unpacking the layer).
+The package's env is rock/Math-v0's entry point (the build checks that it imports; the
+benchmark never makes the env, it moves the package's bytes).
 
-    .venv/bin/python bench/hub.py [--mb 200] [--starts 10] [--rounds 3]
+    .venv/bin/python bench/hub.py [--quick] [--mb 200] [--starts 10] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -15,40 +17,29 @@ import argparse
 import os
 import resource
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import print_table, stats, write_json  # noqa: E402
+from _common import print_table, sigterm_as_exit, stats, write_json  # noqa: E402
+from _services import MotoServer  # noqa: E402
 
 BUCKET = "rockroll-bench"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_moto() -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    exe = Path(sys.executable).with_name("moto_server")
-    proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    for _ in range(100):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc, endpoint
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise SystemExit("moto_server did not start")
+ENV_ID = "rock/Math-v0"  # the package names this built-in env's entry point
+HUB_IMAGE = "hub:bench@1.0.0"
+# What bench/results/hub.json holds (tests/test_bench_smoke.py checks every run against it):
+# a list's rows by their first column, in order (a row's label starts with its name); a
+# dict's keys, each measured (not None); "" is the top level.
+PROMISED = {
+    "transfer": ("publish (s3, verify + upload)", "pull: transfer + sha256", "pull: whole (+ unpack)"),
+    "latency_ms": ("pull, fully cached (new process view)", "pull, memoised in-process",
+                   "sandbox start, image=host", "sandbox start, image=hub:bench@1.0.0"),
+    "rounds": ("boto3_up", "publish", "boto3_down", "fetch", "pull"),
+    "": ("env_mib", "build_s"),
+}
 
 
 def rss_mb() -> float:
@@ -56,11 +47,18 @@ def rss_mb() -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mb", type=int, default=200)
-    ap.add_argument("--starts", type=int, default=10)
-    ap.add_argument("--rounds", type=int, default=3, help="boto3-then-ours rounds; medians reported")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true",
+                    help="a smoke run: 4 MiB, 1 round, 3 starts, 5 cached pulls (each may still be set)")
+    ap.add_argument("--mb", type=int, help="MiB of random bytes in the env (default 200; --quick 4)")
+    ap.add_argument("--starts", type=int, help="sandbox starts per image (default 10; --quick 3)")
+    ap.add_argument("--rounds", type=int, help="boto3-then-ours rounds; medians reported (default 3; --quick 1)")
     args = ap.parse_args()
+    for name, full, quick in (("mb", 200, 4), ("starts", 10, 3), ("rounds", 3, 1)):
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
+    cached_n = 5 if args.quick else 20
+    sigterm_as_exit()
     work = Path(tempfile.mkdtemp(prefix="rockroll-bench-hub-"))
     os.environ["ROCKROLL_HOME"] = str(work / "home")
     for k, v in (("AWS_ACCESS_KEY_ID", "bench"), ("AWS_SECRET_ACCESS_KEY", "bench"), ("AWS_DEFAULT_REGION", "us-east-1")):
@@ -70,9 +68,11 @@ def main() -> None:
     import rockroll  # noqa: F401 - installs the hub image scheme
     from rockroll.envhub import HubStore, LocalCache, build, publish, pull
     from rockroll.envhub.pull import forget
+    from rockroll.registry.builtin import BUILTIN_ENVS
     from rockroll.sandbox import SandboxSpec, open_sandbox
 
-    moto, endpoint = start_moto()
+    moto = MotoServer()
+    endpoint = moto.endpoint
     try:
         s3 = boto3.client("s3", endpoint_url=endpoint)
         s3.create_bucket(Bucket=BUCKET)
@@ -82,7 +82,7 @@ def main() -> None:
 version = "1.0.0"
 setup = ["head -c {args.mb}M /dev/urandom > /opt/blob"]
 [env]
-entry_point = "x:Y"
+entry_point = "{BUILTIN_ENVS[ENV_ID]}"
 ''')
         print(f"building a {args.mb} MiB env...", file=sys.stderr)
         t = time.perf_counter()
@@ -132,13 +132,13 @@ entry_point = "x:Y"
 
         # Cached pull: a new process' view (memo cleared), exact pin, everything local.
         cached = []
-        for _ in range(20):
+        for _ in range(cached_n):
             forget()
             t = time.perf_counter()
             pull("bench@1.0.0", hub=store, cache=fresh)
             cached.append(time.perf_counter() - t)
         memo = []
-        for _ in range(20):
+        for _ in range(cached_n):
             t = time.perf_counter()
             pull("bench@1.0.0", hub=store, cache=fresh)
             memo.append(time.perf_counter() - t)
@@ -146,7 +146,7 @@ entry_point = "x:Y"
         # Cold start: sandbox create (to a ready agent) + close, pulled env vs host.
         pull("bench@1.0.0", hub=store)  # into the default home the sandboxes use
         starts: dict[str, list[float]] = {}
-        for image in ("host", "hub:bench@1.0.0") * 1:
+        for image in ("host", HUB_IMAGE):
             with open_sandbox(SandboxSpec(image=image, memory_mb=256)):
                 pass  # warm-up: host base layer, page cache
             starts[image] = []
@@ -156,8 +156,7 @@ entry_point = "x:Y"
                 starts[image].append(time.perf_counter() - t)
                 sb.close()
     finally:
-        moto.terminate()
-        moto.wait(timeout=10)
+        moto.stop()
         shutil.rmtree(work, ignore_errors=True)
 
     med = statistics.median
@@ -177,10 +176,12 @@ entry_point = "x:Y"
         {"what": "pull, fully cached (new process view)", **stats(cached), "target ms": 50},
         {"what": "pull, memoised in-process", **stats(memo)},
         {"what": "sandbox start, image=host", **stats(starts["host"]), "target ms": 150},
-        {"what": "sandbox start, image=hub:bench@1.0.0", **stats(starts["hub:bench@1.0.0"]), "target ms": 150},
+        {"what": f"sandbox start, image={HUB_IMAGE}", **stats(starts[HUB_IMAGE]), "target ms": 150},
     ]
     print_table("Latency (ms)", lat, ["what", "median", "p95", "n", "target ms"])
-    path = write_json("hub", {"env_mib": mb, "data": "random (incompressible)", "build_s": build_s,
+    path = write_json("hub", {"params": {"mb": args.mb, "rounds": args.rounds, "starts": args.starts,
+                                         "cached_pulls": cached_n, "quick": args.quick},
+                              "env_mib": mb, "data": "random (incompressible)", "build_s": build_s,
                               "rounds": {"boto3_up": boto_up, "publish": pub, "boto3_down": boto_down,
                                          "fetch": fetch, "pull": whole},
                               "transfer": rows, "latency_ms": lat})

@@ -43,6 +43,15 @@ from rockroll.sandbox.modelservice.modes import Answer, Choice  # noqa: E402
 from rockroll.sandbox.runtime.model_channel import SANDBOX_PORT, TOKEN_ENV  # noqa: E402
 
 TARGET_ADDED_MS = 1.5
+# What bench/results/modelservice.json holds (tests/test_bench_smoke.py checks every run against it):
+# a list's rows by their first column, in order (a row's label starts with its name); a
+# dict's keys, each measured (not None); "" is the top level.
+PROMISED = {
+    "latency": ("direct, keep-alive", "endpoint, keep-alive", "direct, new connection per call",
+                "endpoint, new connection per call", "file bridge"),
+    "throughput": ("direct", "endpoint", "file bridge"),
+    "": ("added_ms", "bridge_vs_endpoint"),
+}
 BRIDGE_DIR = "/tmp/llm-bridge"
 
 # The client every row runs (stdlib only: the same python3 on the host and in the sandbox).

@@ -15,7 +15,7 @@ over ``rockroll.trainer.testing.SimStepper``, heavy-tailed reply lengths and a f
 decode step) asked through one blocking batch call at a time (off: a batch answers when its
 longest reply is done) or request by request, each joining the running batch (on).
 
-    python bench/rollout.py [--quick] [--only queue|attention]
+    python bench/rollout.py [--quick] [--steps N] [--groups N] [--only queue|attention]
 """
 
 from __future__ import annotations
@@ -33,6 +33,16 @@ from rockroll.trainer.rollout import PromptTemplate, RolloutManager  # noqa: E40
 from rockroll.trainer.testing import CharTok, ScriptEngine  # noqa: E402
 
 LAT = "rockroll.trainer.synthetic:LatencyEnv"
+# What bench/results/rollout.json holds (tests/test_bench_smoke.py checks every run against it):
+# a list's rows by their first column, in order (a row's label starts with its name); a
+# dict's keys, each measured (not None); "" is the top level.
+PROMISED = {
+    "rows": ("sync", "async a=1", "async a=2", "sync", "async a=2"),  # redundant 0, 0, 0, 2, 2
+    "speedup": ("alpha=0,r=0", "alpha=1,r=0", "alpha=2,r=0", "alpha=0,r=2", "alpha=2,r=2"),
+    "attention_pass": ("update_s", "attention_pass_s", "update_with_rhythm_s", "ratio"),
+    "queue_scheduling.rows": ("blocking batch", "continuous"),
+    "queue_scheduling": ("speedup",),
+}
 
 
 def drive(mgr, steps: int, desc: str, train_s: float, advance) -> dict:
@@ -118,10 +128,9 @@ def run_queue(continuous: bool, steps: int, *, group: int, batch_groups: int, al
             "gen_calls": mgr.gen.calls}
 
 
-def queue_scheduling(quick: bool) -> dict:
+def queue_scheduling(steps: int, groups: int = 4) -> dict:
     """Queue scheduling on/off in one process run: the samples/s ratio, table and JSON rows."""
-    params = dict(group=8, batch_groups=4, alpha=1, max_new_tokens=128, train_s=0.3, env_s=0.02, step_s=0.005)
-    steps = 3 if quick else 12
+    params = dict(group=8, batch_groups=groups, alpha=1, max_new_tokens=128, train_s=0.3, env_s=0.02, step_s=0.005)
     rows = [run_queue(c, steps, **params) for c in (False, True)]
     ratio = rows[1]["samples_per_s"] / rows[0]["samples_per_s"]
     for row in rows:
@@ -194,8 +203,8 @@ def attention_cost(steps: int, *, groups: int = 4, group: int = 8, turns: int = 
             "ratio": mean(rhythm) / mean(plain)}
 
 
-def attention_table(quick: bool) -> dict:
-    attn = attention_cost(2 if quick else 8)
+def attention_table(steps: int, groups: int = 4) -> dict:
+    attn = attention_cost(steps, groups=groups)
     print_table("Rhythm credit: a training step without / with the attention pass (same batch, alternated)",
                 [attn], ["sequences", "tokens_per_sequence", "layers", "update_s", "attention_pass_s",
                          "update_with_rhythm_s", "ratio"])
@@ -206,17 +215,23 @@ def attention_table(quick: bool) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer steps (CI smoke run)")
+    ap.add_argument("--steps", type=int,
+                    help="steps of every comparison (default 24 a rollout mode, 8 attention, 12 a queue mode; "
+                         "--quick 4, 2, 3)")
+    ap.add_argument("--groups", type=int, default=4,
+                    help="groups (of 8 samples) in a batch, in every comparison (default 4; 1: a CI smoke run)")
     ap.add_argument("--only", choices=["queue", "attention"],
                     help="run only this comparison (queue scheduling, or rhythm credit's attention-pass cost)")
     args = ap.parse_args()
+    # long-tailed latencies: enough steps for stable ratios
+    steps, attn_steps, queue_steps = (args.steps,) * 3 if args.steps else (4, 2, 3) if args.quick else (24, 8, 12)
     if args.only == "attention":
-        attention_table(args.quick)
+        attention_table(attn_steps, args.groups)
         return
     if args.only == "queue":
-        print(f"\nwrote {write_json('rollout_queue', queue_scheduling(args.quick))}")
+        print(f"\nwrote {write_json('rollout_queue', queue_scheduling(queue_steps, args.groups))}")
         return
-    params = dict(group=8, batch_groups=4, train_s=0.3, call_s=0.02, per_prompt_s=0.0002, median_s=0.05, sigma=1.5)
-    steps = 4 if args.quick else 24  # long-tailed latencies: enough steps for stable ratios
+    params = dict(group=8, batch_groups=args.groups, train_s=0.3, call_s=0.02, per_prompt_s=0.0002, median_s=0.05, sigma=1.5)
     configs = [(0, 0), (1, 0), (2, 0), (0, 2), (2, 2)]
     rows = [run(a, r, steps, **params) for a, r in configs]
     base = rows[0]["samples_per_s"]
@@ -230,8 +245,8 @@ def main() -> None:
     met = speedup["alpha=2,r=0"] >= 2.5
     print(f"\nasync (alpha=2, no redundant envs) vs sync: {speedup['alpha=2,r=0']:.2f}x, target >= 2.5x: "
           f"{'met' if met else 'NOT met'}")
-    attn = attention_table(args.quick)
-    queue = queue_scheduling(args.quick)
+    attn = attention_table(attn_steps, args.groups)
+    queue = queue_scheduling(queue_steps, args.groups)
     path = write_json("rollout", {"params": {**params, "steps": steps}, "rows": rows, "speedup": speedup,
                                   "target_async_speedup": 2.5, "met": met, "attention_pass": attn,
                                   "queue_scheduling": queue})

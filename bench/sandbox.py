@@ -1,7 +1,7 @@
 """Sandbox benchmark: every backend (local, docker, remote, ray) against the docker CLI,
 in the same run.
 
-    .venv/bin/python bench/sandbox.py [--quick] [--backends local,docker,remote,ray]
+    .venv/bin/python bench/sandbox.py [--quick] [--smoke] [--backends local,docker,remote,ray]
                                       [--only run,cold,pool,snapshot,swarm,density,concurrent,compat]
 
 Prints its tables (stdout; progress on stderr) and writes bench/results/sandbox.json
@@ -67,15 +67,31 @@ COMPAT_COLUMNS = ("client", "server", "median (ms)", "p95 (ms)", "ratio (theirs/
 ROCK_ROCKLET_MS = 112.0
 ROCK_REFERENCE = {"creates at once": "1000 (ROCK, on a cluster)", "p50 (ms)": 4900.0, "p99 (ms)": 8700.0,
                   "failures": None, "target": "reference", "met": None}
-WORKSPACE_BYTES, WORKSPACE_FILES = 100 << 20, 5000
-# One command makes the whole workspace: 50 folders x 100 files of random (incompressible) data.
-MAKE_WORKSPACE = (
-    "python3 -c \"import os\n"
-    f"size = {WORKSPACE_BYTES // WORKSPACE_FILES}\n"
-    f"for i in range({WORKSPACE_FILES}):\n"
-    "    d = 'data/d%02d' % (i // 100)\n"
-    "    os.makedirs(d, exist_ok=True)\n"
-    "    open('%s/f%04d' % (d, i), 'wb').write(os.urandom(size))\"")
+# What bench/results/sandbox.json holds after a run of every row and backend (tests/test_bench_smoke.py
+# checks every run against it): a dict's keys, each measured (not None, not a string saying
+# why not: "no engine"); a list's rows by their first column, in order (a row's label starts
+# with its name).
+PROMISED = {
+    "results": ("local_run_true", "local_cold_create", "local_cold_create_no_disk", "local_create_cpu",
+                "pool_acquire", "snapshot", "restore", "fork", "swarm", "density",
+                "docker_run_true", "docker_cold_create", "docker_cold_create_no_disk", "docker_exec", "docker_run",
+                "remote_run_true", "remote_cold_create", "concurrent_create", "concurrent_create_no_disk", "compat",
+                "ray_run_true", "ray_cold_create"),
+    "results.compat": ("swerex_rockroll", "swerex_own", "rock_rockroll"),
+    "compat_rows": ("SWE-ReX RemoteRuntime", "SWE-ReX RemoteRuntime", "ROCK SDK arun(session=)",
+                    "ROCK SDK arun(session=)"),
+}
+
+
+def make_workspace(nbytes: int, files: int) -> str:
+    """One command that makes the whole workspace: folders of 100 files of random
+    (incompressible) data, ``files`` files of ``nbytes`` in all."""
+    return ("python3 -c \"import os\n"
+            f"size = {nbytes // files}\n"
+            f"for i in range({files}):\n"
+            "    d = 'data/d%02d' % (i // 100)\n"
+            "    os.makedirs(d, exist_ok=True)\n"
+            "    open('%s/f%04d' % (d, i), 'wb').write(os.urandom(size))\"")
 
 
 @dataclass(frozen=True)
@@ -95,11 +111,19 @@ class Counts:
     concurrent: int = 1000
     density: int = 1000
     compat: int = 200
+    workspace_mb: int = 100    # the snapshot rows' workspace: MiB in files (>= 100 files: restore checks d00)
+    workspace_files: int = 5000
+    between_bursts_s: float = 5.0  # the first burst's teardown is over before the second
 
 
 QUICK = Counts(run_true=50, cold=5, acquire=10, snapshot=2, restore=3, fork=1, docker_run=3,
                docker_exec=10, swarm=16, swarm_cmds=20, cold_docker=3, cold_ray=3, concurrent=100, density=100,
                compat=20)
+# --smoke: every row once, as small as it goes (CI runs it: tests/test_bench_smoke.py); its
+# numbers mean nothing, the run means the benchmark still works.
+SMOKE = Counts(run_true=3, cold=2, acquire=2, snapshot=1, restore=1, fork=1, docker_run=1, docker_exec=2, swarm=2,
+               swarm_cmds=3, cold_docker=1, cold_ray=1, concurrent=4, density=4, compat=2, workspace_mb=1,
+               workspace_files=100, between_bursts_s=0.5)
 
 
 def log(msg: str) -> None:
@@ -174,11 +198,11 @@ def _wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
 
 
 def bench_snapshots(spec: SandboxSpec, counts: Counts) -> dict[str, list[float] | dict]:
-    """Snapshot and restore a 100 MB / 5,000-file workspace, then fork x8 from it."""
+    """Snapshot and restore a workspace (100 MB / 5,000 files by default), then fork x8 from it."""
     result: dict = {"snapshot": [], "restore": [], "fork": []}
     with open_sandbox(spec) as sb:
-        log(f"writing the {WORKSPACE_BYTES >> 20} MB / {WORKSPACE_FILES}-file workspace")
-        made = sb.run(MAKE_WORKSPACE, timeout=300)
+        log(f"writing the {counts.workspace_mb} MB / {counts.workspace_files}-file workspace")
+        made = sb.run(make_workspace(counts.workspace_mb << 20, counts.workspace_files), timeout=300)
         if not made.ok:
             raise RuntimeError(f"workspace creation failed: {made.stderr[-500:]}")
         snaps = []
@@ -637,7 +661,10 @@ def our_containers() -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="few samples, N=100 concurrent creates (a smoke test)")
+    parser.add_argument("--quick", action="store_true", help="few samples, N=100 concurrent creates")
+    parser.add_argument("--smoke", action="store_true",
+                        help="smaller than --quick (wins over it): every row once or twice, 4 concurrent creates, "
+                             "a 1 MB workspace; does it still run (CI)")
     parser.add_argument("--backends", type=lambda v: _csv(v, BACKENDS, "--backends"), default=BACKENDS,
                         help=f"comma-separated subset of {','.join(BACKENDS)} (default: all)")
     parser.add_argument("--only", type=lambda v: _csv(v, ROWS, "--only"), default=ROWS,
@@ -646,7 +673,7 @@ def main() -> int:
     parser.add_argument("--ray-nodes", type=int, default=1, choices=(1, 2), help="nodes of the loopback Ray cluster")
     args = parser.parse_args()
     sigterm_as_exit()
-    counts = QUICK if args.quick else Counts()
+    counts = SMOKE if args.smoke else QUICK if args.quick else Counts()
     backends, only = args.backends, args.only
     base_env = dict(os.environ)  # services run in the real state home, so `rockroll sandbox ls` sees them
     res: dict = {}
@@ -719,7 +746,7 @@ def main() -> int:
                 res["remote_cold_create"] = stats(bench_cold_create(spec, counts.cold))
             if "concurrent" in only:
                 res["concurrent_create"] = bench_concurrent(counts.concurrent, svc.proc.pid, CONCURRENT_SPEC)
-                time.sleep(5)  # the first burst's teardown is over
+                time.sleep(counts.between_bursts_s)  # the first burst's teardown is over
                 res["concurrent_create_no_disk"] = bench_concurrent(counts.concurrent, svc.proc.pid,
                                                                     CONCURRENT_NO_DISK)
             if "compat" in only:
@@ -777,7 +804,7 @@ def main() -> int:
     if "pool_acquire" in res:
         rows.append(row("local", "acquire from warm pool of 4 (ms)", res["pool_acquire"], None, ("<=", 5)))
     if "snapshot" in res:
-        size = f"{WORKSPACE_BYTES >> 20} MB / {WORKSPACE_FILES} files"
+        size = f"{counts.workspace_mb} MB / {counts.workspace_files} files"
         rows += [row("local", f"snapshot {size} (ms)", res["snapshot"], None, None),
                  row("local", f"restore {size} (ms)", res["restore"], None, ("<=", 50)),
                  row("local", "fork x8, all running (ms)", res["fork"], None, None)]
@@ -799,7 +826,7 @@ def main() -> int:
         if d["swap_used_mb"][1] > d["swap_used_mb"][0] or d["answered"] < d["held"]:
             rows[-1]["met"] = False
     if rows:
-        print_table(f"rockroll sandbox benchmark{' (--quick)' if args.quick else ''}: {os.cpu_count()} cores; "
+        print_table(f"rockroll sandbox benchmark{' (--smoke)' if args.smoke else ' (--quick)' if args.quick else ''}: {os.cpu_count()} cores; "
                     "docker CLI column: `docker exec CONTAINER true` for run, `docker run --rm` for cold create "
                     "(same run)", rows, COLUMNS)
 
@@ -812,16 +839,18 @@ def main() -> int:
                     "connections, no semaphore); the second row is the same burst without the disk limit",
                     crows, CONCURRENT_COLUMNS)
 
-    if "compat" in res:
+    comp = compat_rows(res["compat"]) if "compat" in res else []
+    if comp:
         print_table('run("true") in a session through ROCK\'s and SWE-ReX\'s own clients (unmodified)',
-                    compat_rows(res["compat"]), COMPAT_COLUMNS)
+                    comp, COMPAT_COLUMNS)
 
     # A partial run (some rows or backends) is written beside the full one, not over it.
     full = set(only) == set(ROWS) and set(backends) == set(BACKENDS)
     path = write_json("sandbox" if full else f"sandbox-{'-'.join(only)}-{'-'.join(backends)}", {
-        "quick": args.quick, "backends": list(backends), "only": list(only), "ray_nodes": args.ray_nodes,
+        "quick": args.quick, "smoke": args.smoke, "backends": list(backends), "only": list(only), "ray_nodes": args.ray_nodes,
         "counts": counts.__dict__, "docker_image": docker.image if docker else None,
-        "results": res, "cleanup": cleanup, "rows": rows, "concurrent_rows": crows})
+        "results": res, "cleanup": cleanup, "rows": rows, "concurrent_rows": crows,
+        "compat_rows": comp})
     log(f"wrote {path}")
     return 0  # a missed target shows in the table; tests, not benchmarks, gate merges
 

@@ -676,11 +676,14 @@ def bench_list():
         click.echo(f"{path.stem:<12} {doc.splitlines()[0] if doc else ''}")
 
 
-@bench.command("run", context_settings={"ignore_unknown_options": True})
+# Everything after NAME is the script's, --help included (`rockroll bench run hub --help`
+# shows the script's options): the parser stops at the first argument.
+@bench.command("run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.argument("name")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def bench_run(name, args):
-    """Run benchmark NAME (see `rockroll bench list`); ARGS go to it, e.g. `rockroll bench run rollout --quick`."""
+    """Run benchmark NAME (see `rockroll bench list`); ARGS go to it, e.g. `rockroll bench run rollout --quick`
+    (every benchmark takes --quick, a smoke-sized run; `rockroll bench run NAME --help` shows its options)."""
     import subprocess
 
     d = _bench_dir()
