@@ -141,11 +141,21 @@ def sample(fn: Callable[[], None], n: int, desc: str) -> list[float]:
 
 
 # ----------------------------------------------------------------- rockroll
-def bench_run_true(spec: SandboxSpec, n: int) -> list[float]:
+def bench_run_true(spec: SandboxSpec, n: int, bare: list[float] | None = None) -> list[float]:
+    """run("true") in a session; with ``bare``, a bare ``subprocess.run(["true"])`` on the
+    host is timed after each one, into ``bare`` (the same moments, so the same load)."""
     with open_sandbox(spec) as sb:
         for _ in range(10):  # warm the session: the first command pays bash's start-up
             sb.run("true")
-        return sample(lambda: sb.run("true"), n, 'run("true")')
+        if bare is None:
+            return sample(lambda: sb.run("true"), n, 'run("true")')
+        ours = []
+        for _ in progress(range(n), 'run("true") / bare spawn'):
+            for fn, out in ((lambda: sb.run("true"), ours), (lambda: subprocess.run(["true"]), bare)):
+                with timer() as t:
+                    fn()
+                out.append(t[0])
+        return ours
 
 
 def bench_cold_create(spec: SandboxSpec, n: int) -> list[float]:
@@ -691,7 +701,9 @@ def main() -> int:
                 log("local: warm-up (builds the host image layer)")
                 bench_cold_create(spec, 1)
                 if "run" in only:
-                    res["local_run_true"] = stats(bench_run_true(spec, counts.run_true))
+                    bare: list[float] = []
+                    res["local_run_true"] = stats(bench_run_true(spec, counts.run_true, bare))
+                    res["bare_spawn_true"] = stats(bare)
                 if "cold" in only:
                     # beside the default disk limit (a sized layer per sandbox), the same
                     # create without it, sample for sample, so drift hits both alike
@@ -787,6 +799,10 @@ def main() -> int:
         if f"{b}_run_true" in res:
             rows.append(row(b, 'run("true") in a session (ms)', res[f"{b}_run_true"], d_exec,
                             ("<=", RUN_TARGET_MS[b]) if b in RUN_TARGET_MS else None))
+    if "bare_spawn_true" in res:
+        ratio = res["local_run_true"]["median"] / res["bare_spawn_true"]["median"]
+        rows.append(row("host", f'subprocess.run(["true"]), alternated with local run("true") (ms): '
+                        f"local is {ratio:.2f}x", res["bare_spawn_true"], None, None))
     for b in backends:
         if f"{b}_cold_create" in res:
             rows.append(row(b, "cold create (ms)", res[f"{b}_cold_create"], d_run,
