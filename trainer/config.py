@@ -192,7 +192,7 @@ class RhythmConfig:
     pass_fraction: float = 0.5
 
     def validate(self, p: str) -> None:
-        from .rhythm import SCHEMES
+        from .algorithms.rhythm import SCHEMES
 
         _check(self.scheme in SCHEMES, f"{p}.scheme", f"must be one of {', '.join(SCHEMES)}")
         _check(0 < self.top_k <= 1, f"{p}.top_k", "must be in (0, 1]")
@@ -291,25 +291,35 @@ class AlgorithmConfig:
 
     @property
     def spec(self):
-        """This algorithm's entry of :data:`rockroll.trainer.algorithms.ALGORITHMS`."""
-        from .algorithms import ALGORITHMS  # imported here: loading a config needs no torch
+        """This algorithm's entry of :data:`rockroll.trainer.algorithms.table.ALGORITHMS`."""
+        from .algorithms.table import ALGORITHMS  # imported here: importing the config needs no torch
 
         return ALGORITHMS[self.name]
 
     @property
+    def estimator(self):
+        """The advantage estimator that runs (a :class:`~.algorithms.table.Part`), credit options applied."""
+        return self.spec.select(self.turn_credit, self.ipa.enabled)[0]
+
+    @property
+    def policy_loss(self):
+        """The policy loss that runs (a :class:`~.algorithms.table.Part`): ``topr``, ``cispo``,
+        ``ipa`` (grpo with ``ipa.enabled``) or ``ppo_clip`` (grpo, ppo, reinforce_pp): PPO's
+        clipped ratio to the proximal policy."""
+        return self.spec.select(self.turn_credit, self.ipa.enabled)[1]
+
+    @property
     def advantages(self) -> str:
-        """The advantage estimator that runs (a key of ``update.ADVANTAGES``), credit options applied."""
-        return self.spec.parts(self.turn_credit, self.ipa.enabled)[0]
+        """The name of :attr:`estimator`."""
+        return self.estimator.name
 
     @property
     def loss(self) -> str:
-        """The policy loss that runs (a key of ``update.LOSSES``): ``topr``, ``cispo``, ``ipa``
-        (grpo with ``ipa.enabled``) or ``ppo_clip`` (grpo, ppo, reinforce_pp): PPO's clipped
-        ratio to the proximal policy."""
-        return self.spec.parts(self.turn_credit, self.ipa.enabled)[1]
+        """The name of :attr:`policy_loss`."""
+        return self.policy_loss.name
 
     def validate(self, p: str) -> None:
-        from .algorithms import ALGORITHMS
+        from .algorithms.table import ALGORITHMS
 
         _check(self.name in ALGORITHMS, f"{p}.name", f"must be one of {', '.join(ALGORITHMS)}")
         _check(self.loss_agg in AGG_MODES, f"{p}.loss_agg", f"must be one of {', '.join(AGG_MODES)}")
@@ -349,7 +359,7 @@ class AlgorithmConfig:
             _check(key in reads or getattr(self, key) == getattr(defaults, key), f"{p}.{key}",
                    f"not used by algorithm.name={self.name}{' with ipa.enabled' if self.ipa.enabled else ''}: "
                    "remove it")
-        for key, used in (("critics", spec.critics), ("raft", spec.advantages == "raft")):
+        for key, used in (("critics", spec.critics), ("raft", spec.advantages.name == "raft")):
             _check(used or getattr(self, key) == getattr(defaults, key), f"{p}.{key}",
                    f"not used by algorithm.name={self.name}: remove it")
 

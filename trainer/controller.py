@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 from .config import EnvConfig, TrainConfig, load_config
 from .loop import run
-from .roles import LocalRoles
+from .roles.local import LocalRoles
 
 __all__ = ["train"]
 
@@ -20,7 +20,7 @@ def train(config: TrainConfig | dict | str | Path, *,
     from Ray actors)."""
     cfg = config if isinstance(config, TrainConfig) else load_config(config)
     if cfg.ray.enabled:
-        from .ray_roles import RayRoles  # ray is an optional extra
+        from .roles.ray import RayRoles  # ray is an optional extra
 
         return run(cfg, RayRoles.open, env_factory)
     return run(cfg, LocalRoles, env_factory)

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .config import EnvConfig, TrainConfig
-from .roles import Roles
-from .runlog import RunLogger
+from .roles.base import Roles
+from .roles.runlog import RunLogger
 
 __all__ = ["run"]
 

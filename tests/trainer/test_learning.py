@@ -18,8 +18,8 @@ import pytest
 from rockroll.trainer import train
 from rockroll.trainer.models import save_word_tokenizer
 
-ONE_TURN = ("rockroll.trainer.synthetic:LatencyEnv", {"target": "Up", "max_turns": 1})
-TWO_STEP = ("rockroll.trainer.synthetic:TwoStepEnv", {"first": "Up", "second": "Down"})
+ONE_TURN = ("_synthetic:LatencyEnv", {"target": "Up", "max_turns": 1})
+TWO_STEP = ("_synthetic:TwoStepEnv", {"first": "Up", "second": "Down"})
 # everything the envs print, and the policy's whole action space (with the special tokens)
 WORDS = [" ", ".", "Say", "Now", "say", "Done", "Correct", "No", "Up", "Down", "Left", "Right"]
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rockroll.trainer.algorithms import aggregate, clipped_surrogate, grpo_advantages, masked_mean
+from .pg import aggregate, clipped_surrogate, grpo_advantages, masked_mean
 
 
 def _chunk_starts(mask: Tensor) -> Tensor:

@@ -16,11 +16,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import algorithms as A
-from .config import ModelConfig, TrainConfig
-from .models import build_model
-from .offload import Offloadable, cpu_copy
-from .rollout import Group
+from ..algorithms import pg as A
+from ..config import ModelConfig, TrainConfig
+from ..engines.offload import Offloadable, cpu_copy
+from ..models import build_model
+from ..rollout.types import Group
 from .update import Batch, collate
 
 __all__ = ["Critic", "CriticsRole", "shards"]

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import ConfigError, RayConfig, RoleResources
+from ..config import ConfigError, RayConfig, RoleResources
 
 __all__ = ["MIN_BUNDLE_CPUS", "Placement", "plan", "role_name"]
 

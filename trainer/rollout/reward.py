@@ -33,9 +33,10 @@ import threading
 from collections import defaultdict
 from typing import Any, Callable
 
-from .config import ConfigError, JudgeConfig, TrainConfig
-from .engines import SamplingParams
-from .rollout import BatchingGenerator, Sample, _mix, request_ids
+from ..config import ConfigError, JudgeConfig, TrainConfig
+from ..engines.sampling import SamplingParams
+from .manager import BatchingGenerator, _mix, request_ids
+from .types import Sample
 
 __all__ = ["RemoteReward", "RewardRole", "episode_fields", "parse_score"]
 
@@ -109,8 +110,8 @@ class _LocalJudge:
     def __init__(self, j: JudgeConfig):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from .engines import TransformersEngine
-        from .models import allowed_token_ids
+        from ..engines.generation import TransformersEngine
+        from ..models import allowed_token_ids
 
         self.j = j
         self.tok = AutoTokenizer.from_pretrained(j.model)

@@ -44,16 +44,18 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from .config import ConfigError, EnvConfig, RoleResources, TrainConfig
-from .curriculum import initialized_metrics
-from .engines import SamplingParams
-from .models import build_model, load_tokenizer
-from .offload import Offloadable
+from ..config import ConfigError, EnvConfig, RoleResources, TrainConfig
+from ..engines.offload import Offloadable
+from ..engines.sampling import SamplingParams
+from ..engines.weight_sync import Manifest, WeightGroup, checksum, manifest
+from ..models import build_model, load_tokenizer
+from ..rollout.curriculum import initialized_metrics
+from ..rollout.manager import _mix, batch_metrics
+from ..rollout.reward import RemoteReward, RewardRole
+from ..rollout.types import Group
+from .base import Roles
+from .local import EnvWorker, PolicyTrainer, batch_role_classes, make_generator, seed_everything
 from .placement import Placement, plan, role_name
-from .reward import RemoteReward, RewardRole
-from .roles import EnvWorker, PolicyTrainer, Roles, batch_role_classes, make_generator, seed_everything
-from .rollout import Group, _mix, batch_metrics
-from .weight_sync import Manifest, WeightGroup, checksum, manifest
 
 __all__ = ["GROUP_ID_BLOCK", "RayRoles", "RayRollout", "RayTrainer", "Remote", "init_local_ray",
            "merge_rank_metrics", "merge_rollout_metrics", "role_counts", "start_roles", "worker_config"]
@@ -109,7 +111,7 @@ class _Placed:
 
 def _master_address() -> tuple[str, int]:
     """A free port on this node: rank 0's rendezvous for a data-parallel trainer."""
-    from .policy import _free_port
+    from ..engines.policy import _free_port
 
     return _node_ip(), _free_port()
 
