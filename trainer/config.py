@@ -117,7 +117,7 @@ class EnvConfig:
 
 @dataclass
 class CurriculumConfig:
-    """Initialized sampling, a rollback curriculum (see :mod:`rockroll.trainer.curriculum`):
+    """Initialized sampling, a rollback curriculum (see :mod:`rockroll.trainer.rollout.curriculum`):
     groups of a task start from states saved along one of its successful episodes, first one
     turn before the goal, then earlier as the success rate at the current start rises."""
 
@@ -174,7 +174,7 @@ class IPAConfig:
 
 @dataclass
 class RhythmConfig:
-    """Attention-rhythm credit (:mod:`rockroll.trainer.rhythm`): an eager-attention copy of the
+    """Attention-rhythm credit (:mod:`rockroll.trainer.algorithms.rhythm`): an eager-attention copy of the
     policy reads WAAD and FAI off each sampled sequence and scales the advantages of its
     pre-planning and anchor tokens. ``scheme``: local_chunk (pre-planning tokens), global_anchor
     (top-FAI tokens) or coupled (anchors, passing ``pass_fraction`` of their extra credit to the
@@ -211,7 +211,7 @@ class RhythmConfig:
 
 @dataclass
 class CriticsConfig:
-    """AsyPPO's mini-critics (``algorithm.name: asyppo``, :mod:`rockroll.trainer.critics`):
+    """AsyPPO's mini-critics (``algorithm.name: asyppo``, :mod:`rockroll.trainer.roles.critics`):
     ``count`` small value models of their own (a tiny Llama of these dims, or ``name_or_path``),
     each trained with its own optimizer on a disjoint prompt-level shard of every batch (a
     step's groups dealt out among them). Their mean value is the GAE baseline; the spread
@@ -471,9 +471,9 @@ class RoleResources:
     """What each actor of one role asks of Ray (``ray.roles.<role>``) and whom it shares a
     placement-group bundle with: ``colocate: trainer`` puts actor i of this role into the
     bundle of the trainer's actor i % num_trainers, so their fractional GPUs are one device
-    that they share by turns (see :mod:`rockroll.trainer.placement`). ``offload``: the role
+    that they share by turns (see :mod:`rockroll.trainer.roles.placement`). ``offload``: the role
     keeps its models and optimizer state in host memory outside its turns (the trainer and
-    batch roles, on a device they share: :mod:`rockroll.trainer.offload`)."""
+    batch roles, on a device they share: :mod:`rockroll.trainer.engines.offload`)."""
 
     num_cpus: float = 0.0
     num_gpus: float = 0.0
@@ -490,7 +490,7 @@ class RoleResources:
 
 @dataclass
 class RayConfig:
-    """Run the training loop over Ray actors (:mod:`rockroll.trainer.ray_roles`): one policy
+    """Run the training loop over Ray actors (:mod:`rockroll.trainer.roles.ray`): one policy
     trainer, ``num_generators`` generation engines, ``num_env_workers`` env workers that split
     ``rollout.batch_groups`` between them. ``address``: a running cluster to join; null starts
     a local Ray on 127.0.0.1. ``weight_sync``: ``object_store`` (one state dict in Ray's object
@@ -574,7 +574,7 @@ class VerifierConfig:
 
 @dataclass
 class JudgeConfig:
-    """LLM-as-judge (:mod:`rockroll.trainer.reward`): ``template`` (``str.format`` fields among
+    """LLM-as-judge (:mod:`rockroll.trainer.rollout.reward`): ``template`` (``str.format`` fields among
     question, answer, transcript, env_id, task_id, reward) is sent as the user message (after
     ``system``, when set) to ``backend``: ``openai``, any OpenAI-compatible endpoint at ``url``
     (``.../v1``; the API key from the environment variable ``api_key_env``), called through the

@@ -130,14 +130,14 @@ class ReferenceRole(BatchRole, Offloadable):
 
 
 class AttentionRole(BatchRole, Offloadable):
-    """:class:`BatchRole`: attention-rhythm credit (:mod:`.rhythm`). An eager-attention copy of
-    the policy (SDPA and flash kernels never materialise the attention maps), loaded with the
-    policy's weights at every sync, forwards each sampled sequence once; the maps of
-    ``algorithm.rhythm.layers`` layers of the middle third, averaged over layers and heads, give
-    each response token's WAAD and FAI, and the configured scheme turns them into
-    ``credit_scale`` (B, T), which multiplies the advantages (1 off the response).
-    No checkpoint state: its weights and version are the policy's, loaded at the first sync
-    after a resume."""
+    """:class:`BatchRole`: attention-rhythm credit (:mod:`rockroll.trainer.algorithms.rhythm`).
+    An eager-attention copy of the policy (SDPA and flash kernels never materialise the
+    attention maps), loaded with the policy's weights at every sync, forwards each sampled
+    sequence once; the maps of ``algorithm.rhythm.layers`` layers of the middle third, averaged
+    over layers and heads, give each response token's WAAD and FAI, and the configured scheme
+    turns them into ``credit_scale`` (B, T), which multiplies the advantages (1 off the
+    response). No checkpoint state: its weights and version are the policy's, loaded at the
+    first sync after a resume."""
 
     def __init__(self, cfg: TrainConfig, lm: Any, tokenizer: Any):
         self.cfg, self.rc, self.pad_id = cfg, cfg.algorithm.rhythm, tokenizer.pad_token_id

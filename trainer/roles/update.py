@@ -115,7 +115,7 @@ def target_logp(logits, targets, temperature: float, chunk: int = LOGP_CHUNK, al
     instead of about 4x (bf16 logits of a 0.5B model: 150k vocabulary x 16k tokens is 10 GB
     in fp32). ``allowed`` (a LongTensor of token ids, constrained decoding), ``top_k`` and
     ``top_p``: the softmax is over the tokens the generator could sample from, renormalised
-    (:func:`~.sampling.processed_logits`)."""
+    (:func:`~rockroll.trainer.engines.sampling.processed_logits`)."""
     return _by_slices(_slice_logp, chunk, logits, targets, temperature, allowed, top_k, top_p)
 
 
@@ -141,7 +141,7 @@ def _slice_entropy(logits, temperature: float, allowed=None, top_k: int = 0, top
 
 def token_entropy(logits, temperature: float, chunk: int = LOGP_CHUNK, allowed=None, top_k: int = 0,
                   top_p: float = 1.0):
-    """The entropy of the distribution sampled from (:func:`~.sampling.processed_logits`) per
+    """The entropy of the distribution sampled from (:func:`~rockroll.trainer.engines.sampling.processed_logits`) per
     position, (B, T): the policy's entropy at each predicted token, computed like
     :func:`target_logp`, ``chunk`` positions at a time in fp32 (checkpointed under autograd)."""
     return _by_slices(_slice_entropy, chunk, logits, temperature, allowed, top_k, top_p)
@@ -251,7 +251,7 @@ def update_policy(policy, a: AlgorithmConfig, batch: Batch, temperature: float,
     the same step as unsplit. The batch moves to the policy's device first. ``allowed_ids``:
     the token ids of constrained decoding (``generation.allowed_tokens``), None for all;
     ``top_k``, ``top_p``: the generator's truncation, applied to every log-prob here too.
-    ``aux``: what the batch roles computed on this batch (:class:`~.roles.BatchRole`), tensors
+    ``aux``: what the batch roles computed on this batch (:class:`~.base.BatchRole`), tensors
     aligned with its rows: ``ref_logp`` (B, T), the frozen reference's log-probs (KL);
     ``credit_scale`` (B, T), the attention-rhythm scale of each token's advantage; AsyPPO's
     ``values`` and ``value_std`` (B, T), the mini-critics' mean value and its spread.
