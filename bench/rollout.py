@@ -1,6 +1,6 @@
 """Rollout throughput: synchronous vs asynchronous (alpha = 1, 2) and redundant envs.
 
-The env (``rockroll.trainer.synthetic.LatencyEnv``) has long-tailed step latency: each step
+The env (``LatencyEnv`` of ``tests/trainer/_synthetic.py``) has long-tailed step latency: each step
 sleeps a lognormal time (median 50 ms, sigma 1.5, so a few steps take seconds), like tool
 calls and sandboxes do. Generation is a scripted engine that costs a fixed time per batched
 call plus a little per prompt (an accelerator's profile), and a training step costs a fixed
@@ -11,7 +11,7 @@ Then the cost of rhythm credit's extra attention pass (:func:`attention_cost`): 
 step on one multi-turn batch with and without the attention role, alternated in this process.
 
 Queue scheduling (continuous batching) on/off: the same engine (the continuous-batching loop
-over ``rockroll.trainer.testing.SimStepper``, heavy-tailed reply lengths and a fixed cost per
+over ``SimStepper`` of ``tests/trainer/_scripted.py``, heavy-tailed reply lengths and a fixed cost per
 decode step) asked through one blocking batch call at a time (off: a batch answers when its
 longest reply is done) or request by request, each joining the running batch (on).
 
@@ -26,13 +26,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# the scripted engine and the synthetic envs are test helpers, not part of the package
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "trainer"))
 from _common import print_table, progress, write_json  # noqa: E402
+from _scripted import CharTok, ScriptEngine  # noqa: E402
 
 from rockroll.trainer.config import load_config  # noqa: E402
-from rockroll.trainer.rollout import PromptTemplate, RolloutManager  # noqa: E402
-from rockroll.trainer.testing import CharTok, ScriptEngine  # noqa: E402
+from rockroll.trainer.rollout.manager import PromptTemplate, RolloutManager  # noqa: E402
 
-LAT = "rockroll.trainer.synthetic:LatencyEnv"
+LAT = "_synthetic:LatencyEnv"
 # What bench/results/rollout.json holds (tests/test_bench_smoke.py checks every run against it):
 # a list's rows by their first column, in order (a row's label starts with its name); a
 # dict's keys, each measured (not None); "" is the top level.
@@ -102,8 +104,8 @@ def run(alpha: int, redundant: int, steps: int, *, group: int, batch_groups: int
 def run_queue(continuous: bool, steps: int, *, group: int, batch_groups: int, alpha: int, max_new_tokens: int,
               train_s: float, env_s: float, step_s: float) -> dict:
     """One configuration of the queue-scheduling comparison (see the module docstring)."""
-    from rockroll.trainer.engines import ContinuousEngine
-    from rockroll.trainer.testing import SimStepper
+    from rockroll.trainer.engines.generation import ContinuousEngine
+    from _scripted import SimStepper
 
     cfg = load_config({
         "seed": 0,
@@ -165,8 +167,8 @@ def attention_cost(steps: int, *, groups: int = 4, group: int = 8, turns: int = 
     import torch
 
     from rockroll.trainer.models import build_model
-    from rockroll.trainer.roles import AttentionRole, PolicyTrainer
-    from rockroll.trainer.rollout import Group, Sample
+    from rockroll.trainer.roles.local import AttentionRole, PolicyTrainer
+    from rockroll.trainer.rollout.types import Group, Sample
 
     cfg = load_config({"model": {"hidden_size": 128, "num_layers": 4, "num_heads": 2, "intermediate_size": 256},
                        "rollout": {"group_size": group, "batch_groups": groups},

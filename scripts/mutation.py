@@ -34,8 +34,8 @@ RESULTS = ROOT / "runs" / "mutation"
 # name -> (module file, its fast test files, top-level definitions to mutate or None = all).
 # Paths are relative to the repository root: the one place to edit when a module moves.
 MODULES: dict[str, tuple[str, list[str], list[str] | None]] = {
-    "algorithms": ("trainer/algorithms.py", ["tests/trainer/test_algorithms.py"], None),
-    "credit": ("trainer/credit.py", ["tests/trainer/test_credit.py"], None),
+    "algorithms": ("trainer/algorithms/pg.py", ["tests/trainer/test_algorithms.py"], None),
+    "credit": ("trainer/algorithms/credit.py", ["tests/trainer/test_credit.py"], None),
     "actions": ("gem/actions.py", ["tests/gem/test_actions.py"], None),
     "version": ("envhub/version.py", ["tests/envhub/test_version.py"], None),
     # The in-sandbox agent is mostly namespace code run in real sandboxes; the wire protocol

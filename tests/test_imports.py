@@ -177,3 +177,32 @@ def test_the_train_extra_brings_what_agent_training_runs():
     needs = _extra_closure(extras, "service")
     assert {"fastapi", "uvicorn", "httpx"} <= needs
     assert needs <= _extra_closure(extras, "train")
+
+
+# The trainer's rooms, lowest first: a module imports only from its own room or from lower ones
+# (the config reads the algorithm table to validate a run; the loop and train() sit on top).
+TRAINER_ROOMS = [
+    {"rockroll.trainer.algorithms"},
+    {"rockroll.trainer.config", "rockroll.trainer.envs", "rockroll.trainer.models"},
+    {"rockroll.trainer.engines"},
+    {"rockroll.trainer.rollout"},
+    {"rockroll.trainer.roles"},
+    {"rockroll.trainer.loop", "rockroll.trainer.controller", "rockroll.trainer"},
+]
+
+
+def trainer_room(module: str) -> int:
+    """The floor of ``module``'s room in :data:`TRAINER_ROOMS` (a room is a subpackage of the
+    trainer, or a module at its top)."""
+    name = ".".join(module.split(".")[:3])
+    floors = [i for i, room in enumerate(TRAINER_ROOMS) if name in room]
+    assert floors, f"{module} is in no room of TRAINER_ROOMS"
+    return floors[0]
+
+
+def test_the_trainer_rooms_depend_one_way():
+    edges = {src: dsts for src, dsts in graph().items() if subpackage(src) == "rockroll.trainer"}
+    assert len(edges) > 20
+    up = sorted(f"{src} -> {dst}" for src, dsts in edges.items() for dst in dsts
+                if subpackage(dst) == "rockroll.trainer" and trainer_room(dst) > trainer_room(src))
+    assert up == []

@@ -123,7 +123,7 @@ class EnvConfig:
 
 @dataclass
 class CurriculumConfig:
-    """Initialized sampling, a rollback curriculum (see :mod:`rockroll.trainer.curriculum`):
+    """Initialized sampling, a rollback curriculum (see :mod:`rockroll.trainer.rollout.curriculum`):
     groups of a task start from states saved along one of its successful episodes, first one
     turn before the goal, then earlier as the success rate at the current start rises."""
 
@@ -190,7 +190,7 @@ class IPAConfig:
 
 @dataclass
 class RhythmConfig:
-    """Attention-rhythm credit (:mod:`rockroll.trainer.rhythm`): an eager-attention copy of the
+    """Attention-rhythm credit (:mod:`rockroll.trainer.algorithms.rhythm`): an eager-attention copy of the
     policy reads WAAD and FAI off each sampled sequence and scales the advantages of its
     pre-planning and anchor tokens. ``scheme``: local_chunk (pre-planning tokens), global_anchor
     (top-FAI tokens) or coupled (anchors, passing ``pass_fraction`` of their extra credit to the
@@ -209,7 +209,7 @@ class RhythmConfig:
     pass_fraction: float = 0.5
 
     def validate(self, p: str) -> None:
-        from .rhythm import SCHEMES
+        from .algorithms.rhythm import SCHEMES
 
         _check(self.scheme in SCHEMES, f"{p}.scheme", f"must be one of {', '.join(SCHEMES)}")
         _check(0 < self.top_k <= 1, f"{p}.top_k", "must be in (0, 1]")
@@ -228,7 +228,7 @@ class RhythmConfig:
 
 @dataclass
 class CriticsConfig:
-    """AsyPPO's mini-critics (``algorithm.name: asyppo``, :mod:`rockroll.trainer.critics`):
+    """AsyPPO's mini-critics (``algorithm.name: asyppo``, :mod:`rockroll.trainer.roles.critics`):
     ``count`` small value models of their own (a tiny Llama of these dims, or ``name_or_path``),
     each trained with its own optimizer on a disjoint prompt-level shard of every batch (a
     step's groups dealt out among them). Their mean value is the GAE baseline; the spread
@@ -316,25 +316,35 @@ class AlgorithmConfig:
 
     @property
     def spec(self):
-        """This algorithm's entry of :data:`rockroll.trainer.algorithms.ALGORITHMS`."""
-        from .algorithms import ALGORITHMS  # imported here: loading a config needs no torch
+        """This algorithm's entry of :data:`rockroll.trainer.algorithms.table.ALGORITHMS`."""
+        from .algorithms.table import ALGORITHMS  # imported here: importing the config needs no torch
 
         return ALGORITHMS[self.name]
 
     @property
+    def estimator(self):
+        """The advantage estimator that runs (a :class:`~.algorithms.table.Part`), credit options applied."""
+        return self.spec.select(self.turn_credit, self.ipa.enabled)[0]
+
+    @property
+    def policy_loss(self):
+        """The policy loss that runs (a :class:`~.algorithms.table.Part`): ``topr``, ``cispo``,
+        ``ipa`` (grpo with ``ipa.enabled``) or ``ppo_clip`` (grpo, ppo, reinforce_pp): PPO's
+        clipped ratio to the proximal policy."""
+        return self.spec.select(self.turn_credit, self.ipa.enabled)[1]
+
+    @property
     def advantages(self) -> str:
-        """The advantage estimator that runs (a key of ``update.ADVANTAGES``), credit options applied."""
-        return self.spec.parts(self.turn_credit, self.ipa.enabled)[0]
+        """The name of :attr:`estimator`."""
+        return self.estimator.name
 
     @property
     def loss(self) -> str:
-        """The policy loss that runs (a key of ``update.LOSSES``): ``topr``, ``cispo``, ``ipa``
-        (grpo with ``ipa.enabled``) or ``ppo_clip`` (grpo, ppo, reinforce_pp): PPO's clipped
-        ratio to the proximal policy."""
-        return self.spec.parts(self.turn_credit, self.ipa.enabled)[1]
+        """The name of :attr:`policy_loss`."""
+        return self.policy_loss.name
 
     def validate(self, p: str) -> None:
-        from .algorithms import ALGORITHMS
+        from .algorithms.table import ALGORITHMS
 
         _check(self.name in ALGORITHMS, f"{p}.name", f"must be one of {', '.join(ALGORITHMS)}")
         _check(self.loss_agg in AGG_MODES, f"{p}.loss_agg", f"must be one of {', '.join(AGG_MODES)}")
@@ -374,7 +384,7 @@ class AlgorithmConfig:
             _check(key in reads or getattr(self, key) == getattr(defaults, key), f"{p}.{key}",
                    f"not used by algorithm.name={self.name}{' with ipa.enabled' if self.ipa.enabled else ''}: "
                    "remove it")
-        for key, used in (("critics", spec.critics), ("raft", spec.advantages == "raft")):
+        for key, used in (("critics", spec.critics), ("raft", spec.advantages.name == "raft")):
             _check(used or getattr(self, key) == getattr(defaults, key), f"{p}.{key}",
                    f"not used by algorithm.name={self.name}: remove it")
 
@@ -498,9 +508,9 @@ class RoleResources:
     """What each actor of one role asks of Ray (``ray.roles.<role>``) and whom it shares a
     placement-group bundle with: ``colocate: trainer`` puts actor i of this role into the
     bundle of the trainer's actor i % num_trainers, so their fractional GPUs are one device
-    that they share by turns (see :mod:`rockroll.trainer.placement`). ``offload``: the role
+    that they share by turns (see :mod:`rockroll.trainer.roles.placement`). ``offload``: the role
     keeps its models and optimizer state in host memory outside its turns (the trainer and
-    batch roles, on a device they share: :mod:`rockroll.trainer.offload`)."""
+    batch roles, on a device they share: :mod:`rockroll.trainer.engines.offload`)."""
 
     num_cpus: float = 0.0  # CPUs each actor of the role asks for
     num_gpus: float = 0.0  # GPUs each actor asks for: a fraction of one (shared by turns) or whole GPUs
@@ -518,7 +528,7 @@ class RoleResources:
 
 @dataclass
 class RayConfig:
-    """Run the training loop over Ray actors (:mod:`rockroll.trainer.ray_roles`): one policy
+    """Run the training loop over Ray actors (:mod:`rockroll.trainer.roles.ray`): one policy
     trainer, ``num_generators`` generation engines, ``num_env_workers`` env workers that split
     ``rollout.batch_groups`` between them. ``address``: a running cluster to join; null starts
     a local Ray on 127.0.0.1. ``weight_sync``: ``object_store`` (one state dict in Ray's object
@@ -603,7 +613,7 @@ class VerifierConfig:
 
 @dataclass
 class JudgeConfig:
-    """LLM-as-judge (:mod:`rockroll.trainer.reward`): ``template`` (``str.format`` fields among
+    """LLM-as-judge (:mod:`rockroll.trainer.rollout.reward`): ``template`` (``str.format`` fields among
     question, answer, transcript, env_id, task_id, reward) is sent as the user message (after
     ``system``, when set) to ``backend``: ``openai``, any OpenAI-compatible endpoint at ``url``
     (``.../v1``; the API key from the environment variable ``api_key_env``), called through the

@@ -9,7 +9,7 @@ from typing import Any, Callable
 from .config import EnvConfig, TrainConfig, load_config
 from .envs import resolve_envs
 from .loop import run
-from .roles import LocalRoles
+from .roles.local import LocalRoles
 
 __all__ = ["train"]
 
@@ -23,7 +23,7 @@ def train(config: TrainConfig | dict | str | Path, *,
     if env_factory is None:  # ids are made by the one factory: check them before anything is built
         resolve_envs(cfg)
     if cfg.ray.enabled:
-        from .ray_roles import RayRoles  # ray is an optional extra
+        from .roles.ray import RayRoles  # ray is an optional extra
 
         return run(cfg, RayRoles.open, env_factory)
     return run(cfg, LocalRoles, env_factory)

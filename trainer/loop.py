@@ -1,7 +1,8 @@
 """The training loop, once for every way of running it: rollout -> update -> weight sync, per step.
 
-:func:`run` reads top to bottom over the roles of :mod:`.roles` (in this process, or in Ray
-actors: :mod:`.ray_roles`); the update step's maths is in :mod:`.update`.
+:func:`run` reads top to bottom over the roles of :mod:`.roles.base` (in this process:
+:mod:`.roles.local`, or in Ray actors: :mod:`.roles.ray`); the update step's maths is in
+:mod:`.roles.update` over :mod:`.algorithms`.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .config import EnvConfig, TrainConfig
-from .roles import Roles
-from .runlog import RunLogger
+from .roles.base import Roles
+from .roles.runlog import RunLogger
 
 __all__ = ["run"]
 

@@ -221,7 +221,7 @@ def test_ray_env_workers_train_on_a_gem_llm_game(tmp_path):
     path = tmp_path / "cfg.json"
     path.write_text(json.dumps(dataclasses.asdict(cfg)))
     code = ("import json, sys\nfrom rockroll.trainer.config import load_config\n"
-            "from rockroll.trainer.controller import train\nfrom rockroll.trainer.ray_roles import init_local_ray\n"
+            "from rockroll.trainer.controller import train\nfrom rockroll.trainer.roles.ray import init_local_ray\n"
             "init_local_ray(num_cpus=2)\nout = train(load_config(json.load(open(sys.argv[1]))))\n"
             "print(json.dumps([[h['step'], h['rollout/samples'], h['rollout/groups_done']] for h in out['history']]))")
     r = subprocess.run([sys.executable, "-c", code, str(path)], cwd=ROOT, capture_output=True, text=True,

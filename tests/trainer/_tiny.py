@@ -5,7 +5,7 @@ import random
 import threading
 
 from rockroll.trainer.config import TrainConfig, load_config
-from rockroll.trainer.rollout import Group, Sample
+from rockroll.trainer.rollout.types import Group, Sample
 
 
 class TinyTok:

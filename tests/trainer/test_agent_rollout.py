@@ -24,11 +24,11 @@ from rockroll.gem.tools import close_pools
 from rockroll.sandbox import SandboxSpec
 from rockroll.sandbox.sync import run_sync
 from rockroll.trainer.config import load_config
-from rockroll.trainer.credit import num_chunks
+from rockroll.trainer.algorithms.credit import num_chunks
 from rockroll.trainer.models import PRETOKENIZE, save_word_tokenizer
-from rockroll.trainer.rollout import PromptTemplate, RolloutManager, request_ids
-from rockroll.trainer.testing import ScriptEngine, first_batch
-from rockroll.trainer.update import collate, compute_advantages
+from rockroll.trainer.rollout.manager import PromptTemplate, RolloutManager, request_ids
+from _scripted import ScriptEngine, first_batch
+from rockroll.trainer.roles.update import collate, compute_advantages
 
 CHAT_AGENT = AGENTS["openai-chat-agent"]
 SPEC = SandboxSpec(memory_mb=512, pids=128, timeout_s=60)

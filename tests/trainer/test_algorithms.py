@@ -10,18 +10,9 @@ import pytest
 
 import torch  # a declared test dependency: a plain import, never a skip
 
-from rockroll.trainer.algorithms import (  # noqa: E402
-    agg_denominator,
-    aggregate,
-    cispo_loss,
-    gae,
-    grpo_advantages,
-    kl_k3,
-    masked_mean,
-    ppo_clip_loss,
-    reinforce_pp_advantages,
-    tis_weights,
-    topr_loss,
+from rockroll.trainer.algorithms.pg import (  # noqa: E402
+    agg_denominator, aggregate, cispo_loss, gae, grpo_advantages, kl_k3, masked_mean, ppo_clip_loss,
+    reinforce_pp_advantages, tis_weights, topr_loss,
 )
 
 from _tensors import LN, close, t  # noqa: E402
@@ -434,7 +425,7 @@ def test_grpo_advantages_of_an_empty_batch():
 # are what discounted turn credit and IPA replace; TOPR and PPO keep their own estimators.
 
 def test_each_algorithm_runs_its_own_estimator_and_loss():
-    from rockroll.trainer.algorithms import ALGORITHMS
+    from rockroll.trainer.algorithms.table import ALGORITHMS
 
     plain = {name: (spec.parts(), spec.value_head, spec.kl_in_reward) for name, spec in ALGORITHMS.items()}
     assert plain == {
@@ -450,7 +441,7 @@ def test_each_algorithm_runs_its_own_estimator_and_loss():
 
 
 def test_credit_options_replace_the_estimator_only_where_they_apply():
-    from rockroll.trainer.algorithms import ALGORITHMS
+    from rockroll.trainer.algorithms.table import ALGORITHMS
 
     parts = {name: (spec.parts("discounted", False), spec.parts("outcome", True), spec.parts("discounted", True))
              for name, spec in ALGORITHMS.items()}
@@ -462,7 +453,7 @@ def test_credit_options_replace_the_estimator_only_where_they_apply():
 
 
 def test_reads_names_the_keys_of_what_runs():
-    from rockroll.trainer.algorithms import ALGORITHMS
+    from rockroll.trainer.algorithms.table import ALGORITHMS
 
     assert ALGORITHMS["ppo"].reads() == {"gamma", "lam", "clip_low", "clip_high", "dual_clip", "tis_cap", "vf_coef"}
     assert ALGORITHMS["grpo"].reads() == {"std_normalize", "clip_low", "clip_high", "dual_clip", "tis_cap"}
@@ -492,7 +483,7 @@ def test_cispo_reports_the_k3_estimate_of_the_kl_to_the_generator():
 def test_the_table_is_constant():
     import dataclasses
 
-    from rockroll.trainer.algorithms import ALGORITHMS
+    from rockroll.trainer.algorithms.table import ALGORITHMS
 
     with pytest.raises(dataclasses.FrozenInstanceError):
         ALGORITHMS["grpo"].loss = "topr"

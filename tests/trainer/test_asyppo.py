@@ -6,16 +6,16 @@ import math
 import pytest
 import torch
 
-from rockroll.trainer import algorithms as A
+from rockroll.trainer.algorithms import pg as A
 from rockroll.trainer.config import (
     AlgorithmConfig, ConfigError, CriticsConfig, EngineConfig, ModelConfig, RAFTConfig, load_config,
 )
 from rockroll.trainer.controller import train
-from rockroll.trainer.critics import CriticsRole
+from rockroll.trainer.roles.critics import CriticsRole
 from rockroll.trainer.models import build_model
-from rockroll.trainer.policy import ActorModule, make_policy
-from rockroll.trainer.rollout import Group, Sample
-from rockroll.trainer.update import collate, compute_loss, token_entropy, token_logp, update_policy
+from rockroll.trainer.engines.policy import ActorModule, make_policy
+from rockroll.trainer.rollout.types import Group, Sample
+from rockroll.trainer.roles.update import collate, compute_loss, token_entropy, token_logp, update_policy
 
 from _tensors import close, t  # noqa: E402
 from _tiny import TinyTok, multi_turn_groups, run_config  # noqa: E402

@@ -10,8 +10,8 @@ from transformers import AutoTokenizer
 
 from rockroll.trainer.config import EnvConfig, load_config
 from rockroll.trainer.models import WORD_CHAT_TEMPLATE, load_tokenizer
-from rockroll.trainer.rollout import PromptTemplate, RolloutManager
-from rockroll.trainer.testing import ScriptEngine, first_batch
+from rockroll.trainer.rollout.manager import PromptTemplate, RolloutManager
+from _scripted import ScriptEngine, first_batch
 
 TOOLS = [{"type": "function", "function": {"name": "move", "description": "Move one cell",
                                              "parameters": {"type": "object", "properties": {

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from rockroll.trainer.config import load_config
-from rockroll.trainer.engines import SamplingParams, TransformersEngine
+from rockroll.trainer.engines.sampling import SamplingParams
+from rockroll.trainer.engines.generation import TransformersEngine
 from rockroll.trainer.models import build_model
 
 from _tiny import Held, TinyTok
@@ -164,12 +165,12 @@ def test_a_cancelled_request_frees_its_row(engine):
 def _rollout(continuous: bool):
     """Two steps of a rollout on a continuous engine over the simulated model (heavy-tailed
     reply lengths), its requests sent one by one (continuous) or as blocking batch calls."""
-    from rockroll.trainer.engines import ContinuousEngine
-    from rockroll.trainer.rollout import PromptTemplate, RolloutManager
-    from rockroll.trainer.testing import CharTok, SimStepper, first_batch
+    from rockroll.trainer.engines.generation import ContinuousEngine
+    from rockroll.trainer.rollout.manager import PromptTemplate, RolloutManager
+    from _scripted import CharTok, SimStepper, first_batch
 
     cfg = load_config({
-        "seed": 2, "envs": [{"id": "rockroll.trainer.synthetic:LatencyEnv", "kwargs": {"max_turns": 3}}],
+        "seed": 2, "envs": [{"id": "_synthetic:LatencyEnv", "kwargs": {"max_turns": 3}}],
         "rollout": {"group_size": 4, "batch_groups": 2, "max_turns": 3, "batch_wait_ms": 5},
         "generation": {"max_new_tokens": 64, "continuous": continuous}, "tokenizer": {"template": "prefixes"},
     })

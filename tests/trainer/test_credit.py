@@ -6,16 +6,9 @@ import pytest
 
 import torch  # a declared test dependency: a plain import, never a skip
 
-from rockroll.trainer.algorithms import grpo_advantages  # noqa: E402
-from rockroll.trainer.credit import (  # noqa: E402
-    chunk_ids,
-    chunk_ratio_mask,
-    chunk_ratios,
-    ipa_advantages,
-    ipa_loss,
-    num_chunks,
-    per_chunk,
-    turn_advantages,
+from rockroll.trainer.algorithms.pg import grpo_advantages  # noqa: E402
+from rockroll.trainer.algorithms.credit import (  # noqa: E402
+    chunk_ids, chunk_ratio_mask, chunk_ratios, ipa_advantages, ipa_loss, num_chunks, per_chunk, turn_advantages,
     turn_returns,
 )
 

@@ -4,10 +4,12 @@ then a rollout on real FrozenLake envs with the scripted engine of the other rol
 import pytest
 
 from rockroll.trainer.config import EnvConfig, load_config
-from rockroll.trainer.curriculum import Curriculum, Start, Trajectory, initialized_metrics, task_key
+from rockroll.trainer.rollout.curriculum import Curriculum, Start, Trajectory, initialized_metrics, task_key
 from rockroll.trainer.models import load_tokenizer
-from rockroll.trainer.rollout import Group, PromptTemplate, RolloutManager, make_env
-from rockroll.trainer.testing import ScriptEngine
+from rockroll.trainer.rollout.types import Group
+from rockroll.trainer.rollout.manager import PromptTemplate, RolloutManager
+from rockroll.trainer.envs import make_env
+from _scripted import ScriptEngine
 
 K = "rock/FrozenLake-v0/0"
 

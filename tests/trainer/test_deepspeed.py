@@ -11,9 +11,9 @@ import torch
 
 from rockroll.trainer.config import AlgorithmConfig, EngineConfig, ModelConfig
 from rockroll.trainer.models import build_model
-from rockroll.trainer.policy import ActorModule, DeepSpeedPolicy, make_policy
+from rockroll.trainer.engines.policy import ActorModule, DeepSpeedPolicy, make_policy
 from rockroll.trainer.controller import train
-from rockroll.trainer.update import collate, update_policy
+from rockroll.trainer.roles.update import collate, update_policy
 
 from _tiny import TinyTok, multi_turn_groups, run_config  # noqa: E402
 

@@ -1,7 +1,7 @@
 """Training learns: every algorithm, run through ``train()`` from a random tiny policy, raises
 the mean eval reward of a task it can learn in seconds from <= 0.3 to >= 0.8.
 
-The tasks (:mod:`rockroll.trainer.synthetic`): a one-turn env rewarding one word of the
+The tasks (``_synthetic.py`` beside this file): a one-turn env rewarding one word of the
 policy's dozen-token vocabulary (``LatencyEnv``, "Say Up."), and a two-turn env asking for a
 different word each turn (``TwoStepEnv``), for the multi-turn credit. A trainer whose
 advantage has the wrong sign, whose response mask is off by a token or whose KL term pushes
@@ -18,8 +18,8 @@ import pytest
 from rockroll.trainer import train
 from rockroll.trainer.models import save_word_tokenizer
 
-ONE_TURN = ("rockroll.trainer.synthetic:LatencyEnv", {"target": "Up", "max_turns": 1})
-TWO_STEP = ("rockroll.trainer.synthetic:TwoStepEnv", {"first": "Up", "second": "Down"})
+ONE_TURN = ("_synthetic:LatencyEnv", {"target": "Up", "max_turns": 1})
+TWO_STEP = ("_synthetic:TwoStepEnv", {"first": "Up", "second": "Down"})
 # everything the envs print, and the policy's whole action space (with the special tokens)
 WORDS = [" ", ".", "Say", "Now", "say", "Done", "Correct", "No", "Up", "Down", "Left", "Right"]
 

@@ -10,9 +10,10 @@ from fractions import Fraction
 import pytest
 
 from rockroll.trainer.config import load_config
-from rockroll.trainer.engines import GenOutput
+from rockroll.trainer.engines.sampling import GenOutput
 from rockroll.trainer.models import load_tokenizer
-from rockroll.trainer.rollout import PromptTemplate, RolloutManager, make_env
+from rockroll.trainer.rollout.manager import PromptTemplate, RolloutManager
+from rockroll.trainer.envs import make_env
 
 MATH, CODE, SWE = "rock/Math-v0", "rock/Code-v0", "rock/SWE-v0"
 

@@ -10,10 +10,10 @@ test_ray_roles.py and test_placement.py; the device really emptied is the `gpu` 
 import pytest
 import torch
 
-from rockroll.trainer.critics import CriticsRole
+from rockroll.trainer.roles.critics import CriticsRole
 from rockroll.trainer.models import build_model
-from rockroll.trainer.offload import cpu_copy
-from rockroll.trainer.roles import PolicyTrainer
+from rockroll.trainer.engines.offload import cpu_copy
+from rockroll.trainer.roles.local import PolicyTrainer
 
 from _tiny import TinyTok, multi_turn_groups, run_config  # noqa: E402
 

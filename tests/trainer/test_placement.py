@@ -5,8 +5,8 @@ a ConfigError naming its key. Ray honouring the plan is in test_ray_roles.py."""
 import pytest
 
 from rockroll.trainer.config import ConfigError, load_config
-from rockroll.trainer.placement import MIN_BUNDLE_CPUS, plan, role_name
-from rockroll.trainer.roles import ReferenceRole
+from rockroll.trainer.roles.placement import MIN_BUNDLE_CPUS, plan, role_name
+from rockroll.trainer.roles.local import ReferenceRole
 
 
 def _ray(**ray):

@@ -47,7 +47,7 @@ def test_ray_config_errors(ray, key):
 
 
 def test_worker_config_splits_the_batch_and_the_seed():
-    from rockroll.trainer.ray_roles import worker_config
+    from rockroll.trainer.roles.ray import worker_config
 
     cfg = load_config({"seed": 5, "rollout": {"batch_groups": 3}, "ray": {"enabled": True, "num_env_workers": 2}})
     w0, w1 = worker_config(cfg, 0), worker_config(cfg, 1)
@@ -59,7 +59,7 @@ def test_worker_config_splits_the_batch_and_the_seed():
 @pytest.fixture(scope="module")
 def local_ray():
     import ray
-    from rockroll.trainer.ray_roles import init_local_ray
+    from rockroll.trainer.roles.ray import init_local_ray
 
     had = os.environ.get("RAY_AUTH_MODE")
     init_local_ray(num_cpus=2, num_gpus=1)  # sets RAY_AUTH_MODE=token in this process: put back afterwards
@@ -106,8 +106,8 @@ def test_train_dispatches_to_ray_and_resumes(tmp_path, local_ray):
 
 def test_two_workers_two_generators_collective_sync(tmp_path, local_ray):
     ray = local_ray
-    from rockroll.trainer.ray_roles import GROUP_ID_BLOCK, merge_rollout_metrics, start_roles, worker_config
-    from rockroll.trainer.rollout import _mix
+    from rockroll.trainer.roles.ray import GROUP_ID_BLOCK, merge_rollout_metrics, start_roles, worker_config
+    from rockroll.trainer.rollout.manager import _mix
 
     cfg = run_config(tmp_path, ray={"enabled": True, "num_env_workers": 2, "num_generators": 2,
                                     "weight_sync": "collective"})
@@ -188,7 +188,7 @@ def test_asyppo_critics_train_in_an_actor_of_their_own(tmp_path, local_ray):
 
 def test_roles_land_in_the_bundles_asked_for(tmp_path, local_ray):
     ray = local_ray
-    from rockroll.trainer.ray_roles import start_roles
+    from rockroll.trainer.roles.ray import start_roles
 
     roles_cfg = {"trainer": {"num_cpus": 0.5, "num_gpus": 0.5},
                  "reference": {"num_cpus": 0.25, "num_gpus": 0.5, "colocate": "trainer"},  # one GPU, by turns
@@ -230,7 +230,7 @@ def test_roles_land_in_the_bundles_asked_for(tmp_path, local_ray):
 
 def test_a_placement_the_cluster_cannot_hold_is_a_config_error(tmp_path, local_ray):
     ray = local_ray
-    from rockroll.trainer.ray_roles import start_roles
+    from rockroll.trainer.roles.ray import start_roles
 
     cfg = run_config(tmp_path, ray={"enabled": True, "roles": {"trainer": {"num_gpus": 1},
                                                                "generator": {"num_gpus": 1}}})
@@ -251,9 +251,9 @@ def test_two_ranks_take_the_step_of_one(tmp_path, local_ray, stage):
     reduces the gradients; both ranks then hold the weights that one torch trainer reaches on
     the whole batch, and save and restore them together."""
     from rockroll.trainer.models import build_model
-    from rockroll.trainer.ray_roles import start_roles
-    from rockroll.trainer.roles import PolicyTrainer
-    from rockroll.trainer.weight_sync import checksum
+    from rockroll.trainer.roles.ray import start_roles
+    from rockroll.trainer.roles.local import PolicyTrainer
+    from rockroll.trainer.engines.weight_sync import checksum
 
     over = {"engine": {"kind": "deepspeed", "zero_stage": stage, "lr": 0.01, "micro_batch_size": 2},
             "checkpoint": {"dir": str(tmp_path / "ckpt")}}
@@ -295,7 +295,7 @@ def test_one_reward_actor_scores_both_workers_episodes_where_ray_roles_puts_it(t
     reward actor: its counters account for every judge call the server saw, the workers score
     through RemoteReward, and it runs in its own process, in the generator's bundle as asked."""
     ray = local_ray
-    from rockroll.trainer.ray_roles import start_roles
+    from rockroll.trainer.roles.ray import start_roles
 
     mode = ScriptedJudge(left="3", delay_s=0.0)
     roles_cfg = {"generator": {"num_cpus": 0.25}, "reward": {"num_cpus": 0.25, "colocate": "generator"}}
@@ -338,7 +338,7 @@ def test_critics_state_and_offloading_roles_under_ray(tmp_path, local_ray):
     actor saves the critics' state with its checkpoint; a fresh set of roles restores it, holds
     it bit for bit, and its critics take the step the first ones took."""
     ray = local_ray
-    from rockroll.trainer.ray_roles import start_roles
+    from rockroll.trainer.roles.ray import start_roles
 
     roles_cfg = {"trainer": {"num_gpus": 0.4, "offload": True},
                  "reference": {"num_gpus": 0.3, "colocate": "trainer", "offload": True},

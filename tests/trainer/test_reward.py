@@ -14,9 +14,10 @@ import torch
 from rockroll.sandbox.modelservice import Answer, Choice, ModelService, ModeError
 from rockroll.trainer.config import ConfigError, EnvConfig, ModelConfig, load_config
 from rockroll.trainer.models import build_model, load_tokenizer, save_word_tokenizer
-from rockroll.trainer.reward import RewardRole, episode_fields, parse_score
-from rockroll.trainer.rollout import PromptTemplate, RolloutManager, Sample
-from rockroll.trainer.testing import ScriptEngine
+from rockroll.trainer.rollout.reward import RewardRole, episode_fields, parse_score
+from rockroll.trainer.rollout.manager import PromptTemplate, RolloutManager
+from rockroll.trainer.rollout.types import Sample
+from _scripted import ScriptEngine
 
 TEMPLATE = "Q: {question}\nA: {answer}\nScore 0-10:"
 
@@ -214,8 +215,8 @@ def test_the_reward_role_runs_as_a_ray_actor(tok, judge_server):
     is still an infra error that the rollout drops."""
     import ray
 
-    from rockroll.trainer.ray_roles import init_local_ray
-    from rockroll.trainer.reward import RemoteReward
+    from rockroll.trainer.roles.ray import init_local_ray
+    from rockroll.trainer.rollout.reward import RemoteReward
 
     mode = ScriptedJudge(left="garbage")
     cfg = _cfg(_openai(judge_server(mode)), redundant=2, batch_groups=1)

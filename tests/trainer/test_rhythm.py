@@ -5,13 +5,13 @@ in the update and in a tiny training run."""
 import pytest
 import torch
 
-from rockroll.trainer import rhythm as R
+from rockroll.trainer.algorithms import rhythm as R
 from rockroll.trainer.config import AlgorithmConfig, ConfigError, EngineConfig, IPAConfig, ModelConfig, load_config
 from rockroll.trainer.controller import train
 from rockroll.trainer.models import build_model
-from rockroll.trainer.policy import ActorModule, make_policy
-from rockroll.trainer.roles import AttentionRole, LocalRoles, batch_role_classes
-from rockroll.trainer.update import collate, update_policy
+from rockroll.trainer.engines.policy import ActorModule, make_policy
+from rockroll.trainer.roles.local import AttentionRole, LocalRoles, batch_role_classes
+from rockroll.trainer.roles.update import collate, update_policy
 
 from _tensors import close, t  # noqa: E402
 from _tiny import TinyTok, multi_turn_groups, run_config  # noqa: E402

@@ -9,16 +9,19 @@ import pytest
 import torch
 
 from rockroll.trainer.config import ConfigError, EnvConfig, load_config
-from rockroll.trainer.engines import TransformersEngine
-from rockroll.trainer.credit import turn_advantages
+from rockroll.trainer.engines.generation import TransformersEngine
+from rockroll.trainer.algorithms.credit import turn_advantages
 from rockroll.trainer.models import allowed_token_ids, build_model, load_tokenizer
-from rockroll.trainer.rollout import (Group, PromptTemplate, RolloutManager, Sample, ZeroAdvantageError,
-                                      filter_stale, make_env, zero_advantage)
-from rockroll.trainer.synthetic import LatencyEnv
-from rockroll.trainer.testing import RecordingEngine, ScriptEngine, first_batch
-from rockroll.trainer.update import collate, token_logp
+from rockroll.trainer.rollout.types import Group, Sample
+from rockroll.trainer.rollout.manager import (
+    PromptTemplate, RolloutManager, ZeroAdvantageError, filter_stale, zero_advantage,
+)
+from rockroll.trainer.envs import make_env
+from _synthetic import LatencyEnv
+from _scripted import RecordingEngine, ScriptEngine, first_batch
+from rockroll.trainer.roles.update import collate, token_logp
 
-LAT = "rockroll.trainer.synthetic:LatencyEnv"
+LAT = "_synthetic:LatencyEnv"
 
 
 @pytest.fixture(scope="module")
@@ -251,7 +254,7 @@ def test_dynamic_sampling_with_per_turn_credit_keeps_groups_whose_turns_differ(t
     turn, so groups of two often tie on the sum ((Up, Up) and (Down, Down) both earn 0.5) while
     their turns differ: per-turn credit learns from them, and dynamic sampling must keep them."""
     data = {**_cfg(group_size=2, batch_groups=8, max_turns=2),
-            "envs": [{"id": "rockroll.trainer.synthetic:TwoStepEnv", "kwargs": {"first": "Up", "second": "Down"}}],
+            "envs": [{"id": "_synthetic:TwoStepEnv", "kwargs": {"first": "Up", "second": "Down"}}],
             "algorithm": {"dynamic_sampling": True, "turn_credit": "discounted"}}
     mgr, _, _ = _manager(tok, data, words=("Up", "Down", "Left"))
     groups, _ = _first_batch(mgr)

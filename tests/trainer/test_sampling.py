@@ -11,13 +11,14 @@ import pytest
 import torch
 
 from rockroll.trainer.config import ConfigError, EnvConfig, load_config
-from rockroll.trainer.engines import SamplingParams, TransformersEngine
+from rockroll.trainer.engines.sampling import SamplingParams
+from rockroll.trainer.engines.generation import TransformersEngine
 from rockroll.trainer.models import build_model, load_tokenizer
-from rockroll.trainer.roles import PolicyTrainer
-from rockroll.trainer.rollout import PromptTemplate, RolloutManager
-from rockroll.trainer.sampling import processed_logits, truncated
-from rockroll.trainer.testing import first_batch
-from rockroll.trainer.update import collate, target_logp, token_logp
+from rockroll.trainer.roles.local import PolicyTrainer
+from rockroll.trainer.rollout.manager import PromptTemplate, RolloutManager
+from rockroll.trainer.engines.sampling import processed_logits, truncated
+from _scripted import first_batch
+from rockroll.trainer.roles.update import collate, target_logp, token_logp
 
 ENVS = [{"id": "rock/FrozenLake-v0", "kwargs": {"max_actions_per_turn": 1}, "task_ids": [0, 1]}]
 

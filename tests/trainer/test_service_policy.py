@@ -10,10 +10,10 @@ import torch
 
 from rockroll.sandbox.modelservice import ModelService, PolicyMode
 from rockroll.trainer.config import EnvConfig, load_config
-from rockroll.trainer.engines import TransformersEngine
+from rockroll.trainer.engines.generation import TransformersEngine
 from rockroll.trainer.models import build_model, load_tokenizer
-from rockroll.trainer.rollout import PromptTemplate
-from rockroll.trainer.service_policy import EnginePolicy
+from rockroll.trainer.rollout.manager import PromptTemplate
+from rockroll.trainer.rollout.service_policy import EnginePolicy
 
 MESSAGES = [{"role": "system", "content": "Walk to the goal."}, {"role": "user", "content": "P_G\n___"}]
 

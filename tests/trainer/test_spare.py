@@ -7,9 +7,9 @@ the mean over every group started (the population the batch should represent).""
 import pytest
 
 from rockroll.trainer.config import ConfigError, EnvConfig, load_config
-from rockroll.trainer.rollout import PromptTemplate, RolloutManager
-from rockroll.trainer.synthetic import LengthEnv
-from rockroll.trainer.testing import ScriptEngine
+from rockroll.trainer.rollout.manager import PromptTemplate, RolloutManager
+from _synthetic import LengthEnv
+from _scripted import ScriptEngine
 from rockroll.trainer.models import load_tokenizer
 
 STEPS = 12
@@ -24,7 +24,7 @@ def tok(tmp_path_factory):
 def _run(tok, selection: str, spare: int = 2):
     cfg = load_config({
         "seed": 4,
-        "envs": [{"id": "rockroll.trainer.synthetic:LengthEnv", "task_ids": [1, 2, 3, 4, 5, 6]}],
+        "envs": [{"id": "_synthetic:LengthEnv", "task_ids": [1, 2, 3, 4, 5, 6]}],
         "rollout": {"group_size": 2, "batch_groups": 2, "max_turns": 7, "batch_wait_ms": 1,
                     "spare_groups": spare, "spare_selection": selection},
         "generation": {"max_new_tokens": 2},

@@ -7,15 +7,16 @@ import pytest
 import torch
 
 import rockroll.trainer
-from rockroll.trainer import credit as C
+from rockroll.trainer.algorithms import credit as C
 from rockroll.trainer.config import AlgorithmConfig, EngineConfig, IPAConfig, ModelConfig
 from rockroll.trainer.controller import train
-from rockroll.trainer.update import (
-    ADVANTAGES, LOSSES, collate, compute_advantages, compute_loss, target_logp, token_logp, update_policy,
+from rockroll.trainer.algorithms.table import ADVANTAGES, LOSSES
+from rockroll.trainer.roles.update import (
+    collate, compute_advantages, compute_loss, target_logp, token_logp, update_policy,
 )
 from rockroll.trainer.models import build_model
-from rockroll.trainer.policy import ActorModule, make_policy
-from rockroll.trainer.rollout import Group, Sample
+from rockroll.trainer.engines.policy import ActorModule, make_policy
+from rockroll.trainer.rollout.types import Group, Sample
 
 from _tensors import LN, close, t  # noqa: E402
 from _tiny import TinyTok, multi_turn_groups, run_config as _cfg  # noqa: E402
@@ -98,7 +99,7 @@ def test_the_algorithm_table_names_what_update_runs():
     and every implementation is selected by some row."""
     from dataclasses import fields
 
-    from rockroll.trainer.algorithms import ADVANTAGE_KEYS, ALGORITHMS, LOSS_KEYS
+    from rockroll.trainer.algorithms.table import ADVANTAGE_KEYS, ALGORITHMS, LOSS_KEYS
 
     picked = {spec.parts(tc, ipa) for spec in ALGORITHMS.values()
               for tc in ("outcome", "discounted") for ipa in (False, True)}

@@ -93,7 +93,7 @@ def test_compare_runs_plots_every_run_and_tabulates_their_evaluations(tmp_path):
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm installed")
 def test_vllm_engine_names_its_extra():
-    from rockroll.trainer.engines import EngineUnavailable, VLLMEngine
+    from rockroll.trainer.engines.generation import EngineUnavailable, VLLMEngine
 
     with pytest.raises(EngineUnavailable, match=r"rockroll\[vllm\]"):
         VLLMEngine("some/model")

@@ -20,9 +20,11 @@ else:
 
 from rockroll.trainer.config import AlgorithmConfig, load_config  # noqa: E402
 from rockroll.trainer.controller import train  # noqa: E402
-from rockroll.trainer.engines import SamplingParams, VLLMEngine  # noqa: E402
-from rockroll.trainer.rollout import Group, PromptTemplate, Sample  # noqa: E402
-from rockroll.trainer.update import collate, target_logp, update_policy  # noqa: E402
+from rockroll.trainer.engines.sampling import SamplingParams  # noqa: E402
+from rockroll.trainer.engines.generation import VLLMEngine  # noqa: E402
+from rockroll.trainer.rollout.types import Group, Sample  # noqa: E402
+from rockroll.trainer.rollout.manager import PromptTemplate  # noqa: E402
+from rockroll.trainer.roles.update import collate, target_logp, update_policy  # noqa: E402
 
 from _tiny import Held  # noqa: E402
 

@@ -18,7 +18,7 @@ token prefix ends with (the rollout checks it and drops the sample otherwise).
 Here: :class:`Trajectory` (a successful episode: its tokens and transcript, and the state
 saved before each turn with where that turn began) and :class:`Curriculum` (per-task levels;
 pure bookkeeping over anything with a length, tested on hand-written sequences).
-:class:`rockroll.trainer.rollout.RolloutManager` wires them to the envs: episodes save
+:class:`rockroll.trainer.rollout.manager.RolloutManager` wires them to the envs: episodes save
 states only while their task has no trajectory yet (``save_state`` of a sandbox env is a
 snapshot: not free), and each group reports its success with the level it started at (with
 asynchronous rollout a group can finish after the level moved; it then does not count).

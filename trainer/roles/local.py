@@ -1,169 +1,40 @@
-r"""The roles that training is split into, and their in-process implementation.
-
-:mod:`.loop` drives a :class:`Roles`: a :class:`Trainer` (the policy; it updates on groups,
-checkpoints itself and hands out its weights) and a :class:`Rollout` (envs asking a
-generator; it produces groups for a policy version), plus the weight sync between them.
+r"""The roles in this process: the policy trainer, the env worker, the batch roles, and
+:class:`LocalRoles` that holds them for :func:`~rockroll.trainer.loop.run`.
 
 - :class:`PolicyTrainer` and :class:`EnvWorker` are the roles' code, written once:
-  :class:`LocalRoles` runs them in this process, :mod:`.ray_roles` in Ray actors
+  :class:`LocalRoles` runs them in this process, :mod:`.ray` in Ray actors
   (``ray.remote`` of the same classes), with as many env workers and generators as asked.
-- Roles that look at a step's batch before the policy trains on it (the KL reference,
-  critics, an attention pass) are :class:`BatchRole`\ s: :meth:`Roles.update` asks each to
-  annotate the batch, trains the policy with what they return, then lets each train itself.
-  A new one is a class with those methods, held by :class:`LocalRoles` and wrapped in an
-  actor by :mod:`.ray_roles`; the loop only sees the protocols below.
+- :class:`ReferenceRole` (the KL reference) and :class:`AttentionRole` (attention-rhythm
+  credit) are :class:`~.base.BatchRole`\ s, as is :class:`~.critics.CriticsRole`.
 """
 
 from __future__ import annotations
 
 import copy
 import random
-from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
-from . import rhythm as R
+from ..algorithms import rhythm as R
+from ..config import EnvConfig, TrainConfig, config_to_dict
+from ..engines.generation import TransformersEngine, VLLMEngine
+from ..engines.offload import Offloadable
+from ..engines.policy import ActorModule, make_policy
+from ..models import allowed_token_ids, build_model, load_tokenizer
+from ..rollout.manager import PromptTemplate, RolloutManager
+from ..rollout.reward import RewardRole
+from ..rollout.types import Group
+from .base import BatchRole, Roles
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from .config import EnvConfig, TrainConfig, config_to_dict
 from .critics import CriticsRole
-from .engines import TransformersEngine, VLLMEngine
-from .models import allowed_token_ids, build_model, load_tokenizer
-from .offload import Offloadable
 from .placement import role_name
-from .policy import ActorModule, make_policy
-from .reward import RewardRole
-from .rollout import Group, PromptTemplate, RolloutManager
 from .update import collate, token_logp, update_policy
 
-__all__ = ["AttentionRole", "BatchRole", "EnvWorker", "LocalRoles", "PolicyTrainer", "ReferenceRole", "Roles",
-           "Rollout", "Trainer", "batch_role_classes", "batch_roles", "build_policy", "make_generator",
-           "seed_everything"]
-
-
-# ----------------------------------------------------------------------------- the interface
-
-
-class Trainer(Protocol):
-    """The policy being trained."""
-
-    def update(self, groups: list[Group], aux: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
-        """One training step on ``groups`` (advantages, loss, optimizer steps) with what the
-        batch roles computed on them (``aux``); its metrics."""
-
-    def weights(self) -> dict[str, Any]:
-        """The state dict a generator loads."""
-
-    def restore(self) -> dict[str, Any] | None:
-        """Load the latest checkpoint if resuming and there is one: ``{"step", "rollout",
-        "roles", "path"}`` (``roles``: the batch roles' states, by name)."""
-
-    def save(self, step: int, rollout_state: dict[str, Any], roles_state: dict[str, Any] | None = None) -> None:
-        """A checkpoint of ``step``: the policy, the RNGs, the config, ``rollout_state`` and
-        the batch roles' ``roles_state`` (by name), in one folder written atomically."""
-
-
-class Rollout(Protocol):
-    """Envs and the generator(s) they ask: groups of samples for a policy version."""
-
-    def start(self, version: int, state: dict[str, Any] | None = None) -> None:
-        """Start producing groups for the weights of ``version`` (from a checkpoint's rollout state)."""
-
-    def get_batch(self, step: int) -> tuple[list[Group], dict[str, float]]:
-        """Block until a step's groups are ready; them and the rollout metrics."""
-
-    def evaluate(self, episodes: int, seed: int) -> dict[str, float]:
-        """Episodes from each task's first observation with the current weights; eval metrics."""
-
-    def advance(self, version: int) -> None:
-        """The generators now serve ``version``: admit the groups it allows (and end a pause)."""
-
-    def pause(self) -> None:
-        """Start no new group and wait for the running ones (before :meth:`state_dict`)."""
-
-    def state_dict(self) -> dict[str, Any]:
-        """What :meth:`start` resumes from."""
-
-    def close(self) -> None:
-        """Stop every env and background thread; idempotent."""
-
-
-class BatchRole(Protocol):
-    """A role consulted on each step's groups around the policy's update: the frozen KL
-    reference, critics, an attention pass. Tensors it returns are aligned with the rows of
-    ``collate(groups)`` (per token: (B, T) on predicted tokens, like ``Batch.mask``) and on CPU.
-    A class may inherit this protocol for the defaults of :meth:`state_dict` and
-    :meth:`load_state_dict` (a role with no state of its own)."""
-
-    trains: bool = False  # whether train() works on the role's models (the critics) or only reports
-
-    def annotate(self, groups: list[Group]) -> dict[str, torch.Tensor]:
-        """What the policy's update reads (e.g. ``ref_logp``), before it runs."""
-
-    def train(self, groups: list[Group], aux: dict[str, torch.Tensor]) -> dict[str, float]:
-        """After the policy's update: train this role on the same groups (critics); its metrics
-        (``{}`` for a frozen role). ``aux``: every role's annotations of the step."""
-
-    def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
-        """The policy's new weights, for a role that follows the policy (the attention copy);
-        the others ignore them."""
-
-    def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint keeps of this role to resume it exactly (CPU tensors): a trained
-        role's models and optimizers (the critics); ``{}`` for a role whose state is derived
-        from the config and the policy (the frozen reference, the attention copy)."""
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Back to what :meth:`state_dict` returned (on resume, before the first sync)."""
-
-
-class Roles(ABC):
-    """The roles of one run, as :func:`~rockroll.trainer.loop.run` drives them."""
-
-    tokenizer: Any
-    trainer: Trainer
-    rollout: Rollout
-    batch_roles: list[BatchRole] = []
-    batch_names: list[str] = []  # each batch role's name (ray.roles, checkpoints): placement.role_name
-
-    def update(self, groups: list[Group]) -> dict[str, float]:
-        """One step's update: every batch role annotates ``groups``, the trainer trains on them
-        with the annotations, then each batch role trains (critics) on the same step."""
-        aux: dict[str, torch.Tensor] = {}
-        for role in self.batch_roles:
-            aux.update(role.annotate(groups))
-        metrics = self.trainer.update(groups, aux)
-        for role in self.batch_roles:
-            metrics.update(role.train(groups, aux))
-        return metrics
-
-    def batch_state(self) -> dict[str, Any]:
-        """Every batch role's :meth:`~BatchRole.state_dict`, by name: what a checkpoint keeps."""
-        return {name: role.state_dict() for name, role in zip(self.batch_names, self.batch_roles)}
-
-    def load_batch_state(self, saved: dict[str, Any] | None) -> None:
-        """Resume every batch role from a checkpoint's :meth:`batch_state`; a role it lacks
-        (a checkpoint from before roles were saved, or a role added since) starts afresh."""
-        for name, role in zip(self.batch_names, self.batch_roles):
-            if saved is not None and name in saved:
-                role.load_state_dict(saved[name])
-            else:
-                print(f"rockroll: the checkpoint holds no state of batch role {name!r}: it starts afresh")
-
-    @abstractmethod
-    def sync_weights(self, version: int) -> None:
-        """The trainer's weights to every generator, which then labels its samples ``version``."""
-
-    @abstractmethod
-    def close(self) -> None:
-        """Stop every role (the rollout first); idempotent."""
-
-    def summary(self) -> dict[str, Any]:
-        """Objects of this process that the run's summary hands back (none when remote)."""
-        return {}
+__all__ = ["AttentionRole", "EnvWorker", "LocalRoles", "PolicyTrainer", "ReferenceRole", "batch_role_classes",
+           "batch_roles", "build_policy", "make_generator", "seed_everything"]
 
 
 # ----------------------------------------------------------------------------- building blocks
@@ -259,14 +130,14 @@ class ReferenceRole(BatchRole, Offloadable):
 
 
 class AttentionRole(BatchRole, Offloadable):
-    """:class:`BatchRole`: attention-rhythm credit (:mod:`.rhythm`). An eager-attention copy of
-    the policy (SDPA and flash kernels never materialise the attention maps), loaded with the
-    policy's weights at every sync, forwards each sampled sequence once; the maps of
-    ``algorithm.rhythm.layers`` layers of the middle third, averaged over layers and heads, give
-    each response token's WAAD and FAI, and the configured scheme turns them into
-    ``credit_scale`` (B, T), which multiplies the advantages (1 off the response).
-    No checkpoint state: its weights and version are the policy's, loaded at the first sync
-    after a resume."""
+    """:class:`BatchRole`: attention-rhythm credit (:mod:`rockroll.trainer.algorithms.rhythm`).
+    An eager-attention copy of the policy (SDPA and flash kernels never materialise the
+    attention maps), loaded with the policy's weights at every sync, forwards each sampled
+    sequence once; the maps of ``algorithm.rhythm.layers`` layers of the middle third, averaged
+    over layers and heads, give each response token's WAAD and FAI, and the configured scheme
+    turns them into ``credit_scale`` (B, T), which multiplies the advantages (1 off the
+    response). No checkpoint state: its weights and version are the policy's, loaded at the
+    first sync after a resume."""
 
     def __init__(self, cfg: TrainConfig, lm: Any, tokenizer: Any):
         self.cfg, self.rc, self.pad_id = cfg, cfg.algorithm.rhythm, tokenizer.pad_token_id

@@ -18,8 +18,8 @@ from typing import Any
 
 from rockroll.sandbox.modelservice import ModeError, Sample
 
-from .engines import SamplingParams
-from .rollout import request_ids
+from ..engines.sampling import SamplingParams
+from .manager import request_ids
 
 DEFAULT_MAX_TOKENS = 256
 

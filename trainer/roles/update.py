@@ -1,27 +1,27 @@
 """The update step, shared by every way of running the trainer: groups -> a padded
 :class:`Batch` -> log-probs -> advantages -> loss -> optimizer steps (:func:`update_policy`).
 
-The maths is in :mod:`.algorithms` and :mod:`.credit` (pure functions); which estimator and
-loss run is looked up by name (``algorithm.advantages`` / ``algorithm.loss``, from the
-``ALGORITHMS`` table) in :data:`ADVANTAGES` and :data:`LOSSES` below, which apply them to a batch.
+The maths is in :mod:`rockroll.trainer.algorithms` (pure functions); the estimator and loss
+that run are the configured algorithm's entry of the one table,
+:data:`~rockroll.trainer.algorithms.table.ALGORITHMS` (``algorithm.estimator`` /
+``algorithm.policy_loss``, credit options applied).
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Callable
 
 import torch
 import torch.utils.checkpoint
 
-from . import algorithms as A
-from . import credit as C
-from . import rhythm as R
-from .config import AlgorithmConfig
-from .rollout import Group
-from .sampling import processed_logits
+from ..algorithms import credit as C
+from ..algorithms import pg as A
+from ..algorithms import rhythm as R
+from ..config import AlgorithmConfig
+from ..engines.sampling import processed_logits
+from ..rollout.types import Group
 
-__all__ = ["ADVANTAGES", "LOSSES", "Batch", "collate", "compute_advantages", "compute_loss", "target_logp",
+__all__ = ["Batch", "collate", "compute_advantages", "compute_loss", "target_logp",
            "token_logp", "update_policy"]
 
 
@@ -115,7 +115,7 @@ def target_logp(logits, targets, temperature: float, chunk: int = LOGP_CHUNK, al
     instead of about 4x (bf16 logits of a 0.5B model: 150k vocabulary x 16k tokens is 10 GB
     in fp32). ``allowed`` (a LongTensor of token ids, constrained decoding), ``top_k`` and
     ``top_p``: the softmax is over the tokens the generator could sample from, renormalised
-    (:func:`~.sampling.processed_logits`)."""
+    (:func:`~rockroll.trainer.engines.sampling.processed_logits`)."""
     return _by_slices(_slice_logp, chunk, logits, targets, temperature, allowed, top_k, top_p)
 
 
@@ -141,7 +141,7 @@ def _slice_entropy(logits, temperature: float, allowed=None, top_k: int = 0, top
 
 def token_entropy(logits, temperature: float, chunk: int = LOGP_CHUNK, allowed=None, top_k: int = 0,
                   top_p: float = 1.0):
-    """The entropy of the distribution sampled from (:func:`~.sampling.processed_logits`) per
+    """The entropy of the distribution sampled from (:func:`~rockroll.trainer.engines.sampling.processed_logits`) per
     position, (B, T): the policy's entropy at each predicted token, computed like
     :func:`target_logp`, ``chunk`` positions at a time in fp32 (checkpointed under autograd)."""
     return _by_slices(_slice_entropy, chunk, logits, temperature, allowed, top_k, top_p)
@@ -180,78 +180,11 @@ def token_logp(policy_forward, batch: Batch, temperature: float, micro_batch_siz
     return logp, value
 
 
-# ----------------------------------------------------------------------------- advantages
-# estimator name -> f(algorithm config, batch, old_logp, ref_logp, values) -> (advantages, PPO returns or None)
-
-
-def _gae(a: AlgorithmConfig, batch: Batch, old_logp, ref_logp, values):
-    # outcome reward on the last response token; GAE over response tokens (observations transparent)
-    r_tok = A.outcome_on_last_token(batch.rewards, batch.mask)
-    adv, returns = A.gae(r_tok, values, batch.mask, gamma=a.gamma, lam=a.lam)
-    mean = A.masked_mean(adv, batch.mask)
-    std = A.masked_mean((adv - mean) ** 2, batch.mask).sqrt()
-    return torch.where(batch.mask, (adv - mean) / (std + 1e-6), 0.0), returns
-
-
-def _turn(a: AlgorithmConfig, batch: Batch, old_logp, ref_logp, values):
-    if bool((batch.row_weights < 1).any()):
-        raise ValueError("turn_credit=discounted: an agent episode was split into segments (it rewrote its "
-                         "history), whose turns have no common position; use turn_credit: outcome, or ipa.enabled")
-    # every turn's reward must sit on its own chunk: a turn without tokens would shift the credit
-    if not torch.equal(C.num_chunks(batch.mask), batch.num_turn_rewards):
-        raise ValueError("turn_credit=discounted: a sample's response chunks do not match its turn rewards")
-    return C.turn_advantages(batch.turn_rewards, batch.mask, batch.group_ids, a.gamma,
-                             std_normalize=a.std_normalize), None
-
-
-ADVANTAGES: dict[str, Callable] = {
-    "grpo": lambda a, b, old, ref, v: (
-        A.grpo_advantages(b.rewards, b.group_ids, std_normalize=a.std_normalize, weights=b.row_weights), None),
-    "dr_grpo": lambda a, b, old, ref, v: (
-        A.grpo_advantages(b.rewards, b.group_ids, std_normalize=False, weights=b.row_weights), None),
-    "gae": _gae,
-    "reinforce_pp": lambda a, b, old, ref, v: (
-        A.reinforce_pp_advantages(b.rewards, b.mask, old, ref, kl_coef=a.kl_coef), None),
-    "turn": _turn,
-    "ipa": lambda a, b, old, ref, v: (
-        C.ipa_advantages(b.rewards, b.group_ids, b.mask, a.ipa.gamma, std_normalize=a.std_normalize,
-                         weights=b.row_weights, chunks_after=b.chunks_after), None),
-    "raft": lambda a, b, old, ref, v: (  # 0/1 acceptance weights, not advantages
-        A.raft_accept(b.rewards, b.group_ids, top_k=a.raft.top_k, min_reward=a.raft.min_reward,
-                      weights=b.row_weights), None),
-}
-
-
 def compute_advantages(a: AlgorithmConfig, batch: Batch, old_logp, ref_logp, values):
     """Advantages (B,) or (B, T) for the configured algorithm, and PPO returns (or None)."""
-    return ADVANTAGES[a.advantages](a, batch, old_logp, ref_logp, values)
+    return a.estimator.run(a, batch, old_logp, ref_logp, values)
 
 
-# ----------------------------------------------------------------------------- losses
-# loss name -> f(algorithm config, logp, old_logp, adv, batch, denom) -> (loss, metrics)
-
-
-def _ppo_clip(a: AlgorithmConfig, logp, old_logp, adv, batch: Batch, denom):
-    m = batch.mask
-    is_w = A.tis_weights(old_logp, batch.behav_logp, m, cap=a.tis_cap) if a.tis_cap > 0 else None
-    loss, met = A.ppo_clip_loss(logp, old_logp, adv, m, clip_low=a.clip_low, clip_high=a.clip_high,
-                                dual_clip=a.dual_clip, is_weight=is_w, agg=a.loss_agg, denom=denom)
-    if is_w is not None:
-        met["tis_weight_mean"] = A.masked_mean(is_w, m).item()
-    return loss, met
-
-
-LOSSES: dict[str, Callable] = {
-    "ppo_clip": _ppo_clip,
-    "topr": lambda a, logp, old, adv, b, denom: A.topr_loss(logp, b.behav_logp, adv, b.mask, agg=a.loss_agg,
-                                                            denom=denom),
-    "cispo": lambda a, logp, old, adv, b, denom: A.cispo_loss(
-        logp, b.behav_logp, adv, b.mask, eps_high=a.clip_high, eps_low=a.clip_low, agg=a.loss_agg, denom=denom),
-    "ipa": lambda a, logp, old, adv, b, denom: C.ipa_loss(
-        logp, b.behav_logp, adv, b.mask, ratio_low=a.ipa.ratio_low, ratio_high=a.ipa.ratio_high,
-        clip_low=a.clip_low, clip_high=a.clip_high, agg=a.loss_agg, denom=denom),
-    "sft": lambda a, logp, old, adv, b, denom: A.sft_loss(logp, adv, b.mask, agg=a.loss_agg, denom=denom),
-}
 
 
 def compute_loss(a: AlgorithmConfig, logp, old_logp, adv, batch: Batch, ref_logp=None, values=None,
@@ -274,7 +207,7 @@ def compute_loss(a: AlgorithmConfig, logp, old_logp, adv, batch: Batch, ref_logp
     m, spec = batch.mask, a.spec
     nm = m if norm_mask is None else norm_mask
     denom = A.agg_denominator(nm, a.loss_agg)
-    loss, met = LOSSES[a.loss](a, logp, old_logp, adv, batch, denom)
+    loss, met = a.policy_loss.run(a, logp, old_logp, adv, batch, denom)
     met = {f"loss/{k}": v for k, v in met.items()}
     met["loss/pg"] = float(loss.detach())
     if a.kl_coef > 0 and not spec.kl_in_reward and ref_logp is not None:
@@ -318,7 +251,7 @@ def update_policy(policy, a: AlgorithmConfig, batch: Batch, temperature: float,
     the same step as unsplit. The batch moves to the policy's device first. ``allowed_ids``:
     the token ids of constrained decoding (``generation.allowed_tokens``), None for all;
     ``top_k``, ``top_p``: the generator's truncation, applied to every log-prob here too.
-    ``aux``: what the batch roles computed on this batch (:class:`~.roles.BatchRole`), tensors
+    ``aux``: what the batch roles computed on this batch (:class:`~.base.BatchRole`), tensors
     aligned with its rows: ``ref_logp`` (B, T), the frozen reference's log-probs (KL);
     ``credit_scale`` (B, T), the attention-rhythm scale of each token's advantage; AsyPPO's
     ``values`` and ``value_std`` (B, T), the mini-critics' mean value and its spread.

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .config import EngineConfig
+from ..config import EngineConfig
 
 
 class ActorModule(nn.Module):

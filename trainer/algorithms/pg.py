@@ -22,7 +22,6 @@ Every function is a pure function of tensors. Shared conventions:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -396,71 +395,3 @@ def uncertainty_masks(value_std: Tensor, mask: Tensor, *, mask_quantile: float,
     agree[order[:n_agree]] = True
     disagree[order[n - n_disagree:]] = True
     return agree.view_as(m), disagree.view_as(m)
-
-
-# --------------------------------------------------------------------------- the table
-# What each ``algorithm.name`` runs, by name: an advantage estimator and a policy loss (the
-# functions :mod:`.update` runs on a batch under these names: ``update.ADVANTAGES`` and
-# ``update.LOSSES``), and the ``algorithm.*`` keys each of them reads. Config validation
-# rejects a non-default value of a key that the configured run would not read.
-
-LOSS_KEYS: dict[str, tuple[str, ...]] = {
-    "ppo_clip": ("clip_low", "clip_high", "dual_clip", "tis_cap"),  # ratio to the proximal policy
-    "topr": (),                                                     # no clip: TOPR tapers by the sequence ratio
-    "cispo": ("clip_low", "clip_high"),                             # ratio to the generator, directly
-    "ipa": ("clip_low", "clip_high"),                               # chunk ratios (ipa.ratio_low/high)
-    "sft": (),                                                      # maximum likelihood, no ratio (raft)
-}
-ADVANTAGE_KEYS: dict[str, tuple[str, ...]] = {
-    "grpo": ("std_normalize",),
-    "dr_grpo": (),                          # a group baseline, no std scaling (TOPR weighs by the sign)
-    "gae": ("gamma", "lam"),
-    "reinforce_pp": (),                     # kl_coef shapes its per-token reward
-    "turn": ("std_normalize", "gamma"),     # turn_credit=discounted (credit.turn_advantages)
-    "ipa": ("std_normalize",),              # ipa.enabled (credit.ipa_advantages, ipa.gamma)
-    "raft": (),                             # 0/1 acceptance weights (algorithm.raft.*)
-}
-
-
-@dataclass(frozen=True)
-class AlgorithmSpec:
-    """One entry of :data:`ALGORITHMS`: the advantage estimator and policy loss (keys of
-    :data:`ADVANTAGE_KEYS` / :data:`LOSS_KEYS`), a critic (value head, GAE, ``vf_coef``),
-    whether the KL to the reference is part of the reward (then not of the loss), and which
-    credit options apply (``turn_credit: discounted``, ``ipa.enabled``: group-normalised
-    advantages only). ``critics``: separate mini-critics (:mod:`.critics`, AsyPPO) give the
-    values, and their disagreement reshapes the loss (``algorithm.critics.*``)."""
-
-    advantages: str
-    loss: str
-    value_head: bool = False
-    kl_in_reward: bool = False
-    turn_credit: bool = False
-    ipa: bool = False
-    critics: bool = False
-
-    def parts(self, turn_credit: str = "outcome", ipa: bool = False) -> tuple[str, str]:
-        """(advantage estimator, loss) with the credit options applied where they apply:
-        discounted turn credit replaces the estimator, IPA the estimator and the loss."""
-        adv = self.advantages
-        if ipa and self.ipa:
-            adv = "ipa"
-        if turn_credit == "discounted" and self.turn_credit:
-            adv = "turn"
-        return adv, "ipa" if ipa and self.ipa else self.loss
-
-    def reads(self, turn_credit: str = "outcome", ipa: bool = False) -> frozenset[str]:
-        """The ``algorithm.*`` keys this algorithm reads with these credit options."""
-        adv, loss = self.parts(turn_credit, ipa)
-        return frozenset((*ADVANTAGE_KEYS[adv], *LOSS_KEYS[loss], *(("vf_coef",) if self.value_head else ())))
-
-
-ALGORITHMS: dict[str, AlgorithmSpec] = {
-    "grpo": AlgorithmSpec("grpo", "ppo_clip", turn_credit=True, ipa=True),
-    "ppo": AlgorithmSpec("gae", "ppo_clip", value_head=True),
-    "reinforce_pp": AlgorithmSpec("reinforce_pp", "ppo_clip", kl_in_reward=True),
-    "topr": AlgorithmSpec("dr_grpo", "topr"),
-    "cispo": AlgorithmSpec("grpo", "cispo", turn_credit=True),
-    "asyppo": AlgorithmSpec("gae", "ppo_clip", critics=True),
-    "raft": AlgorithmSpec("raft", "sft"),
-}

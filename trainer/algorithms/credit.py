@@ -8,7 +8,7 @@ a turn is the unit the environment reacts to, so it is the unit that earns the o
 :func:`turn_advantages` gives each turn the discounted return-to-go of per-turn rewards
 (``algorithm.turn_credit: discounted``).
 
-Conventions are those of :mod:`rockroll.trainer.algorithms`: ``mask`` (B, T) marks trained
+Conventions are those of :mod:`.pg`: ``mask`` (B, T) marks trained
 response tokens, ``rewards`` (B,) outcome rewards, ``group_ids`` (B,) GRPO groups; chunk
 indices ``k`` are 0-based in code (chunk 0 is the first turn), ``K`` is a sequence's number
 of chunks. Functions returning (B, T) put 0 (or -1 for ids, 1 for ratios) off the chunks.
@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rockroll.trainer.algorithms import aggregate, clipped_surrogate, grpo_advantages, masked_mean
+from .pg import aggregate, clipped_surrogate, grpo_advantages, masked_mean
 
 
 def _chunk_starts(mask: Tensor) -> Tensor:

@@ -4,7 +4,7 @@ Time-division sharing of one GPU (ROLL's colocation): roles placed on the same d
 ``ray.roles`` (fractional ``num_gpus`` in one bundle) take turns by the loop's order, and a
 role with ``ray.roles.<name>.offload: true`` holds its weights and optimizer state in host
 memory while it is not working: :meth:`Offloadable.onload` before its phase of a step,
-:meth:`Offloadable.offload` after (:class:`~.ray_roles.RayRoles` calls them). Without a GPU
+:meth:`Offloadable.offload` after (:class:`~rockroll.trainer.roles.ray.RayRoles` calls them). Without a GPU
 the role's home is the CPU and both are no-ops (only :attr:`Offloadable.residency` changes).
 
 Moving a module with ``Module.to`` rebinds each parameter's ``.data`` in place, so an

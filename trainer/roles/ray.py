@@ -1,34 +1,34 @@
-"""The Ray implementation of :mod:`.roles`: the loop of :mod:`.loop` with each role in its own actor.
+"""The Ray implementation of :mod:`.local`: the loop of :mod:`rockroll.trainer.loop` with each role in its own actor.
 
-- the policy trainer: :class:`~.roles.PolicyTrainer` in an actor, which builds its own
+- the policy trainer: :class:`~.local.PolicyTrainer` in an actor, which builds its own
   model, and joins the weight group for ``collective`` sync; with ``ray.num_trainers`` > 1,
   that many actors, the ranks of one DeepSpeed ZeRO process group (gloo on CPU, NCCL on
   GPU), each training on its slice of every mini-batch (:class:`RayTrainer`);
 - generators (``ray.num_generators``), each owning a generation engine (Transformers here,
   vLLM on GPU);
-- batch roles (:class:`~.roles.BatchRole`: the KL reference...), each in an actor of its own
+- batch roles (:class:`~.base.BatchRole`: the KL reference...), each in an actor of its own
   (:class:`_BatchRole`) that builds its own model, asked concurrently on each step's groups;
-- the reward role (:class:`~.reward.RewardRole`: verifiers and an LLM judge), when the config
+- the reward role (:class:`~rockroll.trainer.rollout.reward.RewardRole`: verifiers and an LLM judge), when the config
   has one: ``ray.num_reward_actors`` async actors (``reward`` in ``ray.roles``) that the env
-  workers share through :class:`~.reward.RemoteReward` (worker i asks actor i % n), so a
+  workers share through :class:`~rockroll.trainer.rollout.reward.RemoteReward` (worker i asks actor i % n), so a
   local judge model is loaded once, not once per worker;
-- env workers (``ray.num_env_workers``): :class:`~.roles.EnvWorker` in an actor, whose
+- env workers (``ray.num_env_workers``): :class:`~.local.EnvWorker` in an actor, whose
   requests go to every generator through :class:`RemoteEngine`, one request at a time to the
   least loaded (prompt replication: the n samples of a group are n requests spread over all
   generators, not one generator's batch). Each worker fills its share of
   ``rollout.batch_groups`` from a seed stream of its own and numbers its groups in a block of
   its own, so groups of two workers never merge in GRPO; :class:`RayRollout` is them all as
-  one :class:`~.roles.Rollout`.
+  one :class:`~.base.Rollout`.
 
 The loop calls a role in an actor as it calls the in-process one (:class:`Remote`).
 ``ray.roles`` places the actors in one placement group (:mod:`.placement`). Roles that share
-a device and say ``offload: true`` take turns on it (:mod:`.offload`): the driver onloads
+a device and say ``offload: true`` take turns on it (:mod:`rockroll.trainer.engines.offload`): the driver onloads
 such a role before each of its phases of a step and offloads it after, one role at a time
 (:meth:`RayRoles.update`; ``RayRoles.schedule`` records the last step's order).
 
 Weight sync after each step (``ray.weight_sync``): ``object_store``, the trainer's state dict
 is one object in Ray's object store that every generator loads; ``collective``, the trainer
-broadcasts it over torch.distributed (:mod:`.weight_sync`: gloo on CPU, NCCL on GPU). Every
+broadcasts it over torch.distributed (:mod:`rockroll.trainer.engines.weight_sync`: gloo on CPU, NCCL on GPU). Every
 sample carries the version of the generator weights that produced it.
 
 ``ray.init`` is local and on 127.0.0.1 (:func:`init_local_ray`) unless ``ray.address`` names
@@ -44,16 +44,18 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from .config import ConfigError, EnvConfig, RoleResources, TrainConfig
-from .curriculum import initialized_metrics
-from .engines import SamplingParams
-from .models import build_model, load_tokenizer
-from .offload import Offloadable
+from ..config import ConfigError, EnvConfig, RoleResources, TrainConfig
+from ..engines.offload import Offloadable
+from ..engines.sampling import SamplingParams
+from ..engines.weight_sync import Manifest, WeightGroup, checksum, manifest
+from ..models import build_model, load_tokenizer
+from ..rollout.curriculum import initialized_metrics
+from ..rollout.manager import _mix, batch_metrics
+from ..rollout.reward import RemoteReward, RewardRole
+from ..rollout.types import Group
+from .base import Roles
+from .local import EnvWorker, PolicyTrainer, batch_role_classes, make_generator, seed_everything
 from .placement import Placement, plan, role_name
-from .reward import RemoteReward, RewardRole
-from .roles import EnvWorker, PolicyTrainer, Roles, batch_role_classes, make_generator, seed_everything
-from .rollout import Group, _mix, batch_metrics
-from .weight_sync import Manifest, WeightGroup, checksum, manifest
 
 __all__ = ["GROUP_ID_BLOCK", "RayRoles", "RayRollout", "RayTrainer", "Remote", "init_local_ray",
            "merge_rank_metrics", "merge_rollout_metrics", "role_counts", "start_roles", "worker_config"]
@@ -109,7 +111,7 @@ class _Placed:
 
 def _master_address() -> tuple[str, int]:
     """A free port on this node: rank 0's rendezvous for a data-parallel trainer."""
-    from .policy import _free_port
+    from ..engines.policy import _free_port
 
     return _node_ip(), _free_port()
 
@@ -270,7 +272,7 @@ class _PolicyTrainer(PolicyTrainer, _Placed):
 
 
 class _BatchRole(_Placed):
-    """Any :class:`~.roles.BatchRole` in an actor: ``cls(cfg, lm, tokenizer)`` over a model of
+    """Any :class:`~.base.BatchRole` in an actor: ``cls(cfg, lm, tokenizer)`` over a model of
     its own built as the trainer builds its start (same config, same seed)."""
 
     def __init__(self, cls: type, cfg: TrainConfig, tokenizer: Any):
@@ -319,7 +321,7 @@ def make_actor_classes(num_gpus: float = 0.0):
 
 
 class RayTrainer:
-    """The trainer's ranks (actors) as one :class:`~.roles.Trainer`: every call goes to every
+    """The trainer's ranks (actors) as one :class:`~.base.Trainer`: every call goes to every
     rank at once (their collectives need all of them), the answer is rank 0's; a step's
     metrics merge the ranks' (:func:`merge_rank_metrics`). ``actor``: rank 0."""
 
@@ -378,7 +380,7 @@ class Remote:
 
 
 class RayRollout:
-    """Every env worker as one :class:`~.roles.Rollout`: a step's groups are all of theirs, the
+    """Every env worker as one :class:`~.base.Rollout`: a step's groups are all of theirs, the
     rollout state one per worker, evaluation runs on worker 0."""
 
     def __init__(self, workers: list[Any]):

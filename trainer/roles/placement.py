@@ -12,7 +12,7 @@ colocate: trainer}``) get the same GPU from Ray. They take turns by the loop's o
 a step the batch roles annotate, then the trainer updates, then the batch roles train, then
 the weights move; the models of every colocated role stay resident, so their memory must fit
 on the device together, unless a role says ``offload: true``: it then keeps its models (and
-optimizer state) in host memory outside its own phases (:mod:`.offload`), so the device holds
+optimizer state) in host memory outside its own phases (:mod:`rockroll.trainer.engines.offload`), so the device holds
 the working role's state and the resident ones'.
 """
 
@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import ConfigError, RayConfig, RoleResources
+from ..config import ConfigError, RayConfig, RoleResources
 
 __all__ = ["MIN_BUNDLE_CPUS", "Placement", "plan", "role_name"]
 

@@ -8,7 +8,7 @@ the trainer's ranks, not trainer + generators). Rank 0 is the trainer, ranks 1..
 generators. The backend is gloo on CPU and NCCL when CUDA is available; the code is the same.
 
 The store and the gloo connections bind to the node's address as Ray reports it, which is
-127.0.0.1 for the local Ray that rockroll starts (:func:`~rockroll.trainer.ray_roles.init_local_ray`).
+127.0.0.1 for the local Ray that rockroll starts (:func:`~rockroll.trainer.roles.ray.init_local_ray`).
 """
 
 from __future__ import annotations

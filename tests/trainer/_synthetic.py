@@ -1,4 +1,6 @@
-"""A synthetic text env for tests and benchmarks: long-tailed step latency, optional infra failures.
+"""Synthetic text envs for tests and benchmarks (not shipped: an env config names them
+``_synthetic:LatencyEnv``, with this folder on sys.path): long-tailed step latency, optional
+infra failures.
 
 ``LatencyEnv`` asks for a word; replying with it (default ``Right``) earns 1.0 and ends the
 episode, anything else earns 0.0 and the episode goes on (truncated after ``max_turns``).

@@ -3,14 +3,14 @@
 The env's own reward stays; each configured verifier's and the judge's weighted score is
 added to it (on the episode's last turn, so ``reward == sum(turn_rewards)`` still holds) and
 recorded in ``Sample.reward_parts``. Configured by the ``reward:`` section
-(:class:`~.config.RewardConfig`); docs/trainer.md, "Rewards: verifiers and LLM-as-judge".
+(:class:`~rockroll.trainer.config.RewardConfig`); docs/trainer.md, "Rewards: verifiers and LLM-as-judge".
 
 - A **verifier** is a function ``fn(question, answer, transcript, **kwargs) -> float``
   (``module:function``), run in a thread.
 - The **judge** fills a prompt template with the episode, asks a model, and parses a score
   out of its reply. Its backend is any OpenAI-compatible endpoint, called through the model
   service's proxy mode (retries on 429/5xx with back-off), or a local Transformers engine
-  over a checkpoint folder whose requests are batched (:class:`~.rollout.BatchingGenerator`:
+  over a checkpoint folder whose requests are batched (:class:`~.manager.BatchingGenerator`:
   requests that arrive while the engine is busy go together in its next call).
 - Asynchronous: :meth:`RewardRole.ascore` runs in the rollout's event loop as each episode
   finishes, up to ``judge.max_concurrency`` judge calls in flight, while other episodes play;
@@ -20,7 +20,7 @@ recorded in ``Sample.reward_parts``. Configured by the ``reward:`` section
   counts it, as it does for env failures, instead of training on a fake zero reward.
 
 :class:`RewardRole` is built from ``(cfg, tokenizer)`` and its methods take and return plain
-:class:`~.rollout.Sample` dataclasses, so a Ray actor can wrap it as it is.
+:class:`~.types.Sample` dataclasses, so a Ray actor can wrap it as it is.
 """
 
 from __future__ import annotations
@@ -33,9 +33,10 @@ import threading
 from collections import defaultdict
 from typing import Any, Callable
 
-from .config import ConfigError, JudgeConfig, TrainConfig
-from .engines import SamplingParams
-from .rollout import BatchingGenerator, Sample, _mix, request_ids
+from ..config import ConfigError, JudgeConfig, TrainConfig
+from ..engines.sampling import SamplingParams
+from .manager import BatchingGenerator, _mix, request_ids
+from .types import Sample
 
 __all__ = ["RemoteReward", "RewardRole", "episode_fields", "parse_score"]
 
@@ -109,8 +110,8 @@ class _LocalJudge:
     def __init__(self, j: JudgeConfig):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from .engines import TransformersEngine
-        from .models import allowed_token_ids
+        from ..engines.generation import TransformersEngine
+        from ..models import allowed_token_ids
 
         self.j = j
         self.tok = AutoTokenizer.from_pretrained(j.model)

@@ -1,5 +1,6 @@
-"""Helpers for tests and benchmarks of the trainer: a scripted generation engine, and a
-simulated model for the continuous-batching engine (:class:`SimStepper`).
+"""Helpers for tests and benchmarks of the trainer (not shipped; bench scripts put this folder
+on sys.path): a scripted generation engine, and a simulated model for the continuous-batching
+engine (:class:`SimStepper`).
 
 ``ScriptEngine`` answers every prompt with the token ids of a word chosen from the request's
 seed (``words[seed % len(words)]``) followed by the stop token, with fixed log-probs, and can
@@ -14,7 +15,7 @@ import threading
 import time
 from typing import Any
 
-from .engines import GenOutput, SamplingParams
+from rockroll.trainer.engines.sampling import GenOutput, SamplingParams
 
 
 class CharTok:

