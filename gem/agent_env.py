@@ -264,8 +264,10 @@ class AgentEnv(SandboxToolEnv):
         if event is None:
             raise InfraError(f"the agent made no model call and did not exit within {self.call_timeout:g}s "
                              "of its start")
-        raise InfraError(f"the agent exited (code {event.exit_code}) before its first model call: "
-                         f"{event.stderr[-1500:]}")
+        out = "; ".join(f"its {name}: {text.strip()[-1500:]}" for name, text in
+                        (("stdout", event.stdout), ("stderr", event.stderr)) if text.strip())
+        raise InfraError(f"the agent exited (code {event.exit_code}) before its first model call"
+                         f"{': ' + out if out else ' and printed nothing'}")
 
     async def _act(self, text: str) -> tuple[str, float, bool, dict[str, Any]]:
         run, sandbox = self._runs.current, self._lease.sandbox

@@ -153,6 +153,8 @@ class RolloutConfig:
     batch_wait_ms: float = 5.0     # how long a partial generation batch waits for more requests
     max_seq_len: int = 2048        # an episode stops (truncated) before its tokens exceed this
     env_threads: int = 0           # >0: blocking env.step runs in a thread pool of this size
+    infra_error_streak: int = 0    # episodes dropped for infrastructure errors in a row (none valid
+    #                                between) before the run fails; 0: twice a batch's episodes
     # Spare groups: start this many groups beyond a step's batch_groups and train on the first
     # that finish ("first": faster, biased toward short episodes) or on a random batch_groups of
     # them once all are in ("quorum": unbiased; spares then only cover dropped groups).
@@ -163,7 +165,8 @@ class RolloutConfig:
     def validate(self, p: str) -> None:
         for k in ("group_size", "max_turns", "batch_groups", "max_batch_size", "max_seq_len"):
             _check(getattr(self, k) >= 1, f"{p}.{k}", "must be >= 1")
-        for k in ("redundant", "async_ratio", "max_concurrent_groups", "env_threads", "spare_groups"):
+        for k in ("redundant", "async_ratio", "max_concurrent_groups", "env_threads", "spare_groups",
+                  "infra_error_streak"):
             _check(getattr(self, k) >= 0, f"{p}.{k}", "must be >= 0")
         _check(self.spare_selection in ("first", "quorum"), f"{p}.spare_selection", "must be first or quorum")
         _check(self.batch_wait_ms >= 0, f"{p}.batch_wait_ms", "must be >= 0")

@@ -14,7 +14,7 @@ from rockroll.trainer.algorithms.credit import turn_advantages
 from rockroll.trainer.models import allowed_token_ids, build_model, load_tokenizer
 from rockroll.trainer.rollout.types import Group, Sample
 from rockroll.trainer.rollout.manager import (
-    PromptTemplate, RolloutManager, ZeroAdvantageError, filter_stale, zero_advantage,
+    InfraErrorStreak, PromptTemplate, RolloutManager, ZeroAdvantageError, filter_stale, zero_advantage,
 )
 from rockroll.trainer.envs import make_env
 from _synthetic import LatencyEnv
@@ -247,6 +247,57 @@ def test_dynamic_sampling_stops_when_every_group_has_zero_advantage(tok):
     assert "algorithm.dynamic_sampling_max_batches" in str(err.value.__cause__)
     # one group in flight at a time (batch_groups 1, async_ratio 0): the third drop, not a fourth
     assert mgr.counters["zero_adv_groups_dropped"] == 3 and mgr.counters["groups_done"] == 0
+
+
+def test_a_rollout_whose_every_episode_is_an_infra_error_stops_with_the_errors(tok):
+    """Issue #41: an env that never runs (here every step an infrastructure error) made the
+    run retry forever (7,752 drops in 5 minutes). After rollout.infra_error_streak episodes
+    dropped in a row the rollout fails, quoting the first error (the groups already in flight,
+    two of two episodes, may drop theirs before it stops)."""
+    data = {**_cfg(group_size=2, batch_groups=2), "rollout": {**_cfg()["rollout"], "group_size": 2,
+                                                              "batch_groups": 2, "infra_error_streak": 5},
+            "envs": [{"id": LAT, "kwargs": {"infra_error_rate": 1.0}}]}
+    mgr, _, _ = _manager(tok, data)
+    with pytest.raises(RuntimeError, match=r"rollout failed: [5-8] episodes in a row were dropped") as err:
+        _first_batch(mgr)
+    mgr.close()
+    assert isinstance(err.value.__cause__, InfraErrorStreak)
+    assert "rollout.infra_error_streak: 5" in str(err.value) and "First: _synthetic:LatencyEnv task" in str(err.value)
+    assert 5 <= mgr.counters["infra_samples_dropped"] <= 8 and mgr.counters["groups_done"] == 0
+
+
+def test_infra_errors_below_the_bound_do_not_stop_the_run(tok):
+    """The first six envs made fail every step, the rest never: six drops in a row stay under
+    the default bound (twice a batch's episodes: 8), the run fills its batch, and the metrics
+    count exactly the six."""
+    made = itertools.count()
+    data = {**_cfg(group_size=2, batch_groups=2), "envs": [{"id": LAT}]}
+    factory = lambda spec: LatencyEnv(infra_error_rate=1.0 if next(made) < 6 else 0.0)  # noqa: E731
+    mgr, _, _ = _manager(tok, data, env_factory=factory)
+    groups, metrics = _first_batch(mgr)
+    assert len(groups) == 2 and metrics["rollout/infra_samples_dropped"] == 6
+
+
+class _CrashingAgent(LatencyEnv):
+    """Ends every episode as an agent env does when its agent program crashed."""
+
+    def _step(self, action):
+        return "The agent crashed (exit code 1).", 0.0, True, {"agent_status": "crashed",
+                                                               "agent_stderr": "Traceback ...\nKeyError: 'x'"}
+
+
+def test_agent_crashes_are_counted_and_said(tok, caplog):
+    """Issue #41: a run whose agent crashed in every episode finished with reward 0 and nothing
+    on the console. A crash stays the policy's outcome (the sample trains, reward 0), and it
+    is counted in the metrics and logged with the agent's stderr."""
+    data = {**_cfg(group_size=2, batch_groups=2), "envs": [{"id": LAT}]}
+    mgr, _, _ = _manager(tok, data, env_factory=lambda spec: _CrashingAgent())
+    with caplog.at_level("WARNING"):
+        groups, metrics = _first_batch(mgr)
+    assert len(groups) == 2 and metrics["rollout/agent_crashes"] == 4
+    assert all(s.agent_status == "crashed" and s.agent_error.endswith("KeyError: 'x'") for g in groups
+               for s in g.samples)
+    assert "the agent crashed: Traceback ...\nKeyError: 'x'" in caplog.text
 
 
 def test_dynamic_sampling_with_per_turn_credit_keeps_groups_whose_turns_differ(tok):

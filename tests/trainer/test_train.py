@@ -166,6 +166,19 @@ def test_a_finished_run_started_again_keeps_its_logs_and_says_where_it_is(tmp_pa
     assert {name: (tmp_path / "run" / name).read_text() for name in logs} == logs
 
 
+def test_the_eval_line_says_how_many_episodes_played():
+    """Issue #41: an evaluation whose every episode hit an infrastructure error printed
+    "success 0.000"; a success over no episode is no number."""
+    from rockroll.trainer.roles.runlog import eval_line
+
+    assert eval_line(3, {"eval/episodes": 0.0, "eval/infra_errors": 4.0}) == (
+        "eval at version 3: no episode played, 4 left out for infrastructure errors")
+    assert eval_line(5, {"eval/episodes": 6.0, "eval/infra_errors": 2.0, "eval/success": 0.5, "eval/reward": 0.25}) == (
+        "eval at version 5: success 0.500, reward 0.250 over 6 episodes, 2 left out for infrastructure errors")
+    assert eval_line(5, {"eval/episodes": 8.0, "eval/infra_errors": 0.0, "eval/success": 1.0, "eval/reward": 1.0}) == (
+        "eval at version 5: success 1.000, reward 1.000 over 8 episodes")
+
+
 # --------------------------------------------------------------------------- off-policy ratios
 
 

@@ -14,6 +14,17 @@ from pathlib import Path
 from typing import Any
 
 
+def eval_line(version: int, metrics: dict[str, float]) -> str:
+    """The console's line for an evaluation: its success over the episodes that played, and
+    the episodes left out for infrastructure errors (a success over none is no number)."""
+    played, left_out = int(metrics.get("eval/episodes", 0)), int(metrics.get("eval/infra_errors", 0))
+    errors = f", {left_out} left out for infrastructure errors" if left_out else ""
+    if not played:
+        return f"eval at version {version}: no episode played{errors}"
+    return (f"eval at version {version}: success {metrics['eval/success']:.3f}, reward {metrics['eval/reward']:.3f} "
+            f"over {played} episodes{errors}")
+
+
 class RunLogger:
     def __init__(self, folder: str | Path, *, tensorboard: bool, plot: bool, transcripts: int,
                  progress: bool, total_steps: int, start_step: int, plot_every: int = 10,
@@ -47,6 +58,7 @@ class RunLogger:
             except ImportError:
                 print("rockroll: tensorboard not installed; skipping TensorBoard logs", file=sys.stderr)
         self.bar = None
+        self.infra_total = self.crash_total = 0  # this run's, on the progress bar
         if progress:
             from tqdm import tqdm
 
@@ -62,8 +74,12 @@ class RunLogger:
                     self.tb.add_scalar(k, v, step)
         if self.bar is not None:
             self.bar.update(1)
+            self.infra_total += int(metrics.get("rollout/infra_samples_dropped", 0))
+            self.crash_total += int(metrics.get("rollout/agent_crashes", 0))
             self.bar.set_postfix(reward=f"{metrics.get('rollout/reward', 0):.2f}",
-                                 success=f"{metrics.get('rollout/success', 0):.2f}")
+                                 success=f"{metrics.get('rollout/success', 0):.2f}",
+                                 **({"infra_errors": self.infra_total} if self.infra_total else {}),
+                                 **({"agent_crashes": self.crash_total} if self.crash_total else {}))
         if self.plot and (step + 1) % self.plot_every == 0:
             self.plot_curve()
 
@@ -74,8 +90,7 @@ class RunLogger:
             for k, v in metrics.items():
                 self.tb.add_scalar(k, v, version)
         if self.bar is not None:
-            self.bar.write(f"eval at version {version}: success {metrics.get('eval/success', 0):.3f}, "
-                           f"reward {metrics.get('eval/reward', 0):.3f}")
+            self.bar.write(eval_line(version, metrics))
 
     def transcripts(self, step: int, groups: list, tokenizer: Any) -> None:
         if not self.n_transcripts:

@@ -320,6 +320,9 @@ async def run_episode(env: Any, template: PromptTemplate, gen: BatchingGenerator
             s.reward += float(reward)
             s.format_errors += int(bool(info.get("format_error")))
             s.success = bool(info.get("success", s.success))
+            if info.get("agent_status"):
+                s.agent_status = str(info["agent_status"])
+                s.agent_error = str(info.get("agent_stderr", ""))[-1500:]
             if info.get("infra_error"):
                 s.infra_error = str(info["infra_error"])
                 break
@@ -382,6 +385,15 @@ def zero_advantage(samples: list[Sample], turn_credit: str = "outcome") -> bool:
                 for s in samples}) == 1
 
 
+class RolloutError(RuntimeError):
+    """The rollout thread failed; the message names why (its ``__cause__`` is the error)."""
+
+
+class InfraErrorStreak(RuntimeError):
+    """``rollout.infra_error_streak`` episodes in a row were dropped for infrastructure errors
+    (none valid in between): the env cannot run here, and retrying would never fill a batch."""
+
+
 class ZeroAdvantageError(RuntimeError):
     """Dynamic sampling dropped ``algorithm.dynamic_sampling_max_batches`` x ``batch_groups``
     groups in a row, every one with zero advantage: the policy earns the same in every episode
@@ -429,6 +441,7 @@ class RolloutManager:
         self.started = 0
         self.replaced = 0
         self.zero_adv_streak = 0  # groups dropped by dynamic sampling since the last group kept
+        self.infra_streak: list[str] = []  # errors of the episodes dropped since the last valid one
         self.next_gid = 0
         self.in_flight = 0
         self.paused = False
@@ -481,7 +494,7 @@ class RolloutManager:
         with self._cond:
             while True:
                 if self._error:
-                    raise RuntimeError("rollout failed") from self._error
+                    raise RolloutError(f"rollout failed: {self._error}") from self._error
                 if self.ready:
                     fresh, stale = filter_stale(self.ready, step, self.alpha)
                     self.ready = []
@@ -596,7 +609,7 @@ class RolloutManager:
             if s.infra_error:
                 log.warning("eval %s task %r: episode left out, infrastructure error: %s", s.env_id, s.task_id,
                             s.infra_error)
-        out = {**sample_means(valid, "eval"), "eval/episodes": float(len(valid)),
+        out = {**(sample_means(valid, "eval") if valid else {}), "eval/episodes": float(len(valid)),
                "eval/infra_errors": float(len(done) - len(valid))}
         if len(cfg.envs) > 1:
             for spec in cfg.envs:
@@ -716,7 +729,12 @@ class RolloutManager:
                 if s.infra_error:
                     self.counters["infra_samples_dropped"] += 1
                     log.warning("%s task %r: episode dropped, infrastructure error: %s", spec.id, task, s.infra_error)
+                    self._infra_dropped(spec, task, s.infra_error)
                     continue
+                self.infra_streak.clear()
+                if s.agent_status == "crashed":  # the policy's outcome (reward 0), but a person wants to know
+                    self.counters["agent_crashes"] += 1
+                    log.warning("%s task %r: the agent crashed: %s", spec.id, task, s.agent_error)
                 if turns and s.success:  # copies: the sample goes on to the trainer
                     traj = Trajectory(list(s.token_ids), [list(e) for e in s.transcript], turns)
                     with self._cond:
@@ -774,6 +792,20 @@ class RolloutManager:
                 f"episode of a group earned the same reward): the policy has collapsed or solved the "
                 f"task. Raise algorithm.dynamic_sampling_max_batches ({a.dynamic_sampling_max_batches}) "
                 f"or set algorithm.dynamic_sampling: false")
+
+
+    def _infra_dropped(self, spec: EnvConfig, task: Any, error: str) -> None:
+        """Count an episode dropped for an infrastructure error; fail the rollout once
+        ``rollout.infra_error_streak`` were dropped in a row (a run must never retry forever)."""
+        self.infra_streak.append(f"{spec.id} task {task!r}: {error}")
+        r = self.cfg.rollout
+        limit = r.infra_error_streak or 2 * (self.G + self.r) * self.bg
+        if len(self.infra_streak) >= limit:
+            first, last = self.infra_streak[0], self.infra_streak[-1]
+            raise InfraErrorStreak(
+                f"{len(self.infra_streak)} episodes in a row were dropped for infrastructure errors, none valid "
+                f"in between (rollout.infra_error_streak: {limit}); the env cannot run as configured. "
+                f"First: {first[:1500]}" + (f" | last: {last[:1500]}" if last != first else ""))
 
 
 def batch_metrics(groups: list[Group], step: int) -> dict[str, float]:

@@ -43,6 +43,10 @@ class Sample:
     format_errors: int = 0
     truncated: bool = False
     infra_error: str | None = None
+    # an agent env's end of episode (info["agent_status"]: exited, crashed, timeout, turn_limit)
+    # and, when it crashed, the tail of its stderr
+    agent_status: str | None = None
+    agent_error: str = ""
     # what the reward role added to ``reward`` (on the last turn), by verifier / "judge" (.reward)
     reward_parts: dict[str, float] = field(default_factory=dict)
     env_id: str = ""
