@@ -46,16 +46,17 @@ import shlex
 import threading
 import uuid
 import weakref
+from pathlib import Path
 from typing import Any, Callable
 
 from rockroll.sandbox import AsyncSandbox, CommandResult, SandboxError, SandboxSpec
-from rockroll.sandbox.modelservice import HandoffMode, ModelService, PendingCall
+from rockroll.sandbox.modelservice import Answer, Choice, HandoffMode, ModelService, PendingCall
 from rockroll.sandbox.runtime.model_channel import TOKEN_ENV, sandbox_env
 from rockroll.sandbox.sync import run_sync
 
 from .actions import Action
 from .agents import AgentSpec, agent_spec
-from .core import InfraError, truncate_observation
+from .core import InfraError, TokenReply, truncate_observation
 from .tools import MAX_WARM_POOLS, SandboxToolEnv, _on_engine_loop
 
 __all__ = ["TASK_SETS", "AgentEnv", "render_chatml", "shared_model_service"]
@@ -234,6 +235,11 @@ class AgentEnv(SandboxToolEnv):
         self._runs = _Runs()
         weakref.finalize(self, self._runs.end).atexit = False
 
+    def record_calls(self, path: str | os.PathLike) -> None:
+        """Append the record of every model call this env's service answers to ``path`` (JSONL,
+        the schema of docs/modelservice.md): ``rockroll train`` names ``<logging.dir>/model_calls.jsonl``."""
+        self.service.recorder.path = Path(path)
+
     # ---- where and how tasks run: the task set's ------------------------------------------
     def _pool_for(self, task: Any) -> tuple[SandboxSpec, int, str | None]:
         spec, size, snapshot = self.task_env._pool_for(task)
@@ -271,7 +277,11 @@ class AgentEnv(SandboxToolEnv):
 
     async def _act(self, text: str) -> tuple[str, float, bool, dict[str, Any]]:
         run, sandbox = self._runs.current, self._lease.sandbox
-        run.pending.answer(text)  # False if its caller went away: the next event says what became of it
+        answer: Answer | str = text
+        if isinstance(text, TokenReply):  # the trainer's tokens: the call's record is token-exact
+            answer = Answer([Choice(text=str(text), completion_ids=text.completion_ids, logprobs=text.logprobs)],
+                            prompt_ids=text.prompt_ids, version=text.version)
+        run.pending.answer(answer)  # False if its caller went away: the next event says what became of it
         run.pending = None
         event = await self._next_event(run)
         if isinstance(event, PendingCall):

@@ -24,6 +24,7 @@ __all__ = [
     "GemEnv",
     "InfraError",
     "TextSpace",
+    "TokenReply",
     "rng_from_json",
     "rng_to_json",
     "truncate_observation",
@@ -86,6 +87,25 @@ class InfraError(Exception):
 
     :meth:`GemEnv.step` turns it into a terminal step flagged with ``info["infra_error"]``.
     """
+
+
+class TokenReply(str):
+    """A reply (the text ``step`` takes) that also carries the tokens it was generated as: the
+    prompt's and the completion's ids, their log-probs and the policy version. A trainer steps
+    with it; an env that answers a model call with it (``rock/Agent-v0``) gives the call's
+    record exactly those tokens. Any other env sees a plain ``str``."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    version: int
+
+    def __new__(cls, text: str, *, prompt_ids: list[int], completion_ids: list[int], logprobs: list[float],
+                version: int) -> "TokenReply":
+        reply = super().__new__(cls, text)
+        reply.prompt_ids, reply.completion_ids = list(prompt_ids), list(completion_ids)
+        reply.logprobs, reply.version = list(logprobs), version
+        return reply
 
 
 def truncate_observation(text: str, max_chars: int) -> str:

@@ -32,7 +32,10 @@ import random
 import threading
 import time
 from collections import defaultdict
+from pathlib import Path
 from typing import Any, Callable
+
+from rockroll.gem.core import TokenReply
 
 from ..config import EnvConfig, TokenizerConfig, TrainConfig
 from ..engines.sampling import GenOutput, SamplingParams
@@ -312,6 +315,9 @@ async def run_episode(env: Any, template: PromptTemplate, gen: BatchingGenerator
             s.mask += [1] * len(out.token_ids)
             s.behav_logp += out.logprobs
             reply = template.decode_reply(out.token_ids)
+            if agent:  # the model call is answered with the tokens the sample trains on
+                reply = TokenReply(reply, prompt_ids=s.token_ids[:len(s.token_ids) - len(out.token_ids)],
+                                   completion_ids=out.token_ids, logprobs=out.logprobs, version=version)
             s.transcript.append(["agent", reply])
             obs, reward, terminated, truncated, info = await _env_call(env, "step", executor, reply)
             s.transcript.append(["env", obs])
@@ -447,6 +453,7 @@ class RolloutManager:
         self.paused = False
         self.ready: list[Group] = []
         self.counters: dict[str, int] = defaultdict(int)
+        self.counters.update(infra_samples_dropped=0, agent_crashes=0)  # in every step's metrics, 0 or not
         self._reported: dict[str, int] = {}
         self._cond = threading.Condition()
         self._engine_lock = threading.Lock()  # engine calls vs weight loads, see BatchingGenerator
@@ -589,7 +596,7 @@ class RolloutManager:
         cfg = self.cfg
 
         async def episode(spec: EnvConfig, j: int) -> Sample:
-            env = self.env_factory(spec)
+            env = self._make_env(spec)
             try:
                 task = spec.task_ids[j % len(spec.task_ids)] if spec.task_ids else None
                 s = await run_episode(
@@ -720,7 +727,7 @@ class RolloutManager:
                 self.counters["reward_infra_errors"] += int(bool(s.infra_error))
             return s, turns
 
-        envs = [self.env_factory(spec) for _ in range(self.G + self.r)]
+        envs = [self._make_env(spec) for _ in range(self.G + self.r)]
         tasks = [asyncio.get_running_loop().create_task(episode(i, env)) for i, env in enumerate(envs)]
         valid: list[Sample] = []
         try:
@@ -793,6 +800,14 @@ class RolloutManager:
                 f"task. Raise algorithm.dynamic_sampling_max_batches ({a.dynamic_sampling_max_batches}) "
                 f"or set algorithm.dynamic_sampling: false")
 
+
+    def _make_env(self, spec: EnvConfig) -> Any:
+        """An env for ``spec``; one that answers model calls (an agent env) records them in
+        the run's folder, ``<logging.dir>/model_calls.jsonl``."""
+        env = self.env_factory(spec)
+        if hasattr(env, "record_calls"):
+            env.record_calls(Path(self.cfg.logging.dir) / "model_calls.jsonl")
+        return env
 
     def _infra_dropped(self, spec: EnvConfig, task: Any, error: str) -> None:
         """Count an episode dropped for an infrastructure error; fail the rollout once
