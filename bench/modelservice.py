@@ -40,7 +40,8 @@ from _common import print_table, sigterm_as_exit, stats, write_json  # noqa: E40
 
 from rockroll.sandbox import SandboxSpec, open_async_sandbox  # noqa: E402
 from rockroll.sandbox.modelservice.modes import Answer, Choice  # noqa: E402
-from rockroll.sandbox.runtime.model_channel import SANDBOX_PORT, TOKEN_ENV  # noqa: E402
+from rockroll.sandbox.protocol.tokens import TOKEN_ENV  # noqa: E402
+from rockroll.sandbox.runtime.model_channel import SANDBOX_PORT  # noqa: E402
 
 TARGET_ADDED_MS = 1.5
 BRIDGE_DIR = "/tmp/llm-bridge"

@@ -253,3 +253,24 @@ async def file_chunks(path: Path) -> AsyncIterator[bytes]:
 
 async def once(data: bytes) -> AsyncIterator[bytes]:
     yield data
+
+
+class open_async_sandbox:
+    """``async with open_async_sandbox(spec) as sb:`` (or ``sb = await open_async_sandbox(spec)``).
+
+    ``snapshot`` (a ``Snapshot``, a digest or a tarball path) starts it from a saved state."""
+
+    def __init__(self, spec: SandboxSpec | None = None, *, snapshot: Any = None):
+        self._args = (spec or SandboxSpec(), snapshot)
+        self._sb: AsyncSandbox | None = None
+
+    def __await__(self):
+        return open_backend(*self._args).__await__()
+
+    async def __aenter__(self) -> AsyncSandbox:
+        self._sb = await open_backend(*self._args)
+        return self._sb
+
+    async def __aexit__(self, *exc) -> None:
+        if self._sb:
+            await self._sb.close()

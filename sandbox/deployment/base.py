@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from ..protocol.frames import ModelConfig
     from .process import AgentHandle
 
 
@@ -19,10 +20,11 @@ class Deployment(Protocol):
     upper: Path  # the sandbox's writable layer, as a host path (snapshots pack it)
 
     def spawn(self, layers: list[Path], sessions: dict[str, str],
-              model: dict | None = None) -> AgentHandle:
+              model: ModelConfig | None = None) -> AgentHandle:
         """Start a fresh agent over snapshot ``layers`` (top first); its stdin/stdout
-        carry the protocol and its first frame was the config. ``model`` (``{"port",
-        "env"}``) turns on the in-sandbox model endpoint (``runtime/model_channel.py``)."""
+        carry the protocol and its first frame was the config (a ``GuestConfig`` built
+        from the spec). ``model`` turns on the in-sandbox model endpoint
+        (``runtime/model_channel.py``)."""
 
     def record(self, init_pid: int) -> None:
         """Remember the agent's pids so a later run can reap them after a crash."""

@@ -71,7 +71,8 @@ from pathlib import Path
 
 from ..errors import SandboxStartError
 from ..home import first_use_lock, state_home
-from ..runtime._agent import LAYER_DIRS, detached_layer, detached_mount
+from ..guest.core import LAYER_DIRS, detached_layer, detached_mount
+from ..protocol.frames import DiskConfig
 
 BYTES_PER_INODE = 16384  # mke2fs's default ratio
 LOOP_CLR_FD, LOOP_CONFIGURE, LOOP_CTL_ADD, LOOP_CTL_GET_FREE, LO_FLAGS_AUTOCLEAR = 0x4C01, 0x4C0A, 0x4C80, 0x4C82, 4
@@ -273,7 +274,7 @@ def loop_devices_usable() -> bool:
 
 
 def layer_config(disk_mb: int | None, run_dir: Path, folder: Path, name: str, *, userns: bool,
-                 home: Path | None = None) -> tuple[dict | None, Disk | None]:
+                 home: Path | None = None) -> tuple[DiskConfig | None, Disk | None]:
     """The agent's ``disk`` config for a fresh writable layer of ``disk_mb`` MiB, and the
     ``Disk`` behind it (None for the tmpfs an unprivileged agent mounts itself; an ext4
     layer's image is ``folder/name.img``). ``(None, None)`` when ``disk_mb`` is None: no
@@ -289,13 +290,13 @@ def layer_config(disk_mb: int | None, run_dir: Path, folder: Path, name: str, *,
     mount_point = (home or state_home()) / "mnt"
     mount_point.mkdir(exist_ok=True)
     if userns:
-        return {"dir": str(mount_point), "tmpfs": f"size={disk_mb}m,nr_inodes={inodes_for(disk_mb)},mode=755"}, None
+        return DiskConfig(str(mount_point), tmpfs=f"size={disk_mb}m,nr_inodes={inodes_for(disk_mb)},mode=755"), None
     if loop_devices_usable():
         disk = _spares.take(disk_mb, run_dir, home, folder / f"{name}.img")
     else:
         disk = new_tmpfs(disk_mb)
     # Our pid, not /proc/self: the agent reopens the mount from its own process.
-    return {"dir": str(mount_point), "mount": f"/proc/{os.getpid()}/fd/{disk.fd}"}, disk
+    return DiskConfig(str(mount_point), mount=f"/proc/{os.getpid()}/fd/{disk.fd}"), disk
 
 
 def ext4_template(disk_mb: int, home: Path | None = None) -> Path:
@@ -377,7 +378,7 @@ class SandboxDisk:
         self._disk: Disk | None = None
         self._fd = -1
 
-    def prepare(self, gen: int) -> dict | None:
+    def prepare(self, gen: int) -> DiskConfig | None:
         cfg, self._disk = layer_config(self.disk_mb, self.run_dir, self.folder, f"disk{gen}",
                                        userns=self.userns, home=self.home)
         return cfg

@@ -50,8 +50,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import IsolationUnavailable, SandboxStartError, SpecError
-from ..owner import proc_start_time
-from ..runtime import _agent
+from ..lifecycle import proc_start_time
+from ..guest.core import KEEP_CAPS
+from ..protocol.frames import GuestConfig, ModelConfig
 from ..spec import SandboxSpec
 from ..storage.whiteouts import apply_layer
 from .cgroups import Cgroup
@@ -196,7 +197,7 @@ class DockerDeployment:
                 image, ["/bin/sh", "-c", KEEPALIVE], name=f"rockroll-{self.id}-{self.gen}", mounts=[resolv],
                 hostname=self.id, labels=self._labels(), working_dir=spec.workdir, environment=dict(spec.env),
                 network_mode="none", init=False, cap_drop=["ALL"],
-                cap_add=[_CAP_NAMES[c] for c in _agent.KEEP_CAPS],
+                cap_add=[_CAP_NAMES[c] for c in KEEP_CAPS],
                 security_opt=["no-new-privileges", docker_security_opt()],
                 mem_limit=memory, memswap_limit=memory, pids_limit=spec.pids,
                 nano_cpus=int(spec.cpus * 1e9) if spec.cpus else None,
@@ -208,7 +209,7 @@ class DockerDeployment:
             raise SandboxStartError(f"cannot create the container: {e}", sandbox_id=self.id) from e
 
     def spawn(self, layers: list[Path], sessions: dict[str, str],
-              model: dict | None = None) -> AgentHandle:
+              model: ModelConfig | None = None) -> AgentHandle:
         """Start a fresh container over snapshot ``layers`` (top first), and an agent in it."""
         import docker  # noqa: PLC0415
 
@@ -228,11 +229,11 @@ class DockerDeployment:
             raise SandboxStartError(f"cannot start the container: {e}", sandbox_id=self.id) from e
         disk = self.disk.prepare(self.gen)
         if disk is not None:  # mounted in the container's namespace, at a path of the container
-            disk["dir"] = LAYER_DIR
-        cfg = {"id": self.id, "enter_pid": pid, "cgroup_procs": self.cgroup.procs_paths(),
-               "workdir": self.spec.workdir, "env": dict(self.spec.env), "hostname": self.id,
-               "sessions": sessions, "disk": disk}
-        return self.agent.start(cfg, model)
+            disk.dir = LAYER_DIR
+        cfg = GuestConfig(id=self.id, hostname=self.id, workdir=self.spec.workdir, env=dict(self.spec.env),
+                          sessions=sessions, disk=disk, model=model, enter_pid=pid,
+                          cgroup_procs=self.cgroup.procs_paths())
+        return self.agent.start(cfg)
 
     def record(self, init_pid: int) -> None:
         self.agent.record(init_pid)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import IsolationUnavailable, SandboxError, SandboxStartError
-from ..runtime._agent import encode_frame
+from ..protocol.frames import PREPARE_NET, GuestConfig, ModelConfig, encode_frame
 from ..spec import SandboxSpec
 from .cgroups import Cgroup, Limits, cgroup_mode, rlimit_fallback
 from .disk import SandboxDisk
@@ -103,7 +103,7 @@ class _JoinedAgents:
             try:
                 agent = fork_agent(pid_ns=True)  # root only: see LocalDeployment
                 group.add(agent.pid)
-                agent.stdin.write(encode_frame({"prepare": "net"}))  # in its cgroup, charged there
+                agent.stdin.write(encode_frame(PREPARE_NET))  # in its cgroup, charged there
                 agent.stdin.flush()
             except (OSError, SandboxError):
                 _discard(group, agent)
@@ -170,7 +170,7 @@ class LocalDeployment:
         return self.disk.upper or self.dir / f"upper{self.gen}"
 
     def spawn(self, layers: list[Path], sessions: dict[str, str],
-              model: dict | None = None) -> AgentHandle:
+              model: ModelConfig | None = None) -> AgentHandle:
         """Start a fresh agent over ``layers`` (top first) + the image, with an empty upper:
         on a disk of its own, ``disk_mb`` big (``disk.py``), or a host directory (no limit)."""
         self.gen += 1
@@ -180,20 +180,18 @@ class LocalDeployment:
             upper.mkdir()
             work.mkdir()
             os.chmod(upper, 0o755)
-        cfg = {
-            "id": self.id,
-            "rootfs": f"{disk['dir']}/root" if disk else str(self.dir / "rootfs"),
-            "lowers": [*self.net.lowers, *(str(p) for p in layers), *self.plan.lowers],
-            "upper": str(upper), "work": str(work),
-            "binds": [list(b) for b in (*self.plan.binds, *self.net.binds)],
-            "cgroup_procs": self.cgroup.procs_paths() if self.cgroup and not self._joined else [],
-            "rlimits": [] if self.cgroup else [[r, s, h] for r, (s, h) in rlimit_fallback(self.limits)],
-            "userns": self.userns, "network": self.spec.network,
-            "hostname": self.id, "workdir": self.spec.workdir, "env": dict(self.spec.env),
-            "sessions": sessions, "disk": disk,
-        }
+        cfg = GuestConfig(
+            id=self.id, hostname=self.id, workdir=self.spec.workdir, env=dict(self.spec.env),
+            sessions=sessions, disk=disk, model=model,
+            cgroup_procs=self.cgroup.procs_paths() if self.cgroup and not self._joined else [],
+            rootfs=f"{disk.dir}/root" if disk else str(self.dir / "rootfs"),
+            lowers=[*self.net.lowers, *(str(p) for p in layers), *self.plan.lowers],
+            upper=str(upper), work=str(work),
+            binds=[tuple(b) for b in (*self.plan.binds, *self.net.binds)],
+            rlimits=[] if self.cgroup else [(r, s, h) for r, (s, h) in rlimit_fallback(self.limits)],
+            userns=self.userns, network=self.spec.network)
         proc, self._joined = self._joined, None
-        return self.agent.start(cfg, model, proc)
+        return self.agent.start(cfg, proc)
 
     def record(self, init_pid: int) -> None:
         self.agent.record(init_pid)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import dataclasses
 import errno
 import json
 import os
@@ -21,11 +22,10 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from ..owner import proc_start_time
-from ..runtime import _agent
+from ..guest import MAIN as AGENT_PATH
+from ..lifecycle import proc_start_time
+from ..protocol.frames import GuestConfig
 from .seccomp import bpf_program
-
-AGENT_PATH = _agent.__file__
 
 
 class AgentHandle:
@@ -178,11 +178,11 @@ def zygote_pid() -> int | None:
     return proc.pid if proc is not None and proc.poll() is None else None
 
 
-def own_pid_ns(cfg: dict) -> bool:
+def own_pid_ns(cfg: GuestConfig) -> bool:
     """Whether an agent of ``cfg`` is forked as pid 1 of its own pid namespace, one
     process (``_agent``'s lifecycle): root on the local backend. Not in a user namespace
     (the zygote could not make one) nor in enter mode (the agent joins a container's)."""
-    return not cfg.get("userns") and cfg.get("enter_pid") is None and os.geteuid() == 0
+    return not cfg.userns and cfg.enter_pid is None and os.geteuid() == 0
 
 
 def fork_agent(pid_ns: bool) -> AgentHandle:
@@ -191,13 +191,13 @@ def fork_agent(pid_ns: bool) -> AgentHandle:
     return _zygote.take(pid_ns)
 
 
-def start_agent(cfg: dict, proc: AgentHandle | None = None) -> AgentHandle:
+def start_agent(cfg: GuestConfig, proc: AgentHandle | None = None) -> AgentHandle:
     """An agent process configured by ``cfg`` (``proc``, from ``fork_agent``, or a new
     one): its stdin/stdout carry the protocol. Every agent gets the syscall filter here,
     whatever its deployment."""
     proc = proc or _zygote.take(own_pid_ns(cfg))
     # The config travels as the first frame, not argv: argv is readable in the sandbox.
-    proc.stdin.write(_agent.encode_frame({**cfg, "seccomp": bpf_program().hex()}))
+    proc.stdin.write(dataclasses.replace(cfg, seccomp=bpf_program().hex()).frame())
     proc.stdin.flush()
     return proc
 
@@ -214,10 +214,9 @@ class AgentProcess:
         self.init_pid: int | None = None
         self.init_start: int | None = None
 
-    def start(self, cfg: dict, model: dict | None = None, proc: AgentHandle | None = None) -> AgentHandle:
-        """Start the agent with ``cfg`` (and the model channel's settings, if any), in
-        ``proc`` (from ``fork_agent``) if given."""
-        self.proc = start_agent({**cfg, "model": model} if model else cfg, proc)
+    def start(self, cfg: GuestConfig, proc: AgentHandle | None = None) -> AgentHandle:
+        """Start the agent with ``cfg``, in ``proc`` (from ``fork_agent``) if given."""
+        self.proc = start_agent(cfg, proc)
         return self.proc
 
     def record(self, init_pid: int) -> None:

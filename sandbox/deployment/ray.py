@@ -38,7 +38,7 @@ from ..base import AsyncSandbox, once
 from ..errors import IsolationUnavailable, SandboxError, SandboxLost
 from ..home import state_home
 from ..pool import AsyncSandboxPool
-from ..runtime.model_channel import admin_token, current_token
+from ..protocol.tokens import admin_token, current_token
 from ..spec import SandboxSpec
 from ..storage.snapshots import SnapshotStore
 from .reaper import current_run

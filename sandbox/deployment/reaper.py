@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Callable
 
 from ..home import private_home, state_home
-from ..owner import alive, proc_start_time
+from ..factory import reap_hooks
+from ..lifecycle import alive, proc_start_time
 from ..storage.snapshots import SnapshotStore
 from .disk import detach_loops, drop_spares
 
@@ -108,19 +109,12 @@ def reap_dead_runs(home: Path | None = None, *, include_live: bool = False,
                 Cgroup.attach(name).remove()
             except SandboxError:
                 pass  # another collector got there first, or a process would not die
-    _reap_docker(reaped, keep)
+    for hook in reap_hooks():  # each backend's own leftovers (docker's containers)
+        try:
+            hook(reaped, keep=keep)
+        except Exception:  # noqa: BLE001 - an optional backend's (no SDK, no engine): the next gc tries again
+            pass
     return reaped
-
-
-def _reap_docker(runs: list[str], keep: str | None) -> None:
-    """Remove docker sandbox containers of dead owners and of the runs just reaped. gc
-    never fails for docker's sake: no SDK, no engine or an engine error are all skipped."""
-    try:
-        from .docker import reap_containers
-
-        reap_containers(runs, keep=keep)
-    except Exception:  # noqa: BLE001 - optional backend; the next gc tries again
-        pass
 
 
 def parse_cgroup_tag(tag: str) -> tuple[str, int, int] | None:
@@ -198,15 +192,6 @@ class RunRegistry:
         drop_spares(self.dir)
         if self._started:
             shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def install_exit_handlers() -> None:
-    """Turn SIGTERM into a normal exit so atexit cleanup runs (only if nobody else
-    handles SIGTERM, and only from the main thread, where signals can be set)."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, lambda signum, frame: (_ for _ in ()).throw(SystemExit(143)))
 
 
 _registry: RunRegistry | None = None

@@ -22,15 +22,17 @@ from typing import Any, AsyncIterable, AsyncIterator
 
 from ..base import CHUNK, AsyncSandbox, once
 from ..deployment.base import Deployment
-from ..deployment.reaper import current_run, install_exit_handlers
+from ..deployment.reaper import current_run
 from ..errors import (AgentDied, IsolationUnavailable, SandboxClosed, SandboxError, SandboxFileError,
                       SandboxFileNotFound, SandboxStartError, SessionError, SnapshotError, SpecError,
                       StorageLimitError)
+from ..lifecycle import install_exit_handlers
+from ..protocol.frames import FrameReader, ModelConfig, encode_frame
+from ..protocol.tokens import admin_token, current_token
 from ..spec import CommandResult, SandboxSpec, Snapshot
 from ..storage.layers import pack_layer, read_meta
 from ..storage.snapshots import SnapshotStore, copy_tree
-from ._agent import FrameReader, encode_frame
-from .model_channel import SANDBOX_PORT, ModelRelay, admin_token, current_token, issue_key, revoke_key, sandbox_env
+from .model_channel import SANDBOX_PORT, ModelRelay, issue_key, revoke_key, sandbox_env
 
 # Tasks closing sandboxes whose create() was cancelled mid-build (held here: the loop keeps
 # only weak references to tasks).
@@ -286,14 +288,14 @@ class AgentSandbox(AsyncSandbox):
 
     async def _start(self, sessions: dict[str, str]) -> None:
         layer_dirs = [self.store.layer_dir(d) for d in reversed(self._layers)]
-        model = ({"port": SANDBOX_PORT, "env": sandbox_env(self.model_key)} if self.model_key else None)
+        model = ModelConfig(SANDBOX_PORT, sandbox_env(self.model_key)) if self.model_key else None
         proc = await _deploying(self._spawn, current_run(), layer_dirs, sessions, model)
         self._conn = AgentConnection(proc, self.id, self.spec.model_endpoint)
         init_pid = await self._conn.handshake()
         self._deploy.record(init_pid)
         self._oom_seen = self._deploy.oom_kills()
 
-    def _spawn(self, run, layer_dirs: list, sessions: dict[str, str], model: dict | None):
+    def _spawn(self, run, layer_dirs: list, sessions: dict[str, str], model: ModelConfig | None):
         """On a deployment thread: the deployment itself on the first start (it touches the
         filesystem and cgroups: off the loop), then its agent. One trip to the threads a
         create, not two: each is a handoff of the GIL, and the futex calls of those

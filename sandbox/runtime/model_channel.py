@@ -43,40 +43,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import json
-import os
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Callable, Iterator
+from typing import Callable
 
 from ..errors import SandboxStartError
+from ..protocol.tokens import TOKEN_ENV
 
 SANDBOX_PORT = 8080  # the model endpoint's port inside every sandbox
-TOKEN_ENV = "ROCKROLL_MODEL_TOKEN"
-TOKEN_HEADER = "X-Rockroll-Model-Token"  # how the remote SDK sends it to rockroll serve
-
-_TOKEN: contextvars.ContextVar[str | None] = contextvars.ContextVar("rockroll_model_token", default=None)
-
-
-@contextlib.contextmanager
-def admin_token(token: str | None) -> Iterator[None]:
-    """Sandboxes opened inside this block get their keys with ``token`` (a driver's, sent
-    with its create call) rather than this process's ``$ROCKROLL_MODEL_TOKEN``. ``None``
-    changes nothing. Context-local: concurrent creates for different drivers do not mix."""
-    reset = _TOKEN.set(token) if token else None
-    try:
-        yield
-    finally:
-        if reset is not None:
-            _TOKEN.reset(reset)
-
-
-def current_token() -> str | None:
-    """The admin token a sandbox opened here and now would use (``admin_token`` block, else
-    ``$ROCKROLL_MODEL_TOKEN``), or None."""
-    return _TOKEN.get() or os.environ.get(TOKEN_ENV) or None
 
 
 def host_port(url: str) -> tuple[str, int]:

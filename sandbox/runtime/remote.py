@@ -29,12 +29,12 @@ import httpx
 from ..base import CHUNK, AsyncSandbox, file_chunks
 from ..errors import (AgentDied, SandboxClosed, SandboxError, SandboxLost, SandboxNotFound,
                       ServiceUnreachable, SnapshotError, SpecError, StorageLimitError)
-from ..server.wire import (API, MAX_BATCH, AuthError, BatchItemOut, ResultOut, SandboxOut, SnapshotOut,
+from ..protocol.wire import (API, MAX_BATCH, AuthError, BatchItemOut, ResultOut, SandboxOut, SnapshotOut,
                            error_from_body)
 from ..spec import CommandResult, SandboxSpec, Snapshot
 from ..storage.limits import StorageLimits
 from .batch import Coalescer, Pending
-from .model_channel import TOKEN_HEADER, current_token
+from ..protocol.tokens import TOKEN_HEADER, current_token
 
 DEFAULT_URL = "http://127.0.0.1:8765"
 RETRIES = 4            # attempts after the first, for calls that may be repeated

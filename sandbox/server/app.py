@@ -7,9 +7,9 @@ token), and a dashboard at ``/`` (open page; it reads the token from the URL fra
 ``/#token=...``, which browsers never send to the server, and calls the API with it).
 
 The routes are module-level routers (``sandboxes.py``, ``files.py``, ``snapshots.py``,
-``pools.py``) over the wire models (``wire.py``) and the public sandbox API only; the app holds the
+``pools.py``) over the wire models (``protocol/wire.py``) and the public sandbox API only; the app holds the
 ``SandboxHub`` (``hub.py``) and the snapshot store they work on. Typed sandbox errors
-travel as ``{"error", "message", "sandbox_id"}`` (see ``wire.py``).
+travel as ``{"error", "message", "sandbox_id"}`` (see ``protocol/wire.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..deployment.reaper import current_run
 from ..errors import CapacityError, SandboxError
+from ..protocol.wire import API, AuthError, ErrorOut, HealthOut, PoolIn, error_body, status_of
 from ..storage.limits import StorageLimits
 from ..storage.snapshots import SnapshotStore
 from . import files, rock, sandboxes, snapshots, swerex
@@ -36,7 +37,6 @@ from .metrics import storage_families
 from .quota import DEFAULT_QUOTA, TokenQuota
 from .deps import Hub
 from .hub import SandboxHub
-from .wire import API, AuthError, ErrorOut, HealthOut, PoolIn, error_body, status_of
 
 log = logging.getLogger("rockroll.serve")
 # Non-JSON routes return a Response (no response_class), so their errors stay documented as JSON.

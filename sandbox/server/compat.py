@@ -33,10 +33,10 @@ from fastapi import Request, Response, UploadFile
 from fastapi.routing import APIRoute
 
 from ..base import CHUNK, once
+from ..protocol.wire import AuthError
 from ..spec import CommandResult
 from ..storage.limits import StorageLimits
 from .hub import Entry, SandboxHub
-from .wire import AuthError
 
 Check = Literal["silent", "raise", "ignore"]
 PS1 = "SHELLPS1PREFIX"  # SWE-ReX's prompt: the "expect string" of a command that simply ended

@@ -7,8 +7,8 @@ from typing import AsyncIterator
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
+from ..protocol.wire import ExistsOut
 from .deps import Hub
-from .wire import ExistsOut
 
 router = APIRouter()
 

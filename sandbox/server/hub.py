@@ -19,11 +19,11 @@ from typing import AsyncIterator
 from ..base import AsyncSandbox
 from ..deployment.reaper import current_run, reap_dead_runs
 from ..errors import CapacityError, SandboxClosed, SandboxError, SandboxNotFound
+from ..protocol.wire import CommandOut, PoolIn, SandboxOut, StatsOut
 from ..spec import CommandResult, SandboxSpec
 from ..storage.snapshots import SnapshotStore
 from .metrics import Metrics, service_families
 from .warm import WarmPool, pool_key
-from .wire import CommandOut, PoolIn, SandboxOut, StatsOut
 
 log = logging.getLogger("rockroll.serve")
 RECENT_COMMANDS = 20          # per sandbox, for the dashboard

@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from ..errors import SandboxNotFound
+from ..protocol.wire import PoolIn, PoolOut
 from .deps import Hub
-from .wire import PoolIn, PoolOut
 
 router = APIRouter()
 

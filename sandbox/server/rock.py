@@ -35,12 +35,12 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import SandboxError, SpecError
+from ..protocol.wire import AuthError, status_of
 from ..spec import DEFAULT_DISK_MB, SandboxSpec
 from . import compat, swerex
 from .compat import PS1, CompatError
 from .deps import Hub
 from .hub import Entry
-from .wire import AuthError, status_of
 
 PREFIX = "/apis/envs/sandbox/v1"
 BAD_REQUEST, SERVER_ERROR = 4000, 5000  # rock._codes: the SDK raises BadRequest/InternalServerRockError

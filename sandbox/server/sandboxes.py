@@ -12,12 +12,12 @@ from fastapi import APIRouter, Header, Request, Response
 from fastapi.responses import StreamingResponse
 
 from ..errors import SandboxError, SpecError
-from ..runtime.model_channel import admin_token
+from ..protocol.tokens import admin_token
+from ..protocol.wire import (BatchIn, BatchItemOut, ForkIn, OkOut, RestoreIn, ResultOut, RunIn, SandboxOut, SnapshotOut,
+                   SpecIn, error_body, status_of)
 from ..spec import SandboxSpec
 from .deps import Hub, Store
 from .quota import token_key
-from .wire import (BatchIn, BatchItemOut, ForkIn, OkOut, RestoreIn, ResultOut, RunIn, SandboxOut, SnapshotOut,
-                   SpecIn, error_body, status_of)
 
 router = APIRouter()
 log = logging.getLogger("rockroll.serve")

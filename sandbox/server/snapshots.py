@@ -18,12 +18,12 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import FileResponse
 
 from ..errors import SandboxError, SnapshotError
+from ..protocol.wire import DIGEST_PATTERN, SnapshotOut
 from ..storage.layers import digest_file, read_meta
 from ..storage.snapshots import SnapshotStore
 from ..storage.temps import temp_prefix
 from .deps import Hub, Store
 from .quota import token_key
-from .wire import DIGEST_PATTERN, SnapshotOut
 
 router = APIRouter()
 

@@ -25,10 +25,10 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from ..errors import SandboxClosed, SandboxError, SandboxFileError, SandboxNotFound, SpecError
+from ..protocol.wire import AuthError
 from . import compat
 from .compat import PS1, CompatError
 from .deps import Hub
-from .wire import AuthError
 
 PREFIX = "/swerex/{sandbox_id}"
 

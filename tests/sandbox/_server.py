@@ -79,7 +79,7 @@ def sdk_service(*args: str):
     left in ours (an agent env's shared model service sets it), so a test can check that the
     driver's token is the one the service used."""
     from rockroll.sandbox.runtime import remote
-    from rockroll.sandbox.runtime.model_channel import TOKEN_ENV
+    from rockroll.sandbox.protocol.tokens import TOKEN_ENV
 
     saved = os.environ.pop(TOKEN_ENV, None)
     try:

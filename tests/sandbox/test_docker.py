@@ -298,7 +298,7 @@ def test_model_endpoint_in_a_container(image, monkeypatch):
     """The same agent channel as the local backend: an OpenAI endpoint on the container's
     loopback, the container's network still none (the image has no Python: raw HTTP)."""
     from rockroll.sandbox.modelservice import ModelService, ReplayMode
-    from rockroll.sandbox.runtime.model_channel import TOKEN_ENV
+    from rockroll.sandbox.protocol.tokens import TOKEN_ENV
 
     recorded = {"kind": "chat", "messages": [{"role": "user", "content": "hi"}], "prompt": None, "tools": None,
                 "choices": [{"content": "hello from the host", "finish_reason": "stop"}]}

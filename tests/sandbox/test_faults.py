@@ -195,7 +195,7 @@ async def test_handshake_takes_ready_before_spawned():
 
     script = textwrap.dedent("""
         import os, sys, time
-        from rockroll.sandbox.runtime._agent import encode_frame
+        from rockroll.sandbox.protocol.frames import encode_frame
         os.write(1, encode_frame({"op": "ready", "ok": True, "pid": 1}))
         time.sleep(0.2)
         os.write(1, encode_frame({"op": "spawned", "init_pid": 4242}))
@@ -218,7 +218,7 @@ async def test_handshake_of_a_one_process_agent_is_its_own_pid():
 
     script = textwrap.dedent("""
         import os, sys
-        from rockroll.sandbox.runtime._agent import encode_frame
+        from rockroll.sandbox.protocol.frames import encode_frame
         os.write(1, encode_frame({"op": "ready", "ok": True, "pid": 1, "one_process": True}))
         sys.stdin.read()
     """)
@@ -243,7 +243,7 @@ async def test_a_bad_frame_fails_requests_instead_of_hanging(frame):
 
     script = textwrap.dedent(f"""
         import os, struct, sys, time
-        from rockroll.sandbox.runtime._agent import encode_frame
+        from rockroll.sandbox.protocol.frames import encode_frame
         os.write(1, encode_frame({{"op": "ready", "ok": True, "pid": 1}}))
         os.write(1, encode_frame({{"op": "spawned", "init_pid": 4242}}))
         sys.stdin.buffer.read1(1 << 16)  # the request

@@ -26,7 +26,7 @@ import ray  # the ray extra is a declared test dependency (make test installs it
 from rockroll.sandbox import SandboxLost, SandboxSpec, SandboxFileError, open_sandbox  # noqa: E402
 from rockroll.sandbox.deployment import ray as raycluster  # noqa: E402
 from rockroll.sandbox.pool import SandboxPool  # noqa: E402
-from rockroll.sandbox.owner import proc_start_time
+from rockroll.sandbox.lifecycle import proc_start_time
 from rockroll.sandbox.deployment.reaper import list_runs, reap_dead_runs  # noqa: E402
 from rockroll.sandbox.home import state_home  # noqa: E402
 
@@ -68,7 +68,7 @@ class Node:
             try:
                 if os.getpgid(int(entry.name)) != self.pgid:
                     continue
-                if b"_agent.py" in (entry / "cmdline").read_bytes():
+                if b"guest/__main__.py" in (entry / "cmdline").read_bytes():
                     continue
                 os.kill(int(entry.name), signal.SIGKILL)
             except (ProcessLookupError, PermissionError, OSError):
@@ -266,7 +266,7 @@ def test_model_endpoint_on_a_ray_node(cluster, monkeypatch):
     The host actors started before the driver had a token (their environment has none):
     the driver's token travels with each create, and with a pool's resize."""
     from rockroll.sandbox.modelservice import ModelService
-    from rockroll.sandbox.runtime.model_channel import TOKEN_ENV
+    from rockroll.sandbox.protocol.tokens import TOKEN_ENV
 
     from _model import WhoAmI, assert_served, host_call
 

@@ -226,7 +226,7 @@ def test_model_endpoint_with_the_drivers_token(server, monkeypatch):
     (the service's own environment has none): the service's host relays the sandbox's
     calls, issues and revokes its key, and its forks' keys, with the driver's token."""
     from rockroll.sandbox.modelservice import ModelService
-    from rockroll.sandbox.runtime.model_channel import TOKEN_ENV
+    from rockroll.sandbox.protocol.tokens import TOKEN_ENV
 
     assert TOKEN_ENV.encode() not in Path(f"/proc/{server.proc.pid}/environ").read_bytes()
     with ModelService(WhoAmI()) as svc:
@@ -248,7 +248,7 @@ def test_model_endpoint_with_the_drivers_token(server, monkeypatch):
 def test_model_endpoint_with_the_services_token(monkeypatch):
     """A driver without the token: the service's own ``$ROCKROLL_MODEL_TOKEN`` serves."""
     from rockroll.sandbox.modelservice import ModelService
-    from rockroll.sandbox.runtime.model_channel import TOKEN_ENV
+    from rockroll.sandbox.protocol.tokens import TOKEN_ENV
 
     with ModelService(WhoAmI()) as svc:
         monkeypatch.setenv(TOKEN_ENV, svc.token)

@@ -183,7 +183,7 @@ HOST_MAY_REFUSE = {"kexec_load", "kexec_file_load", "init_module", "finit_module
 
 PROBE = textwrap.dedent("""
     import ctypes, json, sys
-    from rockroll.sandbox.runtime import _agent
+    from rockroll.sandbox.guest import core as _agent
     from rockroll.sandbox.deployment.seccomp import bpf_program
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
@@ -220,7 +220,7 @@ def test_every_denied_call_gets_eperm_from_the_kernel():
 I386_GETPID = bytes.fromhex("b814000000" "cd80" "c3")  # mov eax, 20; int 0x80; ret
 FOREIGN_ABI = textwrap.dedent("""
     import ctypes, mmap, sys
-    from rockroll.sandbox.runtime import _agent
+    from rockroll.sandbox.guest import core as _agent
     from rockroll.sandbox.deployment.seccomp import bpf_program
     libc = ctypes.CDLL(None, use_errno=True)
     if sys.argv[2] == "filtered":
@@ -249,7 +249,7 @@ def test_other_abis_are_killed(abi):
 
 WORK = textwrap.dedent("""
     import multiprocessing, subprocess, sys, threading
-    from rockroll.sandbox.runtime import _agent
+    from rockroll.sandbox.guest import core as _agent
     from rockroll.sandbox.deployment.seccomp import bpf_program
     _agent.install_seccomp(bpf_program())
     box = []

@@ -229,7 +229,7 @@ def test_every_process_of_the_sandbox_is_filtered(armored):
     r = armored.run("sleep 30 & for p in /proc/[0-9]*; do echo \"$(grep -E '^(Seccomp|NoNewPrivs):' "
                     "$p/status | tr -d '\\t\\n') $(tr '\\0' ' ' <$p/cmdline)\"; done; kill $!", timeout=30)
     procs = [line for line in r.stdout.splitlines() if "Seccomp:" in line]  # not those gone meanwhile
-    assert len(procs) >= 4 and any("_agent.py" in p for p in procs) and any("sleep 30" in p for p in procs), r
+    assert len(procs) >= 4 and any("guest/__main__.py" in p for p in procs) and any("sleep 30" in p for p in procs), r
     assert all(p.startswith("NoNewPrivs:1Seccomp:2 ") for p in procs), procs
 
 
@@ -318,7 +318,7 @@ def test_ptrace_reaches_the_sandboxs_own_processes_but_not_the_agent(armored):
     everything outside, and the agent, which runs as the same user, is non-dumpable."""
     armored.write_file("/tmp/attach.pl", "$| = 1; for my $p (@ARGV) { my $r = syscall(101, 16, $p + 0, 0, 0); "
                        "print(($r == -1 ? $! + 0 : 'attached'), ' ') }")  # PTRACE_ATTACH
-    r = armored.run("sleep 30 & child=$!; agents=$(grep -l [_]agent.py /proc/[0-9]*/cmdline | cut -d/ -f3); "
+    r = armored.run("sleep 30 & child=$!; agents=$(grep -l [g]uest/__main__.py /proc/[0-9]*/cmdline | cut -d/ -f3); "
                     "perl /tmp/attach.pl $agents $child; kill -9 $child", timeout=30)
     verdicts = r.stdout.split()
     assert verdicts[:-1] and set(verdicts[:-1]) == {"1"}, r  # every agent process: EPERM

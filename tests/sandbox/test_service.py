@@ -21,7 +21,7 @@ from schemathesis.generation import GenerationMode
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
 
-from rockroll.sandbox.owner import proc_start_time
+from rockroll.sandbox.lifecycle import proc_start_time
 
 from _leaks import leftovers
 from _server import Server

@@ -58,7 +58,6 @@ import errno
 import fcntl
 import gc
 import io
-import json
 import os
 import posixpath
 import resource  # imported by the zygote: loading this extension module in each agent cost ~110 page faults
@@ -68,47 +67,10 @@ import signal
 import socket
 import stat
 import struct
-import sys
 import tarfile
 import time
 
-FRAME = struct.Struct(">II")
-MAX_FRAME = 1 << 30
-PROTOCOL_VERSION = 1
-
-# --------------------------------------------------------------------------- framing
-
-
-def encode_frame(header: dict, payload: bytes = b"") -> bytes:
-    """One protocol frame: sizes, JSON header, raw payload."""
-    head = json.dumps(header, separators=(",", ":")).encode()
-    return FRAME.pack(len(head), len(payload)) + head + payload
-
-
-class FrameReader:
-    """Incremental frame decoder: ``feed(bytes)`` then iterate ``frames()``."""
-
-    def __init__(self) -> None:
-        self._buf = bytearray()
-
-    def feed(self, data: bytes) -> None:
-        self._buf += data
-
-    def frames(self):
-        while len(self._buf) >= FRAME.size:
-            hlen, plen = FRAME.unpack_from(self._buf)
-            if hlen > MAX_FRAME or plen > MAX_FRAME:
-                raise ValueError("oversized frame")
-            end = FRAME.size + hlen + plen
-            if len(self._buf) < end:
-                return
-            header = json.loads(bytes(self._buf[FRAME.size:FRAME.size + hlen]))
-            if not isinstance(header, dict):  # both ends read fields off it: refuse, don't crash there
-                raise ValueError("frame header is not a JSON object")
-            payload = bytes(self._buf[FRAME.size + hlen:end])
-            del self._buf[:end]
-            yield header, payload
-
+from ..protocol.frames import PREPARE_NET, PROTOCOL_VERSION, FrameReader, GuestConfig, encode_frame
 
 # --------------------------------------------------------------------------- uploads
 
@@ -300,7 +262,7 @@ SYS_MOVE_MOUNT, SYS_FSOPEN, SYS_FSCONFIG, SYS_FSMOUNT = 429, 430, 431, 432  # x8
 FSCONFIG_SET_FLAG, FSCONFIG_SET_STRING, FSCONFIG_CMD_CREATE = 0, 1, 6
 MOVE_MOUNT_F_EMPTY_PATH, AT_FDCWD = 4, -100
 # On a sized layer: the overlay's upper and work dirs, and the mount point of the
-# sandbox's root (``cfg["rootfs"]``), so a create makes no directory on the host's disk.
+# sandbox's root (``GuestConfig.rootfs``), so a create makes no directory on the host's disk.
 LAYER_DIRS = ("upper", "work", "root")
 
 
@@ -325,35 +287,35 @@ def detached_layer(device: str) -> int:
     return detached_mount("ext4", [("source", device), ("discard", None), ("noinit_itable", None)])
 
 
-def open_layer(cfg: dict) -> int | None:
-    """The host's detached mount of the sandbox's layer (``cfg["disk"]["mount"]``, a
+def open_layer(cfg: GuestConfig) -> int | None:
+    """The host's detached mount of the sandbox's layer (``cfg.disk.mount``, a
     ``/proc/<host pid>/fd/<n>`` path), reopened here; None for a tmpfs layer or none.
     Runs first, while the host's /proc is this process's."""
-    path = (cfg.get("disk") or {}).get("mount")
+    path = cfg.disk.mount if cfg.disk else None
     return os.open(path, os.O_PATH | os.O_CLOEXEC) if path else None
 
 
-def mount_layer(cfg: dict, detached: int | None) -> None:
-    """Mount the sandbox's sized writable layer (``cfg["disk"]``, see
+def mount_layer(cfg: GuestConfig, detached: int | None) -> None:
+    """Mount the sandbox's sized writable layer (``cfg.disk``, see
     ``deployment/disk.py``: the host's mount ``detached``, ext4 or tmpfs, or a tmpfs of
     ours) in this process's new mount namespace, with the overlay's upper and work dirs
     on it, and stay in it: the host reads the upper layer through its own fd on a mount
     it made, else through ``/proc/<this pid>/cwd`` (an outer process's: init leaves it)."""
-    disk = cfg["disk"]
+    disk = cfg.disk
     mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing below may propagate to the host
-    where = disk["dir"]
+    where = disk.dir
     os.makedirs(where, exist_ok=True)
     if detached is not None:
         _check(_libc.syscall(SYS_MOVE_MOUNT, detached, b"", AT_FDCWD, _b(where), MOVE_MOUNT_F_EMPTY_PATH),
                "move_mount")
         os.close(detached)
     else:  # the host made these dirs on its mounts (``disk.new_disk``, ``disk.new_tmpfs``)
-        mount("tmpfs", where, "tmpfs", 0, disk["tmpfs"])
+        mount("tmpfs", where, "tmpfs", 0, disk.tmpfs)
         for name in LAYER_DIRS:
             os.mkdir(f"{where}/{name}")
             os.chmod(f"{where}/{name}", 0o755)  # whatever the umask
     os.chdir(where)
-    cfg["upper"], cfg["work"] = f"{where}/upper", f"{where}/work"
+    cfg.upper, cfg.work = f"{where}/upper", f"{where}/work"
 
 
 def _root_children() -> list[str]:
@@ -368,17 +330,17 @@ def _root_children() -> list[str]:
     return [point for mid, parent, point in rows if parent in root_ids and mid not in root_ids]
 
 
-def layer_root(cfg: dict) -> None:
+def layer_root(cfg: GuestConfig) -> None:
     """Enter mode with a disk limit: make the sandbox's root an overlay of the container's
     root (lower) and the sized layer (upper), with the container's other mounts bound in
     again, and pivot into it. The container's own writable layer stays empty."""
-    layer = cfg["disk"]["dir"]
+    layer = cfg.disk.dir
     children = [p for p in _root_children() if p != layer]
     lower, root = layer + "/lower", layer + "/root"
     for path in (lower, root):
         os.makedirs(path, exist_ok=True)  # a layer the host made has root/ already
     mount("/", lower, None, MS_BIND)  # the root mount alone, not what is mounted on it
-    mount("overlay", root, "overlay", 0, "lowerdir=%s,upperdir=%s,workdir=%s" % (lower, cfg["upper"], cfg["work"]))
+    mount("overlay", root, "overlay", 0, "lowerdir=%s,upperdir=%s,workdir=%s" % (lower, cfg.upper, cfg.work))
     for point in children:
         mount(point, root + point, None, MS_BIND | MS_REC)
     if os.path.ismount(root + layer):  # came along with /dev: the sandbox must not see it
@@ -397,15 +359,15 @@ PROC_READONLY = ("sys", "bus", "fs", "irq")
 STATE_DIR = "/dev/.rr"  # session state files: on /dev's tmpfs, so never in snapshots
 
 
-def build_root(cfg: dict) -> None:
-    """Mount the sandbox root at cfg['rootfs'] and pivot into it. Runs as init."""
-    root = cfg["rootfs"]
+def build_root(cfg: GuestConfig) -> None:
+    """Mount the sandbox root at ``cfg.rootfs`` and pivot into it. Runs as init."""
+    root = cfg.rootfs
     mount(None, "/", None, MS_REC | MS_PRIVATE)
-    opts = "lowerdir=%s,upperdir=%s,workdir=%s" % (":".join(cfg["lowers"]), cfg["upper"], cfg["work"])
-    if cfg.get("userns"):
+    opts = "lowerdir=%s,upperdir=%s,workdir=%s" % (":".join(cfg.lowers), cfg.upper, cfg.work)
+    if cfg.userns:
         opts += ",userxattr"
     mount("overlay", root, "overlay", 0, opts)
-    for src, dst, readonly in cfg.get("binds", []):
+    for src, dst, readonly in cfg.binds:
         target = root + dst
         if os.path.isdir(src):
             os.makedirs(target, exist_ok=True)
@@ -899,36 +861,36 @@ class ModelChannel:
 
 
 class Agent:
-    def __init__(self, cfg: dict):
+    def __init__(self, cfg: GuestConfig):
         self.cfg = cfg
-        self.workdir = cfg.get("workdir", "/workspace")
+        self.workdir = cfg.workdir
         bash = os.path.exists("/bin/bash")
         self.shell = "/bin/bash" if bash else "/bin/sh"
         self.shell_args = ["--noprofile", "--norc"] if bash else []
         self.env = {
             "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "HOME": "/root", "USER": "root", "LANG": "C.UTF-8", "TERM": "dumb",
-            "HOSTNAME": cfg.get("hostname", "sandbox"),
+            "HOSTNAME": cfg.hostname,
         }
-        self.env.update(cfg.get("env") or {})
-        model = cfg.get("model") or {}
-        self.env.update(model.get("env") or {})
+        self.env.update(cfg.env)
+        model_env = cfg.model.env if cfg.model else {}
+        self.env.update(model_env)
         # The model variables are this sandbox's own: they win over a restored session's
         # exports (a snapshot of another sandbox carries that sandbox's key).
         self.forced_exports = "".join(f"export {k}={shlex.quote(v)}\n"
-                                      for k, v in (model.get("env") or {}).items())
+                                      for k, v in model_env.items())
         self.shell_name = "bash" if bash else "sh"
         with open(f"{STATE_DIR}/{self.shell_name}", "w") as f:
             f.write(SESSION_SCRIPT if bash else SESSION_SCRIPT_SH)
         self.sel = selectors.DefaultSelector()
         self.sessions: dict[str, Session] = {}
-        self.session_states: dict[str, str] = dict(cfg.get("sessions") or {})
+        self.session_states: dict[str, str] = dict(cfg.sessions)
         self.counter = 0
         self.reader = FrameReader()
         self.out_buf = bytearray()
         self.writing = False
         self.running = True
-        self.model = ModelChannel(self, int(model["port"])) if model.get("port") else None
+        self.model = ModelChannel(self, cfg.model.port) if cfg.model else None
 
     def reply(self, header: dict, payload: bytes = b"") -> None:
         self.out_buf += encode_frame(header, payload)
@@ -1087,19 +1049,19 @@ class Agent:
         reap_children()  # pid 1 inherits every orphan in the sandbox: none may stay a zombie
 
 
-def _setup_outer(cfg: dict, pid_ns: bool) -> None:
+def _setup_outer(cfg: GuestConfig, pid_ns: bool) -> None:
     """Runs in the host namespaces: cgroups, rlimits, namespaces (the pid namespace too
     when ``pid_ns``: an outer process's), the sized layer."""
     layer = open_layer(cfg)
-    for path in cfg.get("cgroup_procs", []):
+    for path in cfg.cgroup_procs:
         with open(path, "w") as f:
             f.write("0")  # this process, whatever pid namespace it is in
-    for res, soft, hard in cfg.get("rlimits", []):
+    for res, soft, hard in cfg.rlimits:
         resource.setrlimit(res, (soft, hard))
     flags = CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | (CLONE_NEWPID if pid_ns else 0)
-    if not cfg.get("network") and not cfg.get("net_ready"):
+    if not cfg.network and not cfg.net_ready:
         flags |= CLONE_NEWNET
-    if cfg.get("userns"):
+    if cfg.userns:
         uid, gid = os.geteuid(), os.getegid()
         unshare(flags | CLONE_NEWUSER)
         with open("/proc/self/setgroups", "w") as f:
@@ -1110,20 +1072,20 @@ def _setup_outer(cfg: dict, pid_ns: bool) -> None:
             f.write(f"0 {gid} 1")
     else:
         unshare(flags)
-    if cfg.get("disk"):
+    if cfg.disk:
         mount_layer(cfg, layer)
 
 
-def _enter_outer(cfg: dict) -> None:
+def _enter_outer(cfg: GuestConfig) -> None:
     """Enter mode, in the host namespaces: join the container's cgroups (so the agent
     is charged to its limits), then its namespaces; the sized layer (disk_mb) is opened
     first, through the host's /proc."""
     layer = open_layer(cfg)
-    for path in cfg.get("cgroup_procs", []):
+    for path in cfg.cgroup_procs:
         with open(path, "w") as f:
             f.write("0")
-    enter_namespaces(cfg["enter_pid"])
-    if cfg.get("disk"):
+    enter_namespaces(cfg.enter_pid)
+    if cfg.disk:
         unshare(CLONE_NEWNS)  # the sandbox's root is ours to build (layer_root)
         mount_layer(cfg, layer)
 
@@ -1137,9 +1099,9 @@ def _enter_init() -> None:
     _check(_libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "child_subreaper")
 
 
-def read_config() -> dict:
-    """The configuration frame from stdin. A spare agent (``deployment/local.py``) may be
-    told ``{"prepare": "net"}`` first: it makes its network namespace, loopback up, while
+def read_config() -> GuestConfig:
+    """The configuration frame from stdin (``GuestConfig.frame``). A spare agent
+    (``deployment/local.py``) may be told ``PREPARE_NET`` first: it makes its network namespace, loopback up, while
     it waits (creating one waits on the kernel's rtnl_lock), and the config says
     ``net_ready``. A failure here is not final: the usual path makes it later."""
     reader = FrameReader()
@@ -1150,7 +1112,7 @@ def read_config() -> dict:
             os._exit(1)
         reader.feed(data)
         for header, _ in reader.frames():
-            if header.get("prepare") == "net":
+            if header == PREPARE_NET:
                 if not net_ready:
                     try:
                         unshare(CLONE_NEWNET)
@@ -1159,7 +1121,14 @@ def read_config() -> dict:
                     except OSError:
                         pass
                 continue
-            return {**header, "net_ready": net_ready}
+            try:
+                cfg = GuestConfig.from_header(header)
+            except (KeyError, TypeError, ValueError) as e:  # another version's host: say so, not a traceback
+                os.write(1, encode_frame({"op": "ready", "ok": False, "error": "SandboxStartError",
+                                          "message": f"unreadable sandbox configuration ({e!r})"}))
+                os._exit(1)
+            cfg.net_ready = net_ready
+            return cfg
 
 
 def zygote() -> None:
@@ -1264,7 +1233,7 @@ def main() -> None:
     _libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: die with the host process
     if os.getppid() != parent:
         os._exit(1)
-    enter = cfg.get("enter_pid") is not None
+    enter = cfg.enter_pid is not None
     one_process = not enter and os.getpid() == 1  # the zygote made our pid namespace
     try:
         if enter:
@@ -1292,13 +1261,13 @@ def main() -> None:
             os.close(gate[1])
             os.read(gate[0], 1)  # EOF once the outer process closed its end
             os.close(gate[0])
-            if cfg.get("disk"):
+            if cfg.disk:
                 layer_root(cfg)
             _enter_init()
         else:
             build_root(cfg)
-            socket.sethostname(cfg.get("hostname", "sandbox"))
-            if not cfg.get("network") and not cfg.get("net_ready"):
+            socket.sethostname(cfg.hostname)
+            if not cfg.network and not cfg.net_ready:
                 loopback_up()
         try:
             with open("/proc/self/oom_score_adj", "w") as f:
@@ -1306,10 +1275,10 @@ def main() -> None:
         except OSError:
             pass  # needs CAP_SYS_RESOURCE, which some hosts withhold
         drop_capabilities()
-        os.makedirs(cfg.get("workdir", "/workspace"), exist_ok=True)
+        os.makedirs(cfg.workdir, exist_ok=True)
         os.closerange(3, 65536)
         agent = Agent(cfg)
-        install_seccomp(bytes.fromhex(cfg.get("seccomp") or ""))  # the setup above needed what it denies
+        install_seccomp(bytes.fromhex(cfg.seccomp))  # the setup above needed what it denies
     except Exception as e:  # noqa: BLE001
         os.write(1, encode_frame({"op": "ready", "ok": False, "error": "IsolationUnavailable",
                                   "message": f"cannot build the sandbox root ({e}): this host does not "
@@ -1332,5 +1301,3 @@ def _outer_wait(init: int, gate: tuple) -> None:
         os.waitpid(init, 0)
     finally:
         os._exit(0)
-if __name__ == "__main__":
-    zygote() if sys.argv[1:] == ["zygote"] else main()
