@@ -4,7 +4,7 @@ Writes past the limit fail with ``ENOSPC`` inside the sandbox, whatever fills it
 one huge (even sparse) file, or inodes (many empty files); deleting files frees the space
 again; the host's disk and other sandboxes never see the pressure.
 
-What backs the layer (decided here; the agent, ``runtime/_agent.py``, only puts it in place):
+What backs the layer (decided here; the guest, ``guest/layers.py``, only puts it in place):
 
 - **root on the host: a sparse ext4 image on a loop device.** Real disk, not memory: a
   sandbox's files are not charged to its ``memory_mb``, and a thousand sandboxes with
@@ -71,7 +71,7 @@ from pathlib import Path
 
 from ..errors import SandboxStartError
 from ..home import first_use_lock, state_home
-from ..guest.core import LAYER_DIRS, detached_layer, detached_mount
+from ..guest.layers import LAYER_DIRS, detached_layer, detached_mount
 from ..protocol.frames import DiskConfig
 
 BYTES_PER_INODE = 16384  # mke2fs's default ratio

@@ -1,7 +1,7 @@
 """The docker deployment: a sandbox as a Docker container, driven by our own agent.
 
 The container runs nothing but a keep-alive ``sh`` as its pid 1. The agent is the same
-``_agent.py`` as the local backend's, started on the host in *enter mode*: it joins the
+``guest/`` as the local backend's, started on the host in *enter mode*: it joins the
 container's cgroups and namespaces with ``setns(2)`` and serves every session of the
 sandbox over one pipe. So ``run("true")`` costs a protocol round trip, never a
 ``docker exec``, and the image needs only ``/bin/sh`` (bash when it has one), no Python.
@@ -22,7 +22,7 @@ sandbox over one pipe. So ``run("true")`` costs a protocol round trip, never a
 - Disk limit (``disk_mb``): Docker's own ``storage_opt size`` needs xfs with project
   quotas, so instead the agent gives the sandbox a root of its own, an overlay of the
   container's root and a sized layer (``disk.py``) mounted at ``LAYER_DIR`` in a mount
-  namespace of the agent's (``_agent.layer_root``); the container's writable layer stays
+  namespace of the agent's (``guest/layers.py``, ``layer_root``); the container's writable layer stays
   empty.
 - Snapshots: ``upper`` is the sized layer's upper dir (with ``disk_mb=None``, the
   container's overlay2 upper dir), packed by ``pack_layer`` like a local upper. A
@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import IsolationUnavailable, SandboxStartError, SpecError
 from ..lifecycle import proc_start_time
-from ..guest.core import KEEP_CAPS
+from ..guest.syscalls import KEEP_CAPS
 from ..protocol.frames import GuestConfig, ModelConfig
 from ..spec import SandboxSpec
 from ..storage.whiteouts import apply_layer

@@ -54,7 +54,7 @@ def _userns_allowed() -> bool:
 class _JoinedAgents:
     """Agents forked ahead of time (``fork_agent``) and already in a cgroup of their own,
     ``<run tag>.spare-<hex>``, with no limits yet, and in a network namespace of their own
-    (loopback up; ``_agent.read_config``). Moving a process into a cgroup is most of a
+    (loopback up; ``guest/main.py``'s ``read_config``). Moving a process into a cgroup is most of a
     local create's wall time when done on the way: the kernel's migration lock waits for
     an RCU grace period (cgroup v1, and v2 without ``favordynmods``): 9 of 15 ms on the
     dev host; making a network namespace waits on the kernel's rtnl_lock. A create takes one, renames its group to the sandbox's and writes the

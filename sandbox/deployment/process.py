@@ -67,7 +67,7 @@ class AgentHandle:
 
 
 class Zygote:
-    """The fork server of this process (``_agent.zygote``): one interpreter, started
+    """The fork server of this process (``guest/zygote.py``): one interpreter, started
     once, that has imported the agent and forks one per sandbox. Requests are serialized
     (a fork is about a millisecond); a zygote that died is replaced on the next request.
 
@@ -92,7 +92,7 @@ class Zygote:
 
     def take(self, pid_ns: bool) -> AgentHandle:
         """An agent process blocked reading its config frame on stdin, ``pid_ns``: pid 1 of
-        a new pid namespace (``_agent.zygote``'s ``p``), else a plain fork. One forked ahead
+        a new pid namespace (``guest/zygote.py``'s ``p``), else a plain fork. One forked ahead
         of time (``keep`` wait per kind, generic, holding nothing of any sandbox; the round
         trip to the zygote is then off the create path), else a fresh fork."""
         with self._lock:
@@ -180,7 +180,7 @@ def zygote_pid() -> int | None:
 
 def own_pid_ns(cfg: GuestConfig) -> bool:
     """Whether an agent of ``cfg`` is forked as pid 1 of its own pid namespace, one
-    process (``_agent``'s lifecycle): root on the local backend. Not in a user namespace
+    process (``guest/__init__.py``'s lifecycle): root on the local backend. Not in a user namespace
     (the zygote could not make one) nor in enter mode (the agent joins a container's)."""
     return not cfg.userns and cfg.enter_pid is None and os.geteuid() == 0
 

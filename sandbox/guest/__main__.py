@@ -1,4 +1,4 @@
-"""Start the guest: ``python -S -E <this file>`` (an agent that waits for its config
+"""Start the guest: ``python -S -E <this file>`` (a guest that waits for its config
 frame) or ``... zygote`` (the fork server, ``deployment/process.py``).
 
 Without ``site`` (``-S``) rockroll is not importable by name, and importing it would run
@@ -18,6 +18,7 @@ if __name__ == "__main__":
             _module = type(sys)(_name)
             _module.__path__ = _path
             sys.modules[_name] = _module
-    from rockroll.sandbox.guest.core import main, zygote
+    from rockroll.sandbox.guest.main import main
+    from rockroll.sandbox.guest.zygote import zygote
 
     zygote() if sys.argv[1:] == ["zygote"] else main()

@@ -3,7 +3,7 @@ that still has no network.
 
 Design. A sandbox with ``SandboxSpec(model_endpoint=URL)`` sees
 ``OPENAI_BASE_URL=http://127.0.0.1:8080/v1`` and its own ``OPENAI_API_KEY`` in every
-session. Port 8080 is a listener of the sandbox's agent (``_agent.py``, ``ModelChannel``)
+session. Port 8080 is a listener of the sandbox's guest (``guest/model.py``, ``ModelChannel``)
 in the sandbox's *own* network namespace, which still holds nothing but loopback. Each
 connection accepted there travels as frames (``mc_open`` / ``mc_data`` / ``mc_close``)
 over the agent's control pipe, which the host already holds; ``ModelRelay`` opens one TCP

@@ -315,7 +315,7 @@ print(closed)
 
 
 def test_connection_flood_is_bounded(agent_sb):
-    from rockroll.sandbox.guest.core import MODEL_MAX_CONNS
+    from rockroll.sandbox.guest.model import MODEL_MAX_CONNS
 
     r = run_py(agent_sb, FLOOD)
     assert r.exit_code == 0, r.stderr

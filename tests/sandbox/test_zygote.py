@@ -1,4 +1,4 @@
-"""The fork server (``_agent.zygote``): every agent is a fork of one long-lived process of
+"""The fork server (``guest/zygote.py``): every agent is a fork of one long-lived process of
 the owner's, so what that process holds is what a sandbox could inherit. Read from the
 host: the agents' parent, their fds, environment and cgroup, and the zygote's memory.
 (That the zygote dies with its owner is in test_faults.py's kill -9 test.)"""
