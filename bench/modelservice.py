@@ -8,7 +8,7 @@ the same stdlib client script (``AGENT``):
 - **direct**: the script on the host, HTTP straight to the service's loopback port (the
   floor: no sandbox at all);
 - **endpoint**: the script inside a no-network sandbox, HTTP to ``127.0.0.1:8080``, which
-  the sandbox's agent relays over its control pipe (``runtime/model_channel.py``);
+  the sandbox's guest relays over its control pipe (``runtime/model_channel.py``);
 - **file bridge**: ROCK's ModelService design, minimal and faithful: the agent writes each
   request to a file inside the sandbox and polls for the response file; the host polls the
   sandbox through the sandbox API (``run("ls")``), reads the request, calls the service,

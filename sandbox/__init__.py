@@ -15,7 +15,7 @@ clients that talk to one sandbox and ``server/`` the HTTP service.
 """
 
 from .base import AsyncSandbox, open_async_sandbox
-from .errors import (AgentDied, CapacityError, IsolationUnavailable, SandboxClosed, SandboxError,
+from .errors import (CapacityError, GuestDied, IsolationUnavailable, SandboxClosed, SandboxError,
                      SandboxFileError, SandboxFileNotFound, SandboxLost, SandboxNotFound, SandboxStartError,
                      ServiceUnreachable, SessionError, SnapshotError, SpecError, StorageFullError,
                      StorageLimitError, UnsafeArchiveError)
@@ -32,7 +32,7 @@ def configure(url: str | None = None, token: str | None = None) -> None:
 
 
 __all__ = [
-    "AgentDied", "AsyncSandbox", "CapacityError", "CommandResult", "IsolationUnavailable",
+    "AsyncSandbox", "CapacityError", "CommandResult", "GuestDied", "IsolationUnavailable",
     "Sandbox", "SandboxClosed", "SandboxError", "SandboxFileError", "SandboxFileNotFound", "SandboxLost",
     "SandboxNotFound", "SandboxSpec", "SandboxStartError", "ServiceUnreachable", "SessionError", "Snapshot",
     "SnapshotError", "SpecError", "StorageFullError", "StorageLimitError", "UnsafeArchiveError",

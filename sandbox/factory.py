@@ -22,16 +22,16 @@ from .spec import SandboxSpec
 @dataclass(frozen=True)
 class Backend:
     runtime: str                   # "module:Class" of its AsyncSandbox subclass
-    deployment: str | None = None  # where the runtime's agent runs, for runtimes that take one
+    deployment: str | None = None  # where the runtime's guest runs, for runtimes that take one
     pool: str | None = None        # its pool class, when not the generic AsyncSandboxPool
     reap: str | None = None        # "module:function" that removes what a dead run left
                                    # (``reap(runs, keep=run_id)``), called by ``deployment/reaper.py``
 
 
-_AGENT = ".runtime.agent:AgentSandbox"
+_GUEST = ".runtime.guest:GuestSandbox"
 BACKEND_CLASSES: dict[str, Backend] = {  # keys: spec.BACKENDS
-    "local": Backend(_AGENT, deployment=".deployment.local:LocalDeployment"),
-    "docker": Backend(_AGENT, deployment=".deployment.docker:DockerDeployment",
+    "local": Backend(_GUEST, deployment=".deployment.local:LocalDeployment"),
+    "docker": Backend(_GUEST, deployment=".deployment.docker:DockerDeployment",
                       reap=".deployment.docker:reap_containers"),
     "remote": Backend(".runtime.remote:RemoteSandbox"),
     "ray": Backend(".runtime.ray:RaySandbox", pool=".runtime.ray_pool:AsyncRaySandboxPool"),

@@ -208,11 +208,11 @@ def test_every_sandbox_module_is_in_a_room_on_a_floor():
 
 
 def test_the_floor_check_finds_an_arrow_up_and_one_across():
-    edges = {"rockroll.sandbox.deployment.disk": {"rockroll.sandbox.guest.layers", "rockroll.sandbox.runtime.agent"},
-             "rockroll.sandbox.runtime.agent": {"rockroll.sandbox.server.hub", "rockroll.sandbox.runtime.batch"},
+    edges = {"rockroll.sandbox.deployment.disk": {"rockroll.sandbox.guest.layers", "rockroll.sandbox.runtime.guest"},
+             "rockroll.sandbox.runtime.guest": {"rockroll.sandbox.server.fleet", "rockroll.sandbox.runtime.batch"},
              "rockroll.sandbox.base": {"rockroll.sandbox.factory"}}
-    assert arrows_against_the_floors(edges) == ["rockroll.sandbox.deployment.disk -> rockroll.sandbox.runtime.agent",
-                                                "rockroll.sandbox.runtime.agent -> rockroll.sandbox.server.hub"]
+    assert arrows_against_the_floors(edges) == ["rockroll.sandbox.deployment.disk -> rockroll.sandbox.runtime.guest",
+                                                "rockroll.sandbox.runtime.guest -> rockroll.sandbox.server.fleet"]
 
 
 def test_no_arrow_runs_up_or_across_inside_the_sandbox():

@@ -2,7 +2,7 @@
 
 Layout: ``<state_home>/runs/<run_id>/run.json`` names the owner (pid and its start time,
 so a recycled pid is not mistaken for a live owner); each sandbox has a directory
-``<run_id>/<sandbox_id>/`` with ``agent.json`` (host pids of its processes) and its
+``<run_id>/<sandbox_id>/`` with ``guest.json`` (host pids of its processes) and its
 overlay dirs or disk images (``disk.py``: their mounts live in the sandbox's mount
 namespace and their loop devices clear themselves when it dies). Its cgroups are named ``<run_id>-<owner pid>-<owner start>.<sandbox_id>``, so
 any collector can tell a dead owner's cgroups from a live one's, even a run whose state
@@ -10,7 +10,7 @@ lives under another ``ROCKROLL_HOME``.
 
 Cleanup happens in three places, so nothing outlives its owner:
 - normal exit, Ctrl-C and SIGTERM: ``atexit`` closes every live sandbox of the run;
-- kill -9 of the owner: the agents see their control pipe close and exit (the kernel
+- kill -9 of the owner: the guests see their control pipe close and exit (the kernel
   tears down each pid namespace with its pid 1), and the next run's first sandbox, or
   ``rockroll sandbox gc``, removes the dead run's directories and cgroups.
 """
@@ -63,9 +63,9 @@ def list_runs(home: Path | None = None) -> list[RunInfo]:
 
 
 def _kill_recorded(sandbox_dir: Path) -> None:
-    """SIGKILL the agent processes recorded for a sandbox, if they are still ours."""
+    """SIGKILL the guest processes recorded for a sandbox, if they are still ours."""
     try:
-        pids = json.loads((sandbox_dir / "agent.json").read_text())
+        pids = json.loads((sandbox_dir / "guest.json").read_text())
     except (OSError, ValueError):
         return
     for key in ("init_pid", "outer_pid"):

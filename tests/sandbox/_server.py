@@ -55,8 +55,8 @@ class Server:
         assert r.status_code == 201, r.text
         return r.json()["id"]
 
-    def agents(self, sandbox_id: str) -> dict:
-        return json.loads((self.run_dir / sandbox_id / "agent.json").read_text())
+    def guests(self, sandbox_id: str) -> dict:
+        return json.loads((self.run_dir / sandbox_id / "guest.json").read_text())
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
         self.http.close()

@@ -231,7 +231,7 @@ def test_pool_spreads_then_refills_after_node_loss(cluster):
     run = _wait(lambda: next((r for r in list_runs() if r.run_id == worker_run and not r.alive), None),
                 60, "the killed host's run to be dead")
     assert run.sandboxes
-    _wait(lambda: not _agents_of(worker_run), 60, "the killed node's agents to exit")
+    _wait(lambda: not _guests_of(worker_run), 60, "the killed node's agents to exit")
     assert worker_run in reap_dead_runs()
     assert worker_run not in {r.run_id for r in list_runs()}
 
@@ -251,10 +251,10 @@ def _wait_lost(sb, timeout: float = 60.0):
     raise AssertionError("the sandbox was never reported lost")
 
 
-def _agents_of(run_id: str) -> list[int]:
-    """The recorded agent pids of a run's sandboxes that are still running."""
+def _guests_of(run_id: str) -> list[int]:
+    """The recorded guest pids of a run's sandboxes that are still running."""
     alive = []
-    for sb_dir in (state_home() / "runs" / run_id).glob("*/agent.json"):
+    for sb_dir in (state_home() / "runs" / run_id).glob("*/guest.json"):
         pids = json.loads(sb_dir.read_text())
         alive += [pids[k] for k in ("init_pid", "outer_pid")
                   if isinstance(pids.get(k), int) and proc_start_time(pids[k]) == pids.get(k.replace("pid", "start"))]

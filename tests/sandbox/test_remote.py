@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rockroll.sandbox import (AgentDied, AsyncSandbox, SandboxClosed, SandboxError, SandboxFileError,
+from rockroll.sandbox import (GuestDied, AsyncSandbox, SandboxClosed, SandboxError, SandboxFileError,
                               SandboxFileNotFound, SandboxNotFound, SandboxSpec, SpecError, open_async_sandbox,
                               open_sandbox)
 from rockroll.sandbox.runtime import remote
@@ -170,9 +170,9 @@ def test_errors_map_to_local_classes(server, tmp_path):
 
 
 def test_agent_death_is_agent_died_and_reset_recovers(rsb, server):
-    pids = server.agents(rsb.id)
+    pids = server.guests(rsb.id)
     os.kill(pids["init_pid"], signal.SIGKILL)
-    with pytest.raises(AgentDied) as err:
+    with pytest.raises(GuestDied) as err:
         for _ in range(50):
             rsb.run("true")
     assert err.value.sandbox_id == rsb.id and not rsb.alive and not rsb.ping()

@@ -87,8 +87,8 @@ STATUSES = [
     (errors.SpecError("cpus", "bad"), 422),
     (errors.CapacityError("full"), 429),
     (errors.SandboxClosed("x"), 409),
-    (errors.AgentDied("x"), 409),
-    (errors.SandboxLost("x"), 409),  # an AgentDied
+    (errors.GuestDied("x"), 409),
+    (errors.SandboxLost("x"), 409),  # an GuestDied
     (errors.SandboxStartError("x"), 503),
     (errors.IsolationUnavailable("x"), 503),
     (errors.UnsafeArchiveError("../a", "escapes"), 400),
