@@ -8,7 +8,7 @@ the same stdlib client script (``AGENT``):
 - **direct**: the script on the host, HTTP straight to the service's loopback port (the
   floor: no sandbox at all);
 - **endpoint**: the script inside a no-network sandbox, HTTP to ``127.0.0.1:8080``, which
-  the sandbox's agent relays over its control pipe (``runtime/model_channel.py``);
+  the sandbox's guest relays over its control pipe (``runtime/model_channel.py``);
 - **file bridge**: ROCK's ModelService design, minimal and faithful: the agent writes each
   request to a file inside the sandbox and polls for the response file; the host polls the
   sandbox through the sandbox API (``run("ls")``), reads the request, calls the service,
@@ -40,7 +40,8 @@ from _common import print_table, sigterm_as_exit, stats, write_json  # noqa: E40
 
 from rockroll.sandbox import SandboxSpec, open_async_sandbox  # noqa: E402
 from rockroll.sandbox.modelservice.modes import Answer, Choice  # noqa: E402
-from rockroll.sandbox.runtime.model_channel import SANDBOX_PORT, TOKEN_ENV  # noqa: E402
+from rockroll.sandbox.protocol.tokens import TOKEN_ENV  # noqa: E402
+from rockroll.sandbox.runtime.model_channel import SANDBOX_PORT  # noqa: E402
 
 TARGET_ADDED_MS = 1.5
 # What bench/results/modelservice.json holds (tests/test_bench_smoke.py checks every run against it):

@@ -288,7 +288,7 @@ def sandbox_pss_kb(sb: AsyncSandbox, kids: dict[int, list[int]]) -> int:
     """PSS of one local sandbox: its agent's outer process, pid 1 and everything below."""
     from rockroll.sandbox.deployment.reaper import current_run
 
-    outer = json.loads((current_run().dir / sb.id / "agent.json").read_text())["outer_pid"]
+    outer = json.loads((current_run().dir / sb.id / "guest.json").read_text())["outer_pid"]
     return sum(pss_kb(p) for p in descendants(outer, kids))
 
 

@@ -131,7 +131,7 @@ def live_lower_dirs(home: Path) -> set[str] | None:
             continue  # its sandboxes are dead; `rockroll sandbox gc` reaps them
         for sb in run.sandboxes:
             try:
-                pid = json.loads((home / "runs" / run.run_id / sb / "agent.json").read_text())["init_pid"]
+                pid = json.loads((home / "runs" / run.run_id / sb / "guest.json").read_text())["init_pid"]
                 with open(f"/proc/{pid}/mountinfo") as f:
                     text = f.read()
             except (OSError, ValueError, KeyError):

@@ -51,7 +51,8 @@ from typing import Any, Callable
 
 from rockroll.sandbox import AsyncSandbox, CommandResult, SandboxError, SandboxSpec
 from rockroll.sandbox.modelservice import Answer, Choice, HandoffMode, ModelService, PendingCall
-from rockroll.sandbox.runtime.model_channel import TOKEN_ENV, sandbox_env
+from rockroll.sandbox.protocol.tokens import TOKEN_ENV
+from rockroll.sandbox.runtime.model_channel import sandbox_env
 from rockroll.sandbox.sync import run_sync
 
 from .actions import Action

@@ -34,7 +34,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from rockroll.sandbox.server import compat
-from rockroll.sandbox.server.wire import AuthError
+from rockroll.sandbox.protocol.wire import AuthError
 
 PREFIX = "/apis/v1/envs/gem"
 NAMESPACE = "rock/"  # only rockroll's ids: the service makes nothing else of the gymnasium registry

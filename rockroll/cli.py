@@ -296,7 +296,7 @@ def _store(hub_url, s3_endpoint):
 def _exit_on_sigterm() -> None:
     """SIGTERM ends the command as an exception would: an S3 multipart upload in flight is
     aborted and temp files are removed (only kill -9 leaves them, for ``hub gc``)."""
-    from rockroll.sandbox.deployment.reaper import install_exit_handlers
+    from rockroll.sandbox.lifecycle import install_exit_handlers
 
     install_exit_handlers()
 

@@ -4,18 +4,21 @@
     with open_sandbox(SandboxSpec()) as sb:
         print(sb.run("echo hi").stdout)
 
-Layout: ``base.py`` is the contract every backend implements, ``factory.py`` maps a
-backend name to its classes; ``runtime/`` holds the clients that talk to one sandbox,
-``deployment/`` where sandboxes run (local namespaces, docker, Ray hosts, crash reaping),
-``server/`` the HTTP service and ``storage/`` layers and snapshots.
+Layout, lowest floor first (no module imports a higher floor, ``tests/test_imports.py``):
+``errors.py``, ``lifecycle.py``, ``home.py`` and ``protocol/`` (the host <-> guest frames
+and config, the HTTP wire models, the model token) are the ground floor; ``spec.py``;
+``guest/`` is pid 1 of a sandbox (standard library only); ``storage/`` layers and
+snapshots; ``factory.py`` maps a backend name to its classes; ``base.py`` is the contract
+every backend implements; ``sync.py``, ``pool.py``; ``modelservice/``; ``deployment/``
+where sandboxes run (local namespaces, docker, Ray hosts, crash reaping); ``runtime/`` the
+clients that talk to one sandbox and ``server/`` the HTTP service.
 """
 
-from .base import AsyncSandbox
-from .errors import (AgentDied, CapacityError, IsolationUnavailable, SandboxClosed, SandboxError,
+from .base import AsyncSandbox, open_async_sandbox
+from .errors import (CapacityError, GuestDied, IsolationUnavailable, SandboxClosed, SandboxError,
                      SandboxFileError, SandboxFileNotFound, SandboxLost, SandboxNotFound, SandboxStartError,
                      ServiceUnreachable, SessionError, SnapshotError, SpecError, StorageFullError,
                      StorageLimitError, UnsafeArchiveError)
-from .factory import open_async_sandbox
 from .spec import CommandResult, SandboxSpec, Snapshot
 from .sync import Sandbox, open_sandbox
 
@@ -29,7 +32,7 @@ def configure(url: str | None = None, token: str | None = None) -> None:
 
 
 __all__ = [
-    "AgentDied", "AsyncSandbox", "CapacityError", "CommandResult", "IsolationUnavailable",
+    "AsyncSandbox", "CapacityError", "CommandResult", "GuestDied", "IsolationUnavailable",
     "Sandbox", "SandboxClosed", "SandboxError", "SandboxFileError", "SandboxFileNotFound", "SandboxLost",
     "SandboxNotFound", "SandboxSpec", "SandboxStartError", "ServiceUnreachable", "SessionError", "Snapshot",
     "SnapshotError", "SpecError", "StorageFullError", "StorageLimitError", "UnsafeArchiveError",

@@ -6,8 +6,8 @@ backend reaches its sandbox lives here once: file upload and the atomic download
 over the streaming file primitives), ``write_file``, ``exists``, the context manager and
 the repr. The sync ``Sandbox`` (``sync.py``) wraps any of them.
 
-Errors every method may raise: ``SandboxClosed`` after ``close()``; ``AgentDied`` when the
-sandbox's agent crashed (``reset()`` recovers); ``SandboxLost`` when the backend holding
+Errors every method may raise: ``SandboxClosed`` after ``close()``; ``GuestDied`` when the
+sandbox's guest crashed (``reset()`` recovers); ``SandboxLost`` when the backend holding
 it is gone (a service, a Ray node); ``SandboxError`` for anything else typed.
 """
 
@@ -69,7 +69,7 @@ class AsyncSandbox(abc.ABC):
     @property
     @abc.abstractmethod
     def alive(self) -> bool:
-        """True while open and, as far as this client knows, its agent runs (no I/O)."""
+        """True while open and, as far as this client knows, its guest runs (no I/O)."""
 
     @abc.abstractmethod
     async def ping(self) -> bool:
@@ -237,7 +237,7 @@ class AsyncSandbox(abc.ABC):
 
 def tar_dir(path: Path) -> bytes:
     """A directory as an uncompressed tar of ``.`` and ``./...`` (what ``unpack_plain_tar``
-    and the agent's ``tar_in`` take)."""
+    and the guest's ``tar_in`` take)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:", format=tarfile.PAX_FORMAT) as tar:
         tar.add(path, arcname=".")
@@ -253,3 +253,24 @@ async def file_chunks(path: Path) -> AsyncIterator[bytes]:
 
 async def once(data: bytes) -> AsyncIterator[bytes]:
     yield data
+
+
+class open_async_sandbox:
+    """``async with open_async_sandbox(spec) as sb:`` (or ``sb = await open_async_sandbox(spec)``).
+
+    ``snapshot`` (a ``Snapshot``, a digest or a tarball path) starts it from a saved state."""
+
+    def __init__(self, spec: SandboxSpec | None = None, *, snapshot: Any = None):
+        self._args = (spec or SandboxSpec(), snapshot)
+        self._sb: AsyncSandbox | None = None
+
+    def __await__(self):
+        return open_backend(*self._args).__await__()
+
+    async def __aenter__(self) -> AsyncSandbox:
+        self._sb = await open_backend(*self._args)
+        return self._sb
+
+    async def __aexit__(self, *exc) -> None:
+        if self._sb:
+            await self._sb.close()

@@ -48,11 +48,11 @@ class SandboxNotFound(SandboxError):
     """No sandbox with that id exists (or it was reaped)."""
 
 
-class AgentDied(SandboxError):
-    """The in-sandbox agent crashed or was killed; ``reset()`` brings the sandbox back."""
+class GuestDied(SandboxError):
+    """The sandbox's guest (its pid 1) crashed or was killed; ``reset()`` brings the sandbox back."""
 
 
-class SandboxLost(AgentDied):
+class SandboxLost(GuestDied):
     """The sandbox's host (a node, a container, a server) is gone."""
 
 

@@ -5,35 +5,36 @@ the deployment that places it where the runtime needs one, and its pool where th
 ``AsyncSandboxPool`` does not fit. Classes are named as ``module:Class`` and imported on
 first use (as Gymnasium's registry does with entry points): a backend's optional extras
 (docker, httpx, ray) load only when that backend is asked for, and no runtime imports
-another.
+another. It imports nothing of the classes it names: ``base.py`` (the contract) builds on
+it, not the other way round.
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable
 
 from .errors import IsolationUnavailable
 from .spec import SandboxSpec
-
-if TYPE_CHECKING:
-    from .base import AsyncSandbox
 
 
 @dataclass(frozen=True)
 class Backend:
     runtime: str                   # "module:Class" of its AsyncSandbox subclass
-    deployment: str | None = None  # where the runtime's agent runs, for runtimes that take one
+    deployment: str | None = None  # where the runtime's guest runs, for runtimes that take one
     pool: str | None = None        # its pool class, when not the generic AsyncSandboxPool
+    reap: str | None = None        # "module:function" that removes what a dead run left
+                                   # (``reap(runs, keep=run_id)``), called by ``deployment/reaper.py``
 
 
-_AGENT = ".runtime.agent:AgentSandbox"
+_GUEST = ".runtime.guest:GuestSandbox"
 BACKEND_CLASSES: dict[str, Backend] = {  # keys: spec.BACKENDS
-    "local": Backend(_AGENT, deployment=".deployment.local:LocalDeployment"),
-    "docker": Backend(_AGENT, deployment=".deployment.docker:DockerDeployment"),
+    "local": Backend(_GUEST, deployment=".deployment.local:LocalDeployment"),
+    "docker": Backend(_GUEST, deployment=".deployment.docker:DockerDeployment",
+                      reap=".deployment.docker:reap_containers"),
     "remote": Backend(".runtime.remote:RemoteSandbox"),
-    "ray": Backend(".runtime.ray:RaySandbox", pool=".deployment.ray_pool:AsyncRaySandboxPool"),
+    "ray": Backend(".runtime.ray:RaySandbox", pool=".runtime.ray_pool:AsyncRaySandboxPool"),
 }
 
 
@@ -49,8 +50,10 @@ def backend(name: str) -> Backend:
         raise IsolationUnavailable(f"backend {name!r} is not available in this build") from None
 
 
-async def open_backend(spec: SandboxSpec, snapshot: Any = None) -> AsyncSandbox:
-    """A new sandbox of ``spec`` on its backend (the contract is ``AsyncSandbox.create``)."""
+async def open_backend(spec: SandboxSpec, snapshot: Any = None) -> Any:
+    """A new sandbox of ``spec`` on its backend, an ``AsyncSandbox`` (the contract is
+    ``AsyncSandbox.create``; this table sits below the contract and names its classes only
+    as strings, so it imports none of them)."""
     entry = backend(spec.backend)
     options = {"deployment": _load(entry.deployment)} if entry.deployment else {}
     return await _load(entry.runtime).open(spec, snapshot=snapshot, **options)
@@ -62,22 +65,15 @@ def pool_class(spec: SandboxSpec) -> type | None:
     return _load(ref) if ref else None
 
 
-class open_async_sandbox:
-    """``async with open_async_sandbox(spec) as sb:`` (or ``sb = await open_async_sandbox(spec)``).
-
-    ``snapshot`` (a ``Snapshot``, a digest or a tarball path) starts it from a saved state."""
-
-    def __init__(self, spec: SandboxSpec | None = None, *, snapshot: Any = None):
-        self._args = (spec or SandboxSpec(), snapshot)
-        self._sb: AsyncSandbox | None = None
-
-    def __await__(self):
-        return open_backend(*self._args).__await__()
-
-    async def __aenter__(self) -> AsyncSandbox:
-        self._sb = await open_backend(*self._args)
-        return self._sb
-
-    async def __aexit__(self, *exc) -> None:
-        if self._sb:
-            await self._sb.close()
+def reap_hooks() -> list[Callable[..., None]]:
+    """Every backend's reap hook (``Backend.reap``), imported now: a gc reaps a dead run's
+    docker containers even if this process never opened one. A hook whose import fails (an
+    optional extra missing) is left out: what it would reap, no run of this install made."""
+    hooks = []
+    for entry in BACKEND_CLASSES.values():
+        if entry.reap:
+            try:
+                hooks.append(_load(entry.reap))
+            except ImportError:
+                continue
+    return hooks

@@ -17,8 +17,8 @@ import contextlib
 from typing import Any
 
 from .base import AsyncSandbox
-from .deployment.reaper import install_exit_handlers
-from .runtime.model_channel import admin_token, current_token
+from .lifecycle import install_exit_handlers
+from .protocol.tokens import admin_token, current_token
 from .errors import SandboxError, SpecError
 from .factory import pool_class
 from .spec import SandboxSpec

@@ -13,7 +13,7 @@ from concurrent.futures import Future
 from typing import Any, Coroutine, TypeVar
 
 from .base import AsyncSandbox
-from .deployment.reaper import install_exit_handlers
+from .lifecycle import install_exit_handlers
 from .spec import CommandResult, SandboxSpec, Snapshot
 
 T = TypeVar("T")

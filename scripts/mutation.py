@@ -38,10 +38,10 @@ MODULES: dict[str, tuple[str, list[str], list[str] | None]] = {
     "credit": ("trainer/algorithms/credit.py", ["tests/trainer/test_credit.py"], None),
     "actions": ("gem/actions.py", ["tests/gem/test_actions.py"], None),
     "version": ("envhub/version.py", ["tests/envhub/test_version.py"], None),
-    # The in-sandbox agent is mostly namespace code run in real sandboxes; the wire protocol
-    # is its framing, stdlib-only and pure: only those two definitions are mutated.
-    "framing": ("sandbox/runtime/_agent.py", ["tests/sandbox/test_wire.py"], ["encode_frame", "FrameReader"]),
-    "wire": ("sandbox/server/wire.py", ["tests/sandbox/test_wire.py"], None),
+    # The host <-> guest protocol: its framing, stdlib-only and pure, is mutated (the
+    # guest's config travels in a frame and is checked by every real sandbox).
+    "framing": ("sandbox/protocol/frames.py", ["tests/sandbox/test_wire.py"], ["encode_frame", "FrameReader"]),
+    "wire": ("sandbox/protocol/wire.py", ["tests/sandbox/test_wire.py"], None),
 }
 
 # The mutation operators kept (regexes over cosmic-ray's operator names; the rest are

@@ -46,13 +46,14 @@ def _type_checking_only(node: ast.AST) -> bool:
     return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
 
 
-def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
-    """The rockroll modules ``name`` imports (``from pkg import mod`` counts as ``pkg.mod``)."""
+def imports_of(name: str, path: Path, known: dict[str, Path], *, type_checking: bool = False) -> set[str]:
+    """The rockroll modules ``name`` imports (``from pkg import mod`` counts as ``pkg.mod``);
+    ``type_checking``: those under ``if TYPE_CHECKING:`` too."""
     is_package = path.name == "__init__.py"
     out: set[str] = set()
 
     def visit(node: ast.AST) -> None:
-        if _type_checking_only(node):
+        if not type_checking and _type_checking_only(node):
             for child in node.orelse:
                 visit(child)
             return
@@ -75,9 +76,9 @@ def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
     return {m for m in out if m in known}
 
 
-def graph() -> dict[str, set[str]]:
+def graph(*, type_checking: bool = False) -> dict[str, set[str]]:
     known = modules()
-    return {name: imports_of(name, path, known) for name, path in known.items()}
+    return {name: imports_of(name, path, known, type_checking=type_checking) for name, path in known.items()}
 
 
 def circles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -145,12 +146,97 @@ def test_dependencies_flow_one_way(package):
     assert wrong == []
 
 
-def test_the_in_sandbox_agent_needs_only_the_standard_library():
-    tree = ast.parse((ROOT / "sandbox" / "runtime" / "_agent.py").read_text())
-    names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    names |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-    assert not any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(tree))
-    assert names - {"__future__"} <= set(sys.stdlib_module_names)
+# ------------------------------------------------------------------ inside rockroll.sandbox
+# Its rooms, lowest floor first. A module may import its own room and the rooms of lower
+# floors, never a room of its own floor or a higher one. Annotations count (imports under
+# ``if TYPE_CHECKING:``): a type a low room names is still a room it depends on.
+SANDBOX_FLOORS: list[tuple[str, ...]] = [
+    ("errors", "lifecycle", "home", "protocol", "protocol.frames", "protocol.tokens"),  # ground: no rockroll import
+    ("spec",),               # SandboxSpec, CommandResult, Snapshot
+    ("protocol.wire",),      # the HTTP models of rockroll serve and its SDK
+    ("guest",),              # pid 1 of a sandbox: the standard library and protocol.frames only
+    ("storage",),            # layers, snapshots, temps, limits
+    ("factory",),            # the backend table: classes named as strings
+    ("base",),               # the contract, AsyncSandbox
+    ("sync",),               # the sync twin
+    ("pool",),               # the generic pool
+    ("modelservice",),       # the model service (answers sandboxes' model calls)
+    ("deployment",),         # where sandboxes run
+    ("runtime", "server"),   # clients of one sandbox; the HTTP service (neither imports the other)
+    ("",),                   # the package's __init__: the public API
+]
+# What pid 1 of a sandbox runs of rockroll (``python -S -E``): its package, the frames of
+# the protocol, and the (empty) ``__init__`` of the protocol's package.
+GUEST_MAY_IMPORT = ("rockroll.sandbox.guest", "rockroll.sandbox.protocol.frames")
+GUEST_RUNS = ("rockroll.sandbox.protocol",)
+
+
+def room(module: str) -> str:
+    """The room of a ``rockroll.sandbox`` module: the longest room name it starts with."""
+    rel = module.removeprefix("rockroll.sandbox").lstrip(".")
+    rooms = [r for floor in SANDBOX_FLOORS for r in floor if rel == r or (r and rel.startswith(r + "."))]
+    assert rooms, f"{module} is in no room: add its room to SANDBOX_FLOORS"
+    return max(rooms, key=len)
+
+
+def floor_of(room_name: str) -> int:
+    return next(level for level, floor in enumerate(SANDBOX_FLOORS) if room_name in floor)
+
+
+def arrows_against_the_floors(edges: dict[str, set[str]]) -> list[str]:
+    """``src -> dst`` for each import inside rockroll.sandbox that reaches a room on the
+    same floor or a higher one (a room's own modules excepted)."""
+    wrong = []
+    for src, dsts in edges.items():
+        if src != "rockroll.sandbox" and not src.startswith("rockroll.sandbox."):
+            continue
+        for dst in dsts:
+            if dst != "rockroll.sandbox" and not dst.startswith("rockroll.sandbox."):
+                continue
+            a, b = room(src), room(dst)
+            if a != b and floor_of(b) >= floor_of(a):
+                wrong.append(f"{src} -> {dst}")
+    return sorted(wrong)
+
+
+def sandbox_graph() -> dict[str, set[str]]:
+    return {m: d for m, d in graph(type_checking=True).items() if m.startswith("rockroll.sandbox")}
+
+
+def test_every_sandbox_module_is_in_a_room_on_a_floor():
+    assert {room(m) for m in sandbox_graph()} == {r for floor in SANDBOX_FLOORS for r in floor}
+
+
+def test_the_floor_check_finds_an_arrow_up_and_one_across():
+    edges = {"rockroll.sandbox.deployment.disk": {"rockroll.sandbox.guest.layers", "rockroll.sandbox.runtime.guest"},
+             "rockroll.sandbox.runtime.guest": {"rockroll.sandbox.server.fleet", "rockroll.sandbox.runtime.batch"},
+             "rockroll.sandbox.base": {"rockroll.sandbox.factory"}}
+    assert arrows_against_the_floors(edges) == ["rockroll.sandbox.deployment.disk -> rockroll.sandbox.runtime.guest",
+                                                "rockroll.sandbox.runtime.guest -> rockroll.sandbox.server.fleet"]
+
+
+def test_no_arrow_runs_up_or_across_inside_the_sandbox():
+    assert arrows_against_the_floors(sandbox_graph()) == []
+
+
+def test_no_circle_inside_the_sandbox_even_through_annotations():
+    assert circles(sandbox_graph()) == []
+
+
+def test_the_guest_needs_only_the_standard_library():
+    """pid 1 of a sandbox runs with ``python -S -E``: its modules may import the standard
+    library, each other and the frames of the protocol, nothing else."""
+    known = modules()
+    shipped = [m for m in known if m.startswith(GUEST_MAY_IMPORT) or m in GUEST_RUNS]
+    assert "rockroll.sandbox.protocol.frames" in shipped and len(shipped) > 2
+    for name in shipped:
+        tree = ast.parse(known[name].read_text())
+        absolute = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        absolute |= {n.module.split(".")[0] for n in ast.walk(tree)
+                     if isinstance(n, ast.ImportFrom) and n.module and not n.level}
+        assert absolute - {"__future__", "rockroll"} <= set(sys.stdlib_module_names), name  # rockroll: see ours
+        ours = imports_of(name, known[name], known, type_checking=True)
+        assert all(m.startswith(GUEST_MAY_IMPORT) for m in ours), (name, ours)
 
 
 def _extra_closure(extras: dict[str, list[str]], name: str) -> set[str]:

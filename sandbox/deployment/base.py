@@ -1,7 +1,7 @@
 """The deployment contract: where one sandbox runs (SWE-ReX's runtime/deployment split).
 
-A runtime that speaks our agent protocol (``runtime/agent.py``) drives any deployment
-through this interface; the agent and its protocol are the same everywhere.
+A runtime that speaks our guest protocol (``runtime/guest.py``) drives any deployment
+through this interface; the guest and its protocol are the same everywhere.
 """
 
 from __future__ import annotations
@@ -10,25 +10,27 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from .process import AgentHandle
+    from ..protocol.frames import ModelConfig
+    from .process import GuestHandle
 
 
 class Deployment(Protocol):
-    """Where a sandbox runs: starts, stops and locates its agent process."""
+    """Where a sandbox runs: starts, stops and locates its guest process."""
 
     upper: Path  # the sandbox's writable layer, as a host path (snapshots pack it)
 
     def spawn(self, layers: list[Path], sessions: dict[str, str],
-              model: dict | None = None) -> AgentHandle:
-        """Start a fresh agent over snapshot ``layers`` (top first); its stdin/stdout
-        carry the protocol and its first frame was the config. ``model`` (``{"port",
-        "env"}``) turns on the in-sandbox model endpoint (``runtime/model_channel.py``)."""
+              model: ModelConfig | None = None) -> GuestHandle:
+        """Start a fresh guest over snapshot ``layers`` (top first); its stdin/stdout
+        carry the protocol and its first frame was the config (a ``GuestConfig`` built
+        from the spec). ``model`` turns on the in-sandbox model endpoint
+        (``runtime/model_channel.py``)."""
 
     def record(self, init_pid: int) -> None:
-        """Remember the agent's pids so a later run can reap them after a crash."""
+        """Remember the guest's pids so a later run can reap them after a crash."""
 
-    def stop_agent(self) -> None:
-        """Kill the current agent and everything it started (not blocking)."""
+    def stop_guest(self) -> None:
+        """Kill the current guest and everything it started (not blocking)."""
 
     def oom_kills(self) -> int:
         """How many processes the memory limit has killed so far."""

@@ -4,7 +4,7 @@ Writes past the limit fail with ``ENOSPC`` inside the sandbox, whatever fills it
 one huge (even sparse) file, or inodes (many empty files); deleting files frees the space
 again; the host's disk and other sandboxes never see the pressure.
 
-What backs the layer (decided here; the agent, ``runtime/_agent.py``, only puts it in place):
+What backs the layer (decided here; the guest, ``guest/layers.py``, only puts it in place):
 
 - **root on the host: a sparse ext4 image on a loop device.** Real disk, not memory: a
   sandbox's files are not charged to its ``memory_mb``, and a thousand sandboxes with
@@ -13,7 +13,7 @@ What backs the layer (decided here; the agent, ``runtime/_agent.py``, only puts 
   (the layer never outlives its sandbox), no reserved blocks, 4 KiB blocks.
 - **unprivileged (a user namespace), or no ``/dev/loop-control``: a tmpfs with ``size=``
   and ``nr_inodes=``.** ext4 on a loop device cannot be mounted inside a user namespace;
-  tmpfs can (the agent mounts it; as root we make it, like the ext4 one). It is memory:
+  tmpfs can (the guest mounts it; as root we make it, like the ext4 one). It is memory:
   where the sandbox has a memory cgroup, its files also count against ``memory_mb``
   (pages are charged to the cgroup that writes them).
 - Not project quotas: they need an xfs (or ext4 with the ``project`` feature) host
@@ -26,16 +26,16 @@ Create-time cost, measured on the 2-core dev host: ``mke2fs`` 6-12 ms (once per 
 template), a sparse copy of its ~150 KiB of metadata 0.7-1.8 ms, ``LOOP_CONFIGURE`` ~1 ms
 idle and up to 140 ms loaded (a queue freeze), the ext4 mount ~1 ms, the first writes to
 the fresh filesystem tens of ms loaded (bitmap reads through the loop worker). All of it
-is done ahead of time on a background thread (``_SpareDisks``, like the zygote's spare agents): a
+is done ahead of time on a background thread (``_SpareDisks``, like the zygote's spare guests): a
 create takes a spare, a formatted image on an attached loop device, already mounted as a
-*detached* mount (``fsmount``) with its directories in it, and the agent moves
+*detached* mount (``fsmount``) with its directories in it, and the guest moves
 that mount into the sandbox's namespace (``move_mount``): 0.2 ms on the create path.
 What is left shows in ``bench/sandbox.py`` (cold create with the default disk beside
 ``disk_mb=None``, interleaved): creates alone cost the same (367 vs 383 ms median under
 a load average of 40); a create right after a close pays for the closed sandbox's
 teardown (its ext4 unmount flushes, its loop device detaches, the next spare is made) on
 the same 2 cores, 1.2-1.3x under that load. In CPU (``getrusage`` of the owner and its
-agents, create + close, spares included): 55 ms with the disk, 50 ms without.
+guests, create + close, spares included): 55 ms with the disk, 50 ms without.
 
 The mount lives in the sandbox's private mount namespace, never in the host's: a crashed
 owner leaves no mount behind (the namespace dies with the sandbox's processes; a spare
@@ -43,12 +43,12 @@ mount dies with our fd), and a thousand sandboxes do not grow the host's mount t
 (each ``unshare(CLONE_NEWNS)`` copies it). Loop devices are auto-clearing: the kernel
 detaches one when its last mount goes. The host reads the upper layer (snapshots)
 through a directory fd on the layer's root (``SandboxDisk``): opened through its own
-mount fd, or for a tmpfs an unprivileged agent made, through ``/proc/<outer>/cwd`` (the
-agent's outer process stays in the layer), once per agent, so a recycled pid can never
+mount fd, or for a tmpfs an unprivileged guest made, through ``/proc/<outer>/cwd`` (the
+guest's outer process stays in the layer), once per guest, so a recycled pid can never
 turn it into someone else's files. Inodes: one per 16 KiB, ``mke2fs``'s default ratio,
 on both backings.
 
-The docker backend uses the same layer: its agent builds the sandbox's root as an overlay
+The docker backend uses the same layer: its guest builds the sandbox's root as an overlay
 of the container's root and this layer, so the container's own writable layer
 (unlimited on overlay2 over ext4) stays empty.
 """
@@ -71,7 +71,8 @@ from pathlib import Path
 
 from ..errors import SandboxStartError
 from ..home import first_use_lock, state_home
-from ..runtime._agent import LAYER_DIRS, detached_layer, detached_mount
+from ..guest.layers import LAYER_DIRS, detached_layer, detached_mount
+from ..protocol.frames import DiskConfig
 
 BYTES_PER_INODE = 16384  # mke2fs's default ratio
 LOOP_CLR_FD, LOOP_CONFIGURE, LOOP_CTL_ADD, LOOP_CTL_GET_FREE, LO_FLAGS_AUTOCLEAR = 0x4C01, 0x4C0A, 0x4C80, 0x4C82, 4
@@ -85,8 +86,8 @@ def inodes_for(disk_mb: int) -> int:
 class Disk:
     """A sandbox's layer as we made it, mounted but attached nowhere yet (a detached
     mount, ``fd``): ext4 on a sparse ``image`` on an auto-clearing loop device, or a
-    tmpfs (``image`` None). The agent moves it into the sandbox's mount namespace. Until
-    then our fd is its only user, so an agent that dies first leaks nothing: ``release``
+    tmpfs (``image`` None). The guest moves it into the sandbox's mount namespace. Until
+    then our fd is its only user, so a guest that dies first leaks nothing: ``release``
     drops the mount, and with it the loop device."""
 
     def __init__(self, image: Path | None, fd: int):
@@ -205,7 +206,7 @@ def new_tmpfs(disk_mb: int) -> Disk:
 
 
 class _SpareDisks:
-    """Disks made ahead of time, per (size, run directory), like the zygote's spare agents
+    """Disks made ahead of time, per (size, run directory), like the zygote's spare guests
     (``process.py``): attaching a loop device waits on the kernel (a queue freeze, an RCU
     grace period) and mounting reads the filesystem: 3 ms on an idle host, 100 ms and more
     on a loaded one, so a create should not. Spares sit in the run's directory
@@ -273,9 +274,9 @@ def loop_devices_usable() -> bool:
 
 
 def layer_config(disk_mb: int | None, run_dir: Path, folder: Path, name: str, *, userns: bool,
-                 home: Path | None = None) -> tuple[dict | None, Disk | None]:
-    """The agent's ``disk`` config for a fresh writable layer of ``disk_mb`` MiB, and the
-    ``Disk`` behind it (None for the tmpfs an unprivileged agent mounts itself; an ext4
+                 home: Path | None = None) -> tuple[DiskConfig | None, Disk | None]:
+    """The guest's ``disk`` config for a fresh writable layer of ``disk_mb`` MiB, and the
+    ``Disk`` behind it (None for the tmpfs an unprivileged guest mounts itself; an ext4
     layer's image is ``folder/name.img``). ``(None, None)`` when ``disk_mb`` is None: no
     limit, the upper is a plain host directory.
 
@@ -289,20 +290,20 @@ def layer_config(disk_mb: int | None, run_dir: Path, folder: Path, name: str, *,
     mount_point = (home or state_home()) / "mnt"
     mount_point.mkdir(exist_ok=True)
     if userns:
-        return {"dir": str(mount_point), "tmpfs": f"size={disk_mb}m,nr_inodes={inodes_for(disk_mb)},mode=755"}, None
+        return DiskConfig(str(mount_point), tmpfs=f"size={disk_mb}m,nr_inodes={inodes_for(disk_mb)},mode=755"), None
     if loop_devices_usable():
         disk = _spares.take(disk_mb, run_dir, home, folder / f"{name}.img")
     else:
         disk = new_tmpfs(disk_mb)
-    # Our pid, not /proc/self: the agent reopens the mount from its own process.
-    return {"dir": str(mount_point), "mount": f"/proc/{os.getpid()}/fd/{disk.fd}"}, disk
+    # Our pid, not /proc/self: the guest reopens the mount from its own process.
+    return DiskConfig(str(mount_point), mount=f"/proc/{os.getpid()}/fd/{disk.fd}"), disk
 
 
 def ext4_template(disk_mb: int, home: Path | None = None) -> Path:
     """A sparse, formatted ext4 image of ``disk_mb`` MiB, made once per size and cached.
     No journal (the layer never outlives a crash of its sandbox), no reserved blocks (the
     sandbox's root may use it all), inode tables initialised lazily (never, in fact: the
-    agent mounts with ``noinit_itable``, so the image stays sparse)."""
+    guest mounts with ``noinit_itable``, so the image stays sparse)."""
     folder = (home or state_home()) / "disks"
     path = folder / f"ext4-4k-{disk_mb}m.img"  # named for its format: a change of options makes a new one
     if not path.exists():
@@ -365,8 +366,8 @@ def sparse_copy(src: Path, dst: Path) -> None:
 
 
 class SandboxDisk:
-    """A deployment's sized writable layer, one per agent generation (start, reset,
-    restore): ``prepare`` before the agent starts (the agent's ``disk`` config), ``mounted``
+    """A deployment's sized writable layer, one per guest generation (start, reset,
+    restore): ``prepare`` before the guest starts (the guest's ``disk`` config), ``mounted``
     once it runs, ``close`` when it stops, ``drop`` its files once it is gone. With
     ``disk_mb=None`` every step is a no-op and ``upper`` is None."""
 
@@ -377,14 +378,14 @@ class SandboxDisk:
         self._disk: Disk | None = None
         self._fd = -1
 
-    def prepare(self, gen: int) -> dict | None:
+    def prepare(self, gen: int) -> DiskConfig | None:
         cfg, self._disk = layer_config(self.disk_mb, self.run_dir, self.folder, f"disk{gen}",
                                        userns=self.userns, home=self.home)
         return cfg
 
     def mounted(self, outer_pid: int) -> None:
-        """The agent has mounted the layer: hold the layer's root as a directory fd, opened
-        through our own mount fd, or for a tmpfs the agent made, through the working
+        """The guest has mounted the layer: hold the layer's root as a directory fd, opened
+        through our own mount fd, or for a tmpfs the guest made, through the working
         directory of the process that sits in it (its outer process ``outer_pid``), so a
         recycled pid can never turn ``upper`` into someone else's files. Holding it keeps
         the layer mounted until ``close``."""
@@ -398,7 +399,7 @@ class SandboxDisk:
             raise SandboxStartError(f"cannot reach the sandbox's disk ({e})") from e
         finally:
             if self._disk is not None:
-                self._disk.release()  # the agent has moved the mount into the sandbox
+                self._disk.release()  # the guest has moved the mount into the sandbox
         if not os.path.isdir(self.upper):
             self.close()
             raise SandboxStartError("the sandbox's disk has no upper layer")

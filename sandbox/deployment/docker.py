@@ -1,7 +1,7 @@
-"""The docker deployment: a sandbox as a Docker container, driven by our own agent.
+"""The docker deployment: a sandbox as a Docker container, driven by our own guest.
 
-The container runs nothing but a keep-alive ``sh`` as its pid 1. The agent is the same
-``_agent.py`` as the local backend's, started on the host in *enter mode*: it joins the
+The container runs nothing but a keep-alive ``sh`` as its pid 1. The guest is the same
+``guest/`` as the local backend's, started on the host in *enter mode*: it joins the
 container's cgroups and namespaces with ``setns(2)`` and serves every session of the
 sandbox over one pipe. So ``run("true")`` costs a protocol round trip, never a
 ``docker exec``, and the image needs only ``/bin/sh`` (bash when it has one), no Python.
@@ -10,19 +10,19 @@ sandbox over one pipe. So ``run("true")`` costs a protocol round trip, never a
   of ``images.ensure_docker_image()`` (built with debootstrap on first use, minutes,
   then cached). Snapshots record ``spec.image``, so a snapshot taken with ``"host"`` on
   one backend restores with ``"host"`` on the other: same files, a different base system.
-- Confinement: capabilities dropped to the agent's ``KEEP_CAPS``, ``no-new-privileges``,
+- Confinement: capabilities dropped to the guest's ``KEEP_CAPS``, ``no-new-privileges``,
   network ``none`` (``network=True`` is refused), memory = memory+swap, ``nano_cpus``,
-  ``pids_limit``; the agent's processes join the container's cgroups, so they count
+  ``pids_limit``; the guest's processes join the container's cgroups, so they count
   against the same limits. Syscalls: the container runs under our profile
-  (``seccomp.docker_profile()``, never unconfined), and the agent, which enters from
+  (``seccomp.docker_profile()``, never unconfined), and the guest, which enters from
   the host and so escapes the container's filter, installs the same table as a BPF
   program on itself, as on the local backend: every command runs under it. ``/etc/resolv.conf`` is
   the host image's no-network placeholder, bound read-only (Docker would otherwise give
   even a network-``none`` container a copy of the host's name servers).
 - Disk limit (``disk_mb``): Docker's own ``storage_opt size`` needs xfs with project
-  quotas, so instead the agent gives the sandbox a root of its own, an overlay of the
+  quotas, so instead the guest gives the sandbox a root of its own, an overlay of the
   container's root and a sized layer (``disk.py``) mounted at ``LAYER_DIR`` in a mount
-  namespace of the agent's (``_agent.layer_root``); the container's writable layer stays
+  namespace of the guest's (``guest/layers.py``, ``layer_root``); the container's writable layer stays
   empty.
 - Snapshots: ``upper`` is the sized layer's upper dir (with ``disk_mb=None``, the
   container's overlay2 upper dir), packed by ``pack_layer`` like a local upper. A
@@ -50,13 +50,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import IsolationUnavailable, SandboxStartError, SpecError
-from ..owner import proc_start_time
-from ..runtime import _agent
+from ..lifecycle import proc_start_time
+from ..guest.syscalls import KEEP_CAPS
+from ..protocol.frames import GuestConfig, ModelConfig
 from ..spec import SandboxSpec
 from ..storage.whiteouts import apply_layer
 from .cgroups import Cgroup
 from .disk import SandboxDisk
-from .process import AgentHandle, AgentProcess
+from .process import GuestHandle, GuestProcess
 from .rootfs import NO_NETWORK_ETC
 from .seccomp import docker_security_opt
 
@@ -66,7 +67,7 @@ if TYPE_CHECKING:
 LABEL_RUN, LABEL_SANDBOX, LABEL_OWNER = "rockroll.run", "rockroll.sandbox", "rockroll.owner"
 LABEL_OWNER_PID, LABEL_OWNER_START = "rockroll.owner.pid", "rockroll.owner.start"
 LABEL_CHAIN, CHAIN_REPO = "rockroll.chain", "rockroll/chain"
-# Where the agent mounts the sandbox's sized layer (disk_mb), in its own mount namespace
+# Where the guest mounts the sandbox's sized layer (disk_mb), in its own mount namespace
 # inside the container: on docker's /dev tmpfs, so the image's files are never touched.
 LAYER_DIR = "/dev/.rr-disk"
 # pid 1 of the container: needs only sh and sleep; exits on SIGTERM (pid 1 has no default handlers).
@@ -126,9 +127,9 @@ def container_cgroup(pid: int) -> Cgroup:
 
 
 class DockerDeployment:
-    """Host side of one docker sandbox: its container and the agent that entered it.
+    """Host side of one docker sandbox: its container and the guest that entered it.
 
-    The agent process is the local one's (an ``AgentProcess``: recorded, killed and
+    The guest process is the local one's (an ``GuestProcess``: recorded, killed and
     reaped the same way); what differs is where it runs. Each ``spawn`` (start, reset,
     restore, after a crash) gets a fresh container; the old one is removed in the
     background.
@@ -145,7 +146,7 @@ class DockerDeployment:
         self.resolv = self.dir / "resolv.conf"
         self.resolv.write_text(NO_NETWORK_ETC["resolv.conf"])
         self.gen = 0
-        self.agent = AgentProcess(self.dir)
+        self.guest = GuestProcess(self.dir)
         self.container = None
         self.cgroup: Cgroup | None = None
         self._upper: Path | None = None
@@ -196,7 +197,7 @@ class DockerDeployment:
                 image, ["/bin/sh", "-c", KEEPALIVE], name=f"rockroll-{self.id}-{self.gen}", mounts=[resolv],
                 hostname=self.id, labels=self._labels(), working_dir=spec.workdir, environment=dict(spec.env),
                 network_mode="none", init=False, cap_drop=["ALL"],
-                cap_add=[_CAP_NAMES[c] for c in _agent.KEEP_CAPS],
+                cap_add=[_CAP_NAMES[c] for c in KEEP_CAPS],
                 security_opt=["no-new-privileges", docker_security_opt()],
                 mem_limit=memory, memswap_limit=memory, pids_limit=spec.pids,
                 nano_cpus=int(spec.cpus * 1e9) if spec.cpus else None,
@@ -208,8 +209,8 @@ class DockerDeployment:
             raise SandboxStartError(f"cannot create the container: {e}", sandbox_id=self.id) from e
 
     def spawn(self, layers: list[Path], sessions: dict[str, str],
-              model: dict | None = None) -> AgentHandle:
-        """Start a fresh container over snapshot ``layers`` (top first), and an agent in it."""
+              model: ModelConfig | None = None) -> GuestHandle:
+        """Start a fresh container over snapshot ``layers`` (top first), and a guest in it."""
         import docker  # noqa: PLC0415
 
         self.gen += 1
@@ -228,21 +229,21 @@ class DockerDeployment:
             raise SandboxStartError(f"cannot start the container: {e}", sandbox_id=self.id) from e
         disk = self.disk.prepare(self.gen)
         if disk is not None:  # mounted in the container's namespace, at a path of the container
-            disk["dir"] = LAYER_DIR
-        cfg = {"id": self.id, "enter_pid": pid, "cgroup_procs": self.cgroup.procs_paths(),
-               "workdir": self.spec.workdir, "env": dict(self.spec.env), "hostname": self.id,
-               "sessions": sessions, "disk": disk}
-        return self.agent.start(cfg, model)
+            disk.dir = LAYER_DIR
+        cfg = GuestConfig(id=self.id, hostname=self.id, workdir=self.spec.workdir, env=dict(self.spec.env),
+                          sessions=sessions, disk=disk, model=model, enter_pid=pid,
+                          cgroup_procs=self.cgroup.procs_paths())
+        return self.guest.start(cfg)
 
     def record(self, init_pid: int) -> None:
-        self.agent.record(init_pid)
-        self.disk.mounted(self.agent.proc.pid)
+        self.guest.record(init_pid)
+        self.disk.mounted(self.guest.proc.pid)
 
-    def stop_agent(self) -> None:
-        """Kill the agent and remove its container (and its disk image) in the background."""
+    def stop_guest(self) -> None:
+        """Kill the guest and remove its container (and its disk image) in the background."""
         self.disk.close()
         gen = self.gen
-        self.agent.stop(then=lambda: self.disk.drop(gen))
+        self.guest.stop(then=lambda: self.disk.drop(gen))
         container, self.container = self.container, None
         if container is not None:
             thread = threading.Thread(target=_remove, args=(container,), daemon=True)
@@ -264,12 +265,12 @@ class DockerDeployment:
         return self.cgroup.usage() if self.cgroup else None
 
     def kill_now(self) -> None:
-        """Synchronous, idempotent teardown (also called from atexit): the agent, then
+        """Synchronous, idempotent teardown (also called from atexit): the guest, then
         the container removals that restarts and this started. The cgroup is docker's:
         it goes with the container, so it is not removed here."""
         with self._lock:
-            self.agent.kill()
-            self.stop_agent()
+            self.guest.kill()
+            self.stop_guest()
             for thread in self._removals:
                 thread.join(timeout=60)
             self._removals = []

@@ -1,7 +1,7 @@
 """The local deployment: a sandbox as Linux namespaces + overlayfs + cgroups, no daemon.
 
 This module only starts, stops and locates sandboxes; what you can *do* in one lives in
-``runtime/agent.py`` and is the same for every backend (SWE-ReX's runtime/deployment split).
+``runtime/guest.py`` and is the same for every backend (SWE-ReX's runtime/deployment split).
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import IsolationUnavailable, SandboxError, SandboxStartError
-from ..runtime._agent import encode_frame
+from ..protocol.frames import PREPARE_NET, GuestConfig, ModelConfig, encode_frame
 from ..spec import SandboxSpec
 from .cgroups import Cgroup, Limits, cgroup_mode, rlimit_fallback
 from .disk import SandboxDisk
-from .process import AgentHandle, AgentProcess, fork_agent
+from .process import GuestHandle, GuestProcess, fork_guest
 from .rootfs import RootfsPlan, network_plan, plan_for_image
 
 if TYPE_CHECKING:
@@ -51,10 +51,10 @@ def _userns_allowed() -> bool:
         return True  # upstream kernels have no switch: allowed unless userns max is 0
 
 
-class _JoinedAgents:
-    """Agents forked ahead of time (``fork_agent``) and already in a cgroup of their own,
+class _JoinedGuests:
+    """Guests forked ahead of time (``fork_guest``) and already in a cgroup of their own,
     ``<run tag>.spare-<hex>``, with no limits yet, and in a network namespace of their own
-    (loopback up; ``_agent.read_config``). Moving a process into a cgroup is most of a
+    (loopback up; ``guest/main.py``'s ``read_config``). Moving a process into a cgroup is most of a
     local create's wall time when done on the way: the kernel's migration lock waits for
     an RCU grace period (cgroup v1, and v2 without ``favordynmods``): 9 of 15 ms on the
     dev host; making a network namespace waits on the kernel's rtnl_lock. A create takes one, renames its group to the sandbox's and writes the
@@ -63,11 +63,11 @@ class _JoinedAgents:
 
     def __init__(self, keep: int = 2):
         self.keep = keep
-        self._ready: dict[str, collections.deque[tuple[Cgroup, AgentHandle]]] = {}
+        self._ready: dict[str, collections.deque[tuple[Cgroup, GuestHandle]]] = {}
         self._lock = threading.Lock()
         self._maker: concurrent.futures.ThreadPoolExecutor | None = None
 
-    def take(self, run: RunRegistry, name: str, limits: Limits) -> tuple[Cgroup, AgentHandle] | None:
+    def take(self, run: RunRegistry, name: str, limits: Limits) -> tuple[Cgroup, GuestHandle] | None:
         tag = run.cgroup_tag
         with self._lock:
             if self._maker is None:
@@ -80,13 +80,13 @@ class _JoinedAgents:
             self._maker.submit(self._refill, run)
         if pair is None:
             return None
-        group, agent = pair
-        if agent.poll() is None:
+        group, guest = pair
+        if guest.poll() is None:
             try:
-                return group.renamed(name, limits, fresh=True), agent  # made with no limits
+                return group.renamed(name, limits, fresh=True), guest  # made with no limits
             except (OSError, SandboxError):
                 pass
-        _discard(group, agent)
+        _discard(group, guest)
         return None
 
     def _refill(self, run: RunRegistry) -> None:
@@ -99,41 +99,41 @@ class _JoinedAgents:
                 group = Cgroup.create(f"{tag}.spare-{uuid.uuid4().hex[:10]}", Limits())
             except SandboxError:
                 return  # the next create makes its own group, and says why
-            agent = None
+            guest = None
             try:
-                agent = fork_agent(pid_ns=True)  # root only: see LocalDeployment
-                group.add(agent.pid)
-                agent.stdin.write(encode_frame({"prepare": "net"}))  # in its cgroup, charged there
-                agent.stdin.flush()
+                guest = fork_guest(pid_ns=True)  # root only: see LocalDeployment
+                group.add(guest.pid)
+                guest.stdin.write(encode_frame(PREPARE_NET))  # in its cgroup, charged there
+                guest.stdin.flush()
             except (OSError, SandboxError):
-                _discard(group, agent)
+                _discard(group, guest)
                 return
             with self._lock:
                 if not run.closed and tag in self._ready:
-                    self._ready[tag].append((group, agent))
+                    self._ready[tag].append((group, guest))
                     continue
-            _discard(group, agent)
+            _discard(group, guest)
             return
 
     def drop(self, tag: str) -> None:
         with self._lock:
             pairs = list(self._ready.pop(tag, ()))
-        for group, agent in pairs:
-            _discard(group, agent)
+        for group, guest in pairs:
+            _discard(group, guest)
 
 
-def _discard(group: Cgroup, agent: AgentHandle | None) -> None:
-    if agent is not None:
-        agent.kill()
+def _discard(group: Cgroup, guest: GuestHandle | None) -> None:
+    if guest is not None:
+        guest.kill()
     with contextlib.suppress(SandboxError):
         group.remove()
 
 
-_joined = _JoinedAgents()
+_joined = _JoinedGuests()
 
 
 class LocalDeployment:
-    """Host side of one local sandbox: its directories, cgroup and agent process."""
+    """Host side of one local sandbox: its directories, cgroup and guest process."""
 
     def __init__(self, spec: SandboxSpec, sandbox_id: str, run: RunRegistry):
         check_isolation()
@@ -145,12 +145,12 @@ class LocalDeployment:
         # On top of everything (image and snapshot layers): the host's name resolution.
         self.net = network_plan(self.dir / "net") if spec.network else RootfsPlan((), ())
         self.gen = 0
-        self.agent = AgentProcess(self.dir)
+        self.guest = GuestProcess(self.dir)
         self.userns = os.geteuid() != 0
         self.disk = SandboxDisk(spec.disk_mb, run.dir, self.dir, userns=self.userns, home=run.home)
         self.limits = Limits(cpus=spec.cpus, memory_mb=spec.memory_mb, pids=spec.pids)
         self.cgroup = None
-        self._joined: AgentHandle | None = None  # an agent already in self.cgroup
+        self._joined: GuestHandle | None = None  # a guest already in self.cgroup
         if cgroup_mode() != "none":
             name = f"{run.cgroup_tag}.{sandbox_id}"
             # a spare has its own network namespace already: only for network=False
@@ -170,8 +170,8 @@ class LocalDeployment:
         return self.disk.upper or self.dir / f"upper{self.gen}"
 
     def spawn(self, layers: list[Path], sessions: dict[str, str],
-              model: dict | None = None) -> AgentHandle:
-        """Start a fresh agent over ``layers`` (top first) + the image, with an empty upper:
+              model: ModelConfig | None = None) -> GuestHandle:
+        """Start a fresh guest over ``layers`` (top first) + the image, with an empty upper:
         on a disk of its own, ``disk_mb`` big (``disk.py``), or a host directory (no limit)."""
         self.gen += 1
         upper, work = self.dir / f"upper{self.gen}", self.dir / f"work{self.gen}"
@@ -180,34 +180,32 @@ class LocalDeployment:
             upper.mkdir()
             work.mkdir()
             os.chmod(upper, 0o755)
-        cfg = {
-            "id": self.id,
-            "rootfs": f"{disk['dir']}/root" if disk else str(self.dir / "rootfs"),
-            "lowers": [*self.net.lowers, *(str(p) for p in layers), *self.plan.lowers],
-            "upper": str(upper), "work": str(work),
-            "binds": [list(b) for b in (*self.plan.binds, *self.net.binds)],
-            "cgroup_procs": self.cgroup.procs_paths() if self.cgroup and not self._joined else [],
-            "rlimits": [] if self.cgroup else [[r, s, h] for r, (s, h) in rlimit_fallback(self.limits)],
-            "userns": self.userns, "network": self.spec.network,
-            "hostname": self.id, "workdir": self.spec.workdir, "env": dict(self.spec.env),
-            "sessions": sessions, "disk": disk,
-        }
+        cfg = GuestConfig(
+            id=self.id, hostname=self.id, workdir=self.spec.workdir, env=dict(self.spec.env),
+            sessions=sessions, disk=disk, model=model,
+            cgroup_procs=self.cgroup.procs_paths() if self.cgroup and not self._joined else [],
+            rootfs=f"{disk.dir}/root" if disk else str(self.dir / "rootfs"),
+            lowers=[*self.net.lowers, *(str(p) for p in layers), *self.plan.lowers],
+            upper=str(upper), work=str(work),
+            binds=[tuple(b) for b in (*self.plan.binds, *self.net.binds)],
+            rlimits=[] if self.cgroup else [(r, s, h) for r, (s, h) in rlimit_fallback(self.limits)],
+            userns=self.userns, network=self.spec.network)
         proc, self._joined = self._joined, None
-        return self.agent.start(cfg, model, proc)
+        return self.guest.start(cfg, proc)
 
     def record(self, init_pid: int) -> None:
-        self.agent.record(init_pid)
-        self.disk.mounted(self.agent.proc.pid)
+        self.guest.record(init_pid)
+        self.disk.mounted(self.guest.proc.pid)
 
-    def stop_agent(self) -> None:
-        """Kill the current agent (and with it the whole pid namespace); delete the old
+    def stop_guest(self) -> None:
+        """Kill the current guest (and with it the whole pid namespace); delete the old
         generation's directories once it is reaped, in the background."""
         gen = self.gen
         self.disk.close()
-        self.agent.stop(then=lambda: self._drop_generation(gen))
+        self.guest.stop(then=lambda: self._drop_generation(gen))
         if self.cgroup:
             # The old namespace's processes die after its pid 1, not with it: a fork bomb's
-            # may still hold the pids limit, and the next agent could not fork. Empty it first.
+            # may still hold the pids limit, and the next guest could not fork. Empty it first.
             self.cgroup.kill_all()
 
     def _drop_generation(self, gen: int) -> None:
@@ -233,7 +231,7 @@ class LocalDeployment:
         """Synchronous, idempotent teardown (also called from atexit)."""
         with self._lock:
             self.disk.close()
-            self.agent.kill()
+            self.guest.kill()
             if self.cgroup:
                 self.cgroup.remove()
                 self.cgroup = None

@@ -1,4 +1,4 @@
-"""The agent process on the host, shared by every deployment that runs our agent
+"""The guest process on the host, shared by every deployment that runs our guest
 (local namespaces, docker): forked by a zygote (a fork server started once per owner
 process), the pids recorded for crash reaping, and the kill that takes the sandbox's pid
 namespace with it."""
@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import dataclasses
 import errno
 import json
 import os
@@ -21,16 +22,15 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from ..owner import proc_start_time
-from ..runtime import _agent
+from ..guest import MAIN
+from ..lifecycle import proc_start_time
+from ..protocol.frames import GuestConfig
 from .seccomp import bpf_program
 
-AGENT_PATH = _agent.__file__
 
-
-class AgentHandle:
-    """A running agent as the host holds it (the part of ``subprocess.Popen`` we use):
-    ``pid``, ``stdin``/``stdout`` (the protocol's pipes), ``poll``/``wait``. The agent is
+class GuestHandle:
+    """A running guest as the host holds it (the part of ``subprocess.Popen`` we use):
+    ``pid``, ``stdin``/``stdout`` (the protocol's pipes), ``poll``/``wait``. The guest is
     the zygote's child, not ours: we wait on a pidfd (the zygote reaps it)."""
 
     def __init__(self, pid: int, pidfd: int, stdin_w: int, stdout_r: int):
@@ -52,7 +52,7 @@ class AgentHandle:
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is None:
             if not self._exited(timeout):
-                raise subprocess.TimeoutExpired(f"agent {self.pid}", timeout)
+                raise subprocess.TimeoutExpired(f"guest {self.pid}", timeout)
             self.returncode = -1  # its status went to the zygote, which reaped it
         return self.returncode
 
@@ -67,13 +67,13 @@ class AgentHandle:
 
 
 class Zygote:
-    """The fork server of this process (``_agent.zygote``): one interpreter, started
-    once, that has imported the agent and forks one per sandbox. Requests are serialized
+    """The fork server of this process (``guest/zygote.py``): one interpreter, started
+    once, that has imported the guest and forks one per sandbox. Requests are serialized
     (a fork is about a millisecond); a zygote that died is replaced on the next request.
 
     It is started on one long-lived thread, because PR_SET_PDEATHSIG fires when the
     *thread* that forked a process exits, and callers may be short-lived worker threads.
-    Its environment is empty: the agents' children inside the sandbox (its pid 1, in
+    Its environment is empty: the guests' children inside the sandbox (its pid 1, in
     docker the process that entered the container) keep the environment they were started
     with, and the sandbox's root reads it in /proc/*/environ. The host's holds secrets
     (the service's token, $ROCKROLL_MODEL_TOKEN, cloud credentials); sessions get their own.
@@ -87,12 +87,12 @@ class Zygote:
         self._spawner: concurrent.futures.ThreadPoolExecutor | None = None  # starts the zygote
         self._refiller = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rockroll-spares")
         # spares of each kind: pid 1 of a pid namespace of its own (True), a plain fork (False)
-        self._ready: dict[bool, collections.deque[AgentHandle]] = {True: collections.deque(),
+        self._ready: dict[bool, collections.deque[GuestHandle]] = {True: collections.deque(),
                                                                    False: collections.deque()}
 
-    def take(self, pid_ns: bool) -> AgentHandle:
-        """An agent process blocked reading its config frame on stdin, ``pid_ns``: pid 1 of
-        a new pid namespace (``_agent.zygote``'s ``p``), else a plain fork. One forked ahead
+    def take(self, pid_ns: bool) -> GuestHandle:
+        """A guest process blocked reading its config frame on stdin, ``pid_ns``: pid 1 of
+        a new pid namespace (``guest/zygote.py``'s ``p``), else a plain fork. One forked ahead
         of time (``keep`` wait per kind, generic, holding nothing of any sandbox; the round
         trip to the zygote is then off the create path), else a fresh fork."""
         with self._lock:
@@ -115,14 +115,14 @@ class Zygote:
                 except OSError:
                     return  # the next take forks its own, and says why
 
-    def _fork_or_retry(self, pid_ns: bool) -> AgentHandle:
+    def _fork_or_retry(self, pid_ns: bool) -> GuestHandle:
         try:
             return self._fork(pid_ns)
         except OSError:
             self._stop()  # dead or confused: one retry with a fresh zygote
             return self._fork(pid_ns)
 
-    def _fork(self, pid_ns: bool) -> AgentHandle:
+    def _fork(self, pid_ns: bool) -> GuestHandle:
         if self._sock is None:
             self._start()
         stdin_r, stdin_w = os.pipe()
@@ -140,8 +140,8 @@ class Zygote:
         if len(msg) != 4 or len(fds) != 1:
             for fd in (*fds, stdin_w, stdout_r):
                 os.close(fd)
-            raise OSError(errno.ECHILD, "the agent zygote could not fork")
-        return AgentHandle(struct.unpack("i", msg)[0], fds[0], stdin_w, stdout_r)
+            raise OSError(errno.ECHILD, "the guest zygote could not fork")
+        return GuestHandle(struct.unpack("i", msg)[0], fds[0], stdin_w, stdout_r)
 
     def _start(self) -> None:
         if self._spawner is None:
@@ -149,7 +149,7 @@ class Zygote:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.proc = self._spawner.submit(
-                subprocess.Popen, [sys.executable, "-S", "-E", AGENT_PATH, "zygote"], stdin=theirs, env={},
+                subprocess.Popen, [sys.executable, "-S", "-E", MAIN, "zygote"], stdin=theirs, env={},
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True, cwd="/").result()
         except BaseException:
             ours.close()
@@ -163,7 +163,7 @@ class Zygote:
             ready.clear()  # their pipes close with them: they exit
         sock, proc, self._sock, self.proc = self._sock, self.proc, None, None
         if sock is not None:
-            sock.close()  # EOF: the zygote exits (its agents run on)
+            sock.close()  # EOF: the zygote exits (its guests run on)
         if proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=10)
@@ -178,58 +178,57 @@ def zygote_pid() -> int | None:
     return proc.pid if proc is not None and proc.poll() is None else None
 
 
-def own_pid_ns(cfg: dict) -> bool:
-    """Whether an agent of ``cfg`` is forked as pid 1 of its own pid namespace, one
-    process (``_agent``'s lifecycle): root on the local backend. Not in a user namespace
-    (the zygote could not make one) nor in enter mode (the agent joins a container's)."""
-    return not cfg.get("userns") and cfg.get("enter_pid") is None and os.geteuid() == 0
+def own_pid_ns(cfg: GuestConfig) -> bool:
+    """Whether a guest of ``cfg`` is forked as pid 1 of its own pid namespace, one
+    process (``guest/__init__.py``'s lifecycle): root on the local backend. Not in a user namespace
+    (the zygote could not make one) nor in enter mode (the guest joins a container's)."""
+    return not cfg.userns and cfg.enter_pid is None and os.geteuid() == 0
 
 
-def fork_agent(pid_ns: bool) -> AgentHandle:
-    """A generic agent process, waiting for its config (``start_agent``); ``pid_ns``: as
+def fork_guest(pid_ns: bool) -> GuestHandle:
+    """A generic guest process, waiting for its config (``start_guest``); ``pid_ns``: as
     ``own_pid_ns`` says of the config it will get."""
     return _zygote.take(pid_ns)
 
 
-def start_agent(cfg: dict, proc: AgentHandle | None = None) -> AgentHandle:
-    """An agent process configured by ``cfg`` (``proc``, from ``fork_agent``, or a new
-    one): its stdin/stdout carry the protocol. Every agent gets the syscall filter here,
+def start_guest(cfg: GuestConfig, proc: GuestHandle | None = None) -> GuestHandle:
+    """A guest process configured by ``cfg`` (``proc``, from ``fork_guest``, or a new
+    one): its stdin/stdout carry the protocol. Every guest gets the syscall filter here,
     whatever its deployment."""
     proc = proc or _zygote.take(own_pid_ns(cfg))
     # The config travels as the first frame, not argv: argv is readable in the sandbox.
-    proc.stdin.write(_agent.encode_frame({**cfg, "seccomp": bpf_program().hex()}))
+    proc.stdin.write(dataclasses.replace(cfg, seccomp=bpf_program().hex()).frame())
     proc.stdin.flush()
     return proc
 
 
-class AgentProcess:
-    """One sandbox's current agent: started from a config, its host pids recorded in
-    ``<dir>/agent.json`` (the reaper kills them after a crash of the owner), killed
+class GuestProcess:
+    """One sandbox's current guest: started from a config, its host pids recorded in
+    ``<dir>/guest.json`` (the reaper kills them after a crash of the owner), killed
     with the whole pid namespace. Deployments hold one (composition), each adding
-    where the agent runs."""
+    where the guest runs."""
 
     def __init__(self, record_dir: Path):
         self.dir = record_dir
-        self.proc: AgentHandle | None = None
+        self.proc: GuestHandle | None = None
         self.init_pid: int | None = None
         self.init_start: int | None = None
 
-    def start(self, cfg: dict, model: dict | None = None, proc: AgentHandle | None = None) -> AgentHandle:
-        """Start the agent with ``cfg`` (and the model channel's settings, if any), in
-        ``proc`` (from ``fork_agent``) if given."""
-        self.proc = start_agent({**cfg, "model": model} if model else cfg, proc)
+    def start(self, cfg: GuestConfig, proc: GuestHandle | None = None) -> GuestHandle:
+        """Start the guest with ``cfg``, in ``proc`` (from ``fork_guest``) if given."""
+        self.proc = start_guest(cfg, proc)
         return self.proc
 
     def record(self, init_pid: int) -> None:
-        """Remember the agent's host pids so a later run can reap them after a crash."""
+        """Remember the guest's host pids so a later run can reap them after a crash."""
         self.init_pid = init_pid
         self.init_start = proc_start_time(init_pid)
         pids = {"outer_pid": self.proc.pid, "outer_start": proc_start_time(self.proc.pid),
                 "init_pid": init_pid, "init_start": proc_start_time(init_pid)}
-        (self.dir / "agent.json").write_text(json.dumps(pids))
+        (self.dir / "guest.json").write_text(json.dumps(pids))
 
-    def stop(self, then: Callable[[], None] | None = None) -> AgentHandle | None:
-        """Kill the current agent (and with it its pid namespace) without blocking; reap
+    def stop(self, then: Callable[[], None] | None = None) -> GuestHandle | None:
+        """Kill the current guest (and with it its pid namespace) without blocking; reap
         it in the background, then run ``then``. Returns the process stopped, if any."""
         proc, init_pid, init_start = self.proc, self.init_pid, self.init_start
         self.proc, self.init_pid = None, None
@@ -249,7 +248,7 @@ class AgentProcess:
         return proc
 
     def kill(self) -> None:
-        """Stop the agent and wait (bounded) until it is gone."""
+        """Stop the guest and wait (bounded) until it is gone."""
         proc = self.stop()
         if proc is not None:
             try:
@@ -258,7 +257,7 @@ class AgentProcess:
                 pass
 
 
-def _reap(proc: AgentHandle, then: Callable[[], None] | None) -> None:
+def _reap(proc: GuestHandle, then: Callable[[], None] | None) -> None:
     try:
         proc.wait(timeout=30)
     except subprocess.TimeoutExpired:

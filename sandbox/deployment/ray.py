@@ -9,7 +9,7 @@ and ``ray_pool.py`` spreads a warm pool over the hosts.
   it ``num_cpus`` would only starve Ray's own scheduling. A new sandbox goes to the host
   with the fewest sandboxes (busy + warm) per CPU of its node.
 - A lost node (or host actor) turns every call on its sandboxes into ``SandboxLost``;
-  their agents die with the host process (stdin EOF and PDEATHSIG), so nothing leaks.
+  their guests die with the host process (stdin EOF and PDEATHSIG), so nothing leaks.
 - ``AsyncRaySandboxPool`` (``ray_pool.py``) splits its size over the hosts by CPU and re-splits it over
   the survivors when a host is lost; ``SandboxPool(SandboxSpec(backend="ray"))`` is one.
 
@@ -38,7 +38,7 @@ from ..base import AsyncSandbox, once
 from ..errors import IsolationUnavailable, SandboxError, SandboxLost
 from ..home import state_home
 from ..pool import AsyncSandboxPool
-from ..runtime.model_channel import admin_token, current_token
+from ..protocol.tokens import admin_token, current_token
 from ..spec import SandboxSpec
 from ..storage.snapshots import SnapshotStore
 from .reaper import current_run

@@ -2,7 +2,7 @@
 
 Layout: ``<state_home>/runs/<run_id>/run.json`` names the owner (pid and its start time,
 so a recycled pid is not mistaken for a live owner); each sandbox has a directory
-``<run_id>/<sandbox_id>/`` with ``agent.json`` (host pids of its processes) and its
+``<run_id>/<sandbox_id>/`` with ``guest.json`` (host pids of its processes) and its
 overlay dirs or disk images (``disk.py``: their mounts live in the sandbox's mount
 namespace and their loop devices clear themselves when it dies). Its cgroups are named ``<run_id>-<owner pid>-<owner start>.<sandbox_id>``, so
 any collector can tell a dead owner's cgroups from a live one's, even a run whose state
@@ -10,7 +10,7 @@ lives under another ``ROCKROLL_HOME``.
 
 Cleanup happens in three places, so nothing outlives its owner:
 - normal exit, Ctrl-C and SIGTERM: ``atexit`` closes every live sandbox of the run;
-- kill -9 of the owner: the agents see their control pipe close and exit (the kernel
+- kill -9 of the owner: the guests see their control pipe close and exit (the kernel
   tears down each pid namespace with its pid 1), and the next run's first sandbox, or
   ``rockroll sandbox gc``, removes the dead run's directories and cgroups.
 """
@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Callable
 
 from ..home import private_home, state_home
-from ..owner import alive, proc_start_time
+from ..factory import reap_hooks
+from ..lifecycle import alive, proc_start_time
 from ..storage.snapshots import SnapshotStore
 from .disk import detach_loops, drop_spares
 
@@ -62,9 +63,9 @@ def list_runs(home: Path | None = None) -> list[RunInfo]:
 
 
 def _kill_recorded(sandbox_dir: Path) -> None:
-    """SIGKILL the agent processes recorded for a sandbox, if they are still ours."""
+    """SIGKILL the guest processes recorded for a sandbox, if they are still ours."""
     try:
-        pids = json.loads((sandbox_dir / "agent.json").read_text())
+        pids = json.loads((sandbox_dir / "guest.json").read_text())
     except (OSError, ValueError):
         return
     for key in ("init_pid", "outer_pid"):
@@ -108,19 +109,12 @@ def reap_dead_runs(home: Path | None = None, *, include_live: bool = False,
                 Cgroup.attach(name).remove()
             except SandboxError:
                 pass  # another collector got there first, or a process would not die
-    _reap_docker(reaped, keep)
+    for hook in reap_hooks():  # each backend's own leftovers (docker's containers)
+        try:
+            hook(reaped, keep=keep)
+        except Exception:  # noqa: BLE001 - an optional backend's (no SDK, no engine): the next gc tries again
+            pass
     return reaped
-
-
-def _reap_docker(runs: list[str], keep: str | None) -> None:
-    """Remove docker sandbox containers of dead owners and of the runs just reaped. gc
-    never fails for docker's sake: no SDK, no engine or an engine error are all skipped."""
-    try:
-        from .docker import reap_containers
-
-        reap_containers(runs, keep=keep)
-    except Exception:  # noqa: BLE001 - optional backend; the next gc tries again
-        pass
 
 
 def parse_cgroup_tag(tag: str) -> tuple[str, int, int] | None:
@@ -198,15 +192,6 @@ class RunRegistry:
         drop_spares(self.dir)
         if self._started:
             shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def install_exit_handlers() -> None:
-    """Turn SIGTERM into a normal exit so atexit cleanup runs (only if nobody else
-    handles SIGTERM, and only from the main thread, where signals can be set)."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, lambda signum, frame: (_ for _ in ()).throw(SystemExit(143)))
 
 
 _registry: RunRegistry | None = None

@@ -46,7 +46,7 @@ ETC_DENY = {"shadow", "shadow-", "gshadow", "gshadow-", "sudoers", "sudoers.d", 
 
 @dataclass(frozen=True)
 class RootfsPlan:
-    """What the agent mounts: overlay lower dirs (top first) and read-only binds."""
+    """What the guest mounts: overlay lower dirs (top first) and read-only binds."""
 
     lowers: tuple[str, ...]
     binds: tuple[tuple[str, str, bool], ...]

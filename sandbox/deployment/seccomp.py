@@ -1,15 +1,15 @@
 """The syscall filter of every sandbox: one table (``PROFILE``), compiled two ways.
 
 - ``bpf_program()``: a classic BPF program (the bytes of a ``struct sock_filter`` array)
-  that the in-sandbox agent installs on itself with ``prctl(PR_SET_SECCOMP)`` once its
+  that the in-sandbox guest installs on itself with ``prctl(PR_SET_SECCOMP)`` once its
   setup (namespaces, mounts, ``pivot_root``, capabilities) is done, so it and every
   process of the sandbox run under it (``Seccomp: 2``, ``NoNewPrivs: 1``). Both the
-  local and the docker backend run that agent, so both get the filter this way.
+  local and the docker backend run that guest, so both get the filter this way.
 - ``docker_profile()``: the same rows in Docker's JSON form, for the container itself
   (``security_opt=["seccomp=<json>"]``), which covers its keep-alive and ``docker exec``.
 
-Why our own compiler and not libseccomp: the agent runs inside the sandbox, standard
-library only, so the filter is built on the host and shipped as bytes in the agent's
+Why our own compiler and not libseccomp: the guest runs inside the sandbox, standard
+library only, so the filter is built on the host and shipped as bytes in the guest's
 config frame; a program of ~150 instructions needs ~60 lines of Python, while the
 bindings (``python3-seccomp`` / ``pyseccomp``) would add a C library that every host and
 ``make test`` must install. The program is checked by an interpreter in the tests and
@@ -32,7 +32,7 @@ rows would match its numbering.
 ``ptrace`` stays allowed, as in Docker on kernels >= 4.8 (debuggers, ``strace`` and
 ``py-spy`` are tools an agent uses): the pid namespace hides every process outside the
 sandbox, and since 4.8 seccomp re-checks a syscall a tracer rewrote, so tracing cannot
-get around this filter. The agent marks itself non-dumpable, so commands cannot attach
+get around this filter. The guest marks itself non-dumpable, so commands cannot attach
 to it (or read its memory) either. On an older kernel the row denies it.
 """
 

@@ -1,3 +1,3 @@
-"""Clients that talk to one sandbox: ``agent.py`` (our agent, local and docker),
-``remote.py`` (the HTTP SDK), ``ray.py`` (a sandbox on a Ray node). ``_agent.py`` is the
-in-sandbox agent itself (standard library only)."""
+"""Clients that talk to one sandbox: ``guest.py`` (our guest, local and docker),
+``remote.py`` (the HTTP SDK), ``ray.py`` and ``ray_pool.py`` (sandboxes on Ray nodes). The
+guest itself, pid 1 of a sandbox, is ``guest/``."""

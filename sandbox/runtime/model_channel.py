@@ -3,10 +3,10 @@ that still has no network.
 
 Design. A sandbox with ``SandboxSpec(model_endpoint=URL)`` sees
 ``OPENAI_BASE_URL=http://127.0.0.1:8080/v1`` and its own ``OPENAI_API_KEY`` in every
-session. Port 8080 is a listener of the sandbox's agent (``_agent.py``, ``ModelChannel``)
+session. Port 8080 is a listener of the sandbox's guest (``guest/model.py``, ``ModelChannel``)
 in the sandbox's *own* network namespace, which still holds nothing but loopback. Each
 connection accepted there travels as frames (``mc_open`` / ``mc_data`` / ``mc_close``)
-over the agent's control pipe, which the host already holds; ``ModelRelay`` opens one TCP
+over the guest's control pipe, which the host already holds; ``ModelRelay`` opens one TCP
 connection per sandbox connection to the model service at ``URL`` (a loopback server of
 the host) and pipes the bytes both ways. Why this way:
 
@@ -15,9 +15,9 @@ the host) and pipes the bytes both ways. Why this way:
   other address (host loopback included) still finds an empty namespace.
 - It costs one frame hop per read, on a pipe that is already there: no file polling (ROCK
   bridges calls through log files), no ``exec`` per answer.
-- The same agent runs in local namespaces and inside docker containers (enter mode joins
+- The same guest runs in local namespaces and inside docker containers (enter mode joins
   the container's network namespace before listening), so both backends get it from this
-  one code path. The remote and ray backends run this same ``AgentSandbox`` on their host,
+  one code path. The remote and ray backends run this same ``GuestSandbox`` on their host,
   so the relay lives there; the model service URL must be reachable from that host.
 - The relay pipes bytes and parses nothing: HTTP/1.1 keep-alive, streaming (SSE) and any
   client work unchanged.
@@ -27,7 +27,7 @@ a fresh key for this sandbox id (``POST /rockroll/keys`` with the service's admi
 and revokes it on close, so calls with a closed sandbox's key are refused. A key is 32
 random bytes that exist only in that sandbox's environment (other sandboxes have separate
 pid and mount namespaces and cannot read it); each sandbox connection is its own upstream
-connection, so no sandbox can read or answer another's calls. The agent re-exports the sandbox's own key over restored session state, so a
+connection, so no sandbox can read or answer another's calls. The guest re-exports the sandbox's own key over restored session state, so a
 sandbox forked from another's snapshot does not inherit its key.
 
 The admin token. Where ``open_sandbox`` runs (the driver), it is ``$ROCKROLL_MODEL_TOKEN``
@@ -35,7 +35,7 @@ The admin token. Where ``open_sandbox`` runs (the driver), it is ``$ROCKROLL_MOD
 its forks). A host that opens sandboxes for a driver elsewhere (the ray host actor,
 ``rockroll serve``) gets the driver's token with the create call, never in the spec (the
 service lists specs), and opens the sandbox inside ``admin_token(token)``. The token never
-enters a sandbox: sessions get only their key, and agents start with an empty environment
+enters a sandbox: sessions get only their key, and guests start with an empty environment
 (``deployment/process.py``), so ``/proc/*/environ`` inside holds nothing of the host's.
 """
 
@@ -43,40 +43,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import json
-import os
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Callable, Iterator
+from typing import Callable
 
 from ..errors import SandboxStartError
+from ..protocol.tokens import TOKEN_ENV
 
 SANDBOX_PORT = 8080  # the model endpoint's port inside every sandbox
-TOKEN_ENV = "ROCKROLL_MODEL_TOKEN"
-TOKEN_HEADER = "X-Rockroll-Model-Token"  # how the remote SDK sends it to rockroll serve
-
-_TOKEN: contextvars.ContextVar[str | None] = contextvars.ContextVar("rockroll_model_token", default=None)
-
-
-@contextlib.contextmanager
-def admin_token(token: str | None) -> Iterator[None]:
-    """Sandboxes opened inside this block get their keys with ``token`` (a driver's, sent
-    with its create call) rather than this process's ``$ROCKROLL_MODEL_TOKEN``. ``None``
-    changes nothing. Context-local: concurrent creates for different drivers do not mix."""
-    reset = _TOKEN.set(token) if token else None
-    try:
-        yield
-    finally:
-        if reset is not None:
-            _TOKEN.reset(reset)
-
-
-def current_token() -> str | None:
-    """The admin token a sandbox opened here and now would use (``admin_token`` block, else
-    ``$ROCKROLL_MODEL_TOKEN``), or None."""
-    return _TOKEN.get() or os.environ.get(TOKEN_ENV) or None
 
 
 def host_port(url: str) -> tuple[str, int]:
@@ -120,7 +96,7 @@ def revoke_key(url: str, key: str, sandbox_id: str, token: str | None) -> None:
 class ModelRelay:
     """Pipes the sandbox's model connections to the model service (one upstream TCP
     connection per sandbox connection). ``send(header, payload)`` writes a frame to the
-    agent."""
+    guest."""
 
     def __init__(self, url: str, send: Callable[[dict, bytes], None]):
         self.host, self.port = host_port(url)
@@ -165,7 +141,7 @@ class ModelRelay:
             self.conns.pop(cid, None)
             if writer is not None:
                 writer.close()
-            if not self.closed:  # after close() the agent's pipe may be gone (or its fd reused)
+            if not self.closed:  # after close() the guest's pipe may be gone (or its fd reused)
                 self.send({"op": "mc_close", "conn": cid}, b"")
 
     def close(self) -> None:

@@ -27,14 +27,14 @@ from typing import Any, AsyncIterable, AsyncIterator
 import httpx
 
 from ..base import CHUNK, AsyncSandbox, file_chunks
-from ..errors import (AgentDied, SandboxClosed, SandboxError, SandboxLost, SandboxNotFound,
+from ..errors import (GuestDied, SandboxClosed, SandboxError, SandboxLost, SandboxNotFound,
                       ServiceUnreachable, SnapshotError, SpecError, StorageLimitError)
-from ..server.wire import (API, MAX_BATCH, AuthError, BatchItemOut, ResultOut, SandboxOut, SnapshotOut,
+from ..protocol.wire import (API, MAX_BATCH, AuthError, BatchItemOut, ResultOut, SandboxOut, SnapshotOut,
                            error_from_body)
 from ..spec import CommandResult, SandboxSpec, Snapshot
 from ..storage.limits import StorageLimits
 from .batch import Coalescer, Pending
-from .model_channel import TOKEN_HEADER, current_token
+from ..protocol.tokens import TOKEN_HEADER, current_token
 
 DEFAULT_URL = "http://127.0.0.1:8765"
 RETRIES = 4            # attempts after the first, for calls that may be repeated
@@ -109,8 +109,8 @@ class RemoteSandbox(AsyncSandbox):
                               stream=stream, sandbox_id=self.id, on_error=self._on_error)
 
     def _on_error(self, exc: SandboxError) -> None:
-        """Keep ``alive`` as a local sandbox would: false once the agent died or it is gone."""
-        if isinstance(exc, (AgentDied, SandboxClosed, SandboxNotFound)):
+        """Keep ``alive`` as a local sandbox would: false once the guest died or it is gone."""
+        if isinstance(exc, (GuestDied, SandboxClosed, SandboxNotFound)):
             self._alive = False
 
     def _url(self, suffix: str = "") -> str:

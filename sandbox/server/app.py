@@ -7,9 +7,9 @@ token), and a dashboard at ``/`` (open page; it reads the token from the URL fra
 ``/#token=...``, which browsers never send to the server, and calls the API with it).
 
 The routes are module-level routers (``sandboxes.py``, ``files.py``, ``snapshots.py``,
-``pools.py``) over the wire models (``wire.py``) and the public sandbox API only; the app holds the
-``SandboxHub`` (``hub.py``) and the snapshot store they work on. Typed sandbox errors
-travel as ``{"error", "message", "sandbox_id"}`` (see ``wire.py``).
+``pools.py``) over the wire models (``protocol/wire.py``) and the public sandbox API only; the app holds the
+``SandboxFleet`` (``fleet.py``) and the snapshot store they work on. Typed sandbox errors
+travel as ``{"error", "message", "sandbox_id"}`` (see ``protocol/wire.py``).
 """
 
 from __future__ import annotations
@@ -28,15 +28,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..deployment.reaper import current_run
 from ..errors import CapacityError, SandboxError
+from ..protocol.wire import API, AuthError, ErrorOut, HealthOut, PoolIn, error_body, status_of
 from ..storage.limits import StorageLimits
 from ..storage.snapshots import SnapshotStore
 from . import files, rock, sandboxes, snapshots, swerex
 from . import pools as pool_routes  # the name `pools` is create_app's argument
 from .metrics import storage_families
 from .quota import DEFAULT_QUOTA, TokenQuota
-from .deps import Hub
-from .hub import SandboxHub
-from .wire import API, AuthError, ErrorOut, HealthOut, PoolIn, error_body, status_of
+from .deps import Fleet
+from .fleet import SandboxFleet
 
 log = logging.getLogger("rockroll.serve")
 # Non-JSON routes return a Response (no response_class), so their errors stay documented as JSON.
@@ -61,20 +61,20 @@ async def dashboard() -> HTMLResponse:
 
 
 @pages.get("/healthz", response_model=HealthOut)
-async def healthz(hub: Hub) -> HealthOut:
-    return HealthOut(ok=True, run_id=current_run().run_id, sandboxes=len(hub.entries), backend=hub.backend)
+async def healthz(fleet: Fleet) -> HealthOut:
+    return HealthOut(ok=True, run_id=current_run().run_id, sandboxes=len(fleet.entries), backend=fleet.backend)
 
 
 @pages.get("/metrics", dependencies=[Depends(auth)], responses={200: {"content": {"text/plain": {}}}})
-async def metrics(hub: Hub) -> Response:
-    body, content_type = hub.metrics.exposition()
+async def metrics(fleet: Fleet) -> Response:
+    body, content_type = fleet.metrics.exposition()
     return Response(body, media_type=content_type)
 
 
 # errors -------------------------------------------------------------------------
 async def on_sandbox_error(request: Request, exc: SandboxError) -> JSONResponse:
     status = 401 if isinstance(exc, AuthError) else status_of(exc)
-    request.app.state.hub.metrics.failures.labels(type(exc).__name__).inc()
+    request.app.state.fleet.metrics.failures.labels(type(exc).__name__).inc()
     headers = {}
     if isinstance(exc, CapacityError):
         headers["Retry-After"] = str(max(1, round(exc.retry_after)))
@@ -87,7 +87,7 @@ async def on_validation_error(request: Request, exc: RequestValidationError) -> 
     detail = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
               for e in exc.errors()]
     field = ".".join(str(p) for p in detail[0]["loc"][1:]) if detail else "body"
-    request.app.state.hub.metrics.failures.labels("SpecError").inc()
+    request.app.state.fleet.metrics.failures.labels("SpecError").inc()
     return JSONResponse({"error": "SpecError", "field": field or "body",
                          "message": detail[0]["msg"] if detail else "invalid request",
                          "sandbox_id": None, "detail": detail}, status_code=422)
@@ -102,7 +102,7 @@ async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONRe
 async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     # Last resort only: every failure an input can cause should be a typed 4xx.
     log.exception("unexpected error in %s %s", request.method, request.url.path)
-    request.app.state.hub.metrics.failures.labels("InternalError").inc()
+    request.app.state.fleet.metrics.failures.labels("InternalError").inc()
     return JSONResponse({"error": "InternalError", "message": f"{type(exc).__name__}: {exc}",
                          "sandbox_id": None}, status_code=500)
 
@@ -111,7 +111,7 @@ async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
 class Extension(Protocol):
     """Routes from a part that ``sandbox`` must not import (GEM envs come from ``registry``,
     which depends on ``sandbox``, not the reverse): the caller of ``create_app`` hands them in.
-    ``lifespan(app)`` is entered after the hub starts and left before it stops."""
+    ``lifespan(app)`` is entered after the fleet starts and left before it stops."""
 
     router: APIRouter
 
@@ -133,13 +133,13 @@ def create_app(token: str, *, backend: str = "local", max_sandboxes: int = 256,
     ``/metrics`` is also served without the token (a scraper's port)."""
     if backend == "remote":
         raise SandboxError("the service cannot use backend='remote' (it would call itself)")
-    hub = SandboxHub(backend=backend, max_sandboxes=max_sandboxes, idle_ttl=idle_ttl,
+    fleet = SandboxFleet(backend=backend, max_sandboxes=max_sandboxes, idle_ttl=idle_ttl,
                      reap_interval=reap_interval)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        await hub.start(list(pools))
-        exporter = hub.metrics.serve(*metrics_address) if metrics_address else None
+        await fleet.start(list(pools))
+        exporter = fleet.metrics.serve(*metrics_address) if metrics_address else None
         try:
             async with contextlib.AsyncExitStack() as stack:
                 for extension in extensions:
@@ -148,13 +148,13 @@ def create_app(token: str, *, backend: str = "local", max_sandboxes: int = 256,
         finally:
             if exporter is not None:
                 exporter.shutdown()
-            await hub.stop()
+            await fleet.stop()
 
     app = FastAPI(title="rockroll sandbox service", version="1", lifespan=lifespan, responses=ERRORS)
-    app.state.hub, app.state.token = hub, token.encode()
+    app.state.fleet, app.state.token = fleet, token.encode()
     app.state.store = SnapshotStore(current_run().home, limits)
     app.state.quota = TokenQuota(current_run().home / "service-quota", token_storage_quota)
-    hub.metrics.watch(lambda: storage_families(app.state.quota, app.state.store))
+    fleet.metrics.watch(lambda: storage_families(app.state.quota, app.state.store))
     app.add_exception_handler(SandboxError, on_sandbox_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)

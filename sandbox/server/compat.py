@@ -3,7 +3,7 @@
 Both protocols descend from SWE-ReX's runtime: named bash sessions that must be created
 before use, a ``check`` mode deciding whether a non-zero exit code is an error, one merged
 output stream, a syntax check before running. The helpers here give those semantics on
-top of the hub's sandboxes (``AsyncSandbox``); failures are ``CompatError`` named by the
+top of the fleet's sandboxes (``AsyncSandbox``); failures are ``CompatError`` named by the
 exception class SWE-ReX (and ROCK's rocklet) raise, which each router puts in its own shape.
 
 Their clients authenticate in their own ways: SWE-ReX sends ``X-API-Key``, ROCK's SDK
@@ -33,10 +33,10 @@ from fastapi import Request, Response, UploadFile
 from fastapi.routing import APIRoute
 
 from ..base import CHUNK, once
+from ..protocol.wire import AuthError
 from ..spec import CommandResult
 from ..storage.limits import StorageLimits
-from .hub import Entry, SandboxHub
-from .wire import AuthError
+from .fleet import Entry, SandboxFleet
 
 Check = Literal["silent", "raise", "ignore"]
 PS1 = "SHELLPS1PREFIX"  # SWE-ReX's prompt: the "expect string" of a command that simply ended
@@ -145,7 +145,7 @@ def overflow_note(result: CommandResult, entry: Entry) -> str:
     return f"output truncated at {entry.sb.spec.max_output_bytes} bytes (the sandbox's max_output_bytes)"
 
 
-async def open_session(hub: SandboxHub, entry: Entry, name: str, *, startup_source: list[str] = (),
+async def open_session(fleet: SandboxFleet, entry: Entry, name: str, *, startup_source: list[str] = (),
                        env: dict[str, str] | None = None) -> str:
     """Create session ``name`` as a fresh shell: ``SessionExistsError`` if this protocol
     already made it. ``startup_source`` files are sourced and ``env`` exported in it (the
@@ -154,18 +154,18 @@ async def open_session(hub: SandboxHub, entry: Entry, name: str, *, startup_sour
         raise CompatError("SessionExistsError", f"session {name} already exists")
     if env and not all(isinstance(k, str) and k.isidentifier() for k in env):
         raise CompatError("ValueError", "env: variable names must be identifiers")
-    await hub.call(entry, entry.sb.close_session(name))  # ours may hold one of that name: start afresh
+    await fleet.call(entry, entry.sb.close_session(name))  # ours may hold one of that name: start afresh
     lines = [f"source {shlex.quote(path)}" for path in startup_source]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in (env or {}).items()]
     output = ""
     if lines:
-        result = await hub.run(entry, merged("\n".join(lines)), session=name)
+        result = await fleet.run(entry, merged("\n".join(lines)), session=name)
         output = result.stdout
     entry.named_sessions.add(name)
     return output
 
 
-async def run_in_session(hub: SandboxHub, entry: Entry, name: str, command: str, *, timeout: float | None,
+async def run_in_session(fleet: SandboxFleet, entry: Entry, name: str, command: str, *, timeout: float | None,
                          check: Check = "raise", error_msg: str = "") -> tuple[str, int | None, str]:
     """Run ``command`` in session ``name`` with SWE-ReX's semantics: ``(output, exit_code,
     note)``, output merged, ``note`` saying why it was cut. Raises ``CompatError``:
@@ -176,7 +176,7 @@ async def run_in_session(hub: SandboxHub, entry: Entry, name: str, command: str,
         raise CompatError("SessionDoesNotExistError", f"session {name!r} does not exist")
     if (complaint := await syntax_error(command)) is not None:
         raise CompatError("BashIncorrectSyntaxError", complaint)
-    result = await hub.run(entry, merged(command), session=name, timeout=timeout)
+    result = await fleet.run(entry, merged(command), session=name, timeout=timeout)
     if result.timed_out:
         raise CompatError("CommandTimeoutError",
                           f"timeout after {timeout} seconds while running command {command!r}")
@@ -187,20 +187,20 @@ async def run_in_session(hub: SandboxHub, entry: Entry, name: str, command: str,
     return result.stdout, None if check == "ignore" else result.exit_code, overflow_note(result, entry)
 
 
-async def close_session(hub: SandboxHub, entry: Entry, name: str) -> None:
+async def close_session(fleet: SandboxFleet, entry: Entry, name: str) -> None:
     if name not in entry.named_sessions:
         raise CompatError("SessionDoesNotExistError", f"session {name!r} does not exist")
     entry.named_sessions.discard(name)
-    await hub.call(entry, entry.sb.close_session(name))
+    await fleet.call(entry, entry.sb.close_session(name))
 
 
-async def close_sessions(hub: SandboxHub, entry: Entry) -> None:
+async def close_sessions(fleet: SandboxFleet, entry: Entry) -> None:
     """Close every session this protocol opened (SWE-ReX's ``close``); the sandbox stays."""
     for name in sorted(entry.named_sessions):
-        await close_session(hub, entry, name)
+        await close_session(fleet, entry, name)
 
 
-async def execute(hub: SandboxHub, entry: Entry, command: str | list[str], *, timeout: float | None,
+async def execute(fleet: SandboxFleet, entry: Entry, command: str | list[str], *, timeout: float | None,
                   env: dict[str, str] | None = None, cwd: str | None = None, merge: bool = False,
                   check: bool = False, error_msg: str = "") -> CommandResult:
     """A command outside any session (SWE-ReX's ``execute``): a throwaway subshell in the
@@ -210,7 +210,7 @@ async def execute(hub: SandboxHub, entry: Entry, command: str | list[str], *, ti
         raise CompatError("ValueError", "env: variable names must be identifiers")
     line = command_line(command)
     # an explicit cwd makes the command a throwaway subshell: a `cd` in it touches no session
-    result = await hub.run(entry, merged(line) if merge else line, timeout=timeout, env=env,
+    result = await fleet.run(entry, merged(line) if merge else line, timeout=timeout, env=env,
                            cwd=cwd or entry.sb.spec.workdir, session="rr-execute")
     if result.timed_out:
         raise CompatError("CommandTimeoutError", f"Timeout ({timeout}s) exceeded while running command")
@@ -222,15 +222,15 @@ async def execute(hub: SandboxHub, entry: Entry, command: str | list[str], *, ti
 
 
 # --------------------------------------------------------------------------- files
-async def read_text(hub: SandboxHub, entry: Entry, path: str, encoding: str | None = None,
+async def read_text(fleet: SandboxFleet, entry: Entry, path: str, encoding: str | None = None,
                     errors: str | None = None) -> str:
     """A file's text, as ``Path.read_text(encoding, errors)`` gives it (UTF-8 by default)."""
-    kind = await hub.call(entry, entry.sb.stat(path))
+    kind = await fleet.call(entry, entry.sb.stat(path))
     if kind is None:
         raise CompatError("FileNotFoundError", f"[Errno 2] No such file or directory: {path!r}")
     if kind == "dir":
         raise CompatError("IsADirectoryError", f"[Errno 21] Is a directory: {path!r}")
-    data = await hub.call(entry, entry.sb.read_file(path))
+    data = await fleet.call(entry, entry.sb.read_file(path))
     try:
         return data.decode(encoding or "utf-8", errors or "strict")
     except LookupError as e:  # an unknown encoding or error handler
@@ -239,20 +239,20 @@ async def read_text(hub: SandboxHub, entry: Entry, path: str, encoding: str | No
         raise CompatError("ValueError", f"{path}: {e}") from None
 
 
-async def write_text(hub: SandboxHub, entry: Entry, path: str, content: str) -> None:
-    await hub.call(entry, entry.sb.write_file(path, content))
+async def write_text(fleet: SandboxFleet, entry: Entry, path: str, content: str) -> None:
+    await fleet.call(entry, entry.sb.write_file(path, content))
 
 
-async def upload(hub: SandboxHub, entry: Entry, file: UploadFile, target: str, *, unzip: bool = False) -> int:
+async def upload(fleet: SandboxFleet, entry: Entry, file: UploadFile, target: str, *, unzip: bool = False) -> int:
     """Store an uploaded file at ``target`` (parents made), streamed; with ``unzip`` it is a
     zip (SWE-ReX sends a directory so) unpacked into directory ``target``. Bytes received."""
     if not unzip:
         async def chunks() -> AsyncIterator[bytes]:
             while chunk := await file.read(CHUNK):
                 yield chunk
-        return await hub.call(entry, entry.sb.write_stream(target, chunks()))
+        return await fleet.call(entry, entry.sb.write_stream(target, chunks()))
     data = await asyncio.to_thread(zip_to_tar, file.file)
-    return await hub.call(entry, entry.sb.write_stream(target, once(data), tar=True))
+    return await fleet.call(entry, entry.sb.write_stream(target, once(data), tar=True))
 
 
 def zip_to_tar(f) -> bytes:

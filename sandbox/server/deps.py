@@ -7,17 +7,17 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from ..storage.snapshots import SnapshotStore
-from .hub import SandboxHub
+from .fleet import SandboxFleet
 
 
-def _hub(request: Request) -> SandboxHub:
-    return request.app.state.hub
+def _fleet(request: Request) -> SandboxFleet:
+    return request.app.state.fleet
 
 
 def _store(request: Request) -> SnapshotStore:
     return request.app.state.store
 
 
-Hub = Annotated[SandboxHub, Depends(_hub)]
+Fleet = Annotated[SandboxFleet, Depends(_fleet)]
 Store = Annotated[SnapshotStore, Depends(_store)]
 

@@ -4,7 +4,7 @@ collector (CPU seconds, resident memory, open fds, start time) and what an opera
 sandbox fleet watches. Each service has its own registry, so two services in one process
 (tests) never share a series.
 
-Event counts are kept where they happen (``SandboxHub``, the routes); state that already
+Event counts are kept where they happen (``SandboxFleet``, the routes); state that already
 lives elsewhere (sandboxes by state, pools, storage) is read at scrape time by one
 collector, never copied. ``docs/grafana-dashboard.json`` plots these names, and a test
 checks that every panel's expression names a series this module exports.
@@ -85,15 +85,15 @@ def family(kind: str, name: str, help_: str, labels: tuple[str, ...] = (), sampl
     return f
 
 
-def service_families(hub) -> list:
-    """Sandboxes by state and the warm pools, read from the service's ``SandboxHub``."""
-    states = collections.Counter(e.state for e in hub.entries.values())
-    pools = [w.describe() for w in hub.pools.values()]
+def service_families(fleet) -> list:
+    """Sandboxes by state and the warm pools, read from the service's ``SandboxFleet``."""
+    states = collections.Counter(e.state for e in fleet.entries.values())
+    pools = [w.describe() for w in fleet.pools.values()]
     return [
         family("gauge", "rockroll_sandboxes", "Sandboxes held by the service, by state.", ("state",),
-               [((s,), states.get(s, 0)) for s in ("alive", "dead")] + [(("creating",), hub.creating)]),
+               [((s,), states.get(s, 0)) for s in ("alive", "dead")] + [(("creating",), fleet.creating)]),
         family("gauge", "rockroll_sandboxes_capacity", "Most sandboxes the service holds at once.",
-               samples=[((), hub.max_sandboxes)]),
+               samples=[((), fleet.max_sandboxes)]),
         family("counter", "rockroll_pool_hits", "Creates served by a warm sandbox of a pool.", ("pool",),
                [((p.id,), p.hits) for p in pools]),
         family("counter", "rockroll_pool_misses", "Creates of a pooled spec that found no warm sandbox "

@@ -35,12 +35,12 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import SandboxError, SpecError
+from ..protocol.wire import AuthError, status_of
 from ..spec import DEFAULT_DISK_MB, SandboxSpec
 from . import compat, swerex
 from .compat import PS1, CompatError
-from .deps import Hub
-from .hub import Entry
-from .wire import AuthError, status_of
+from .deps import Fleet
+from .fleet import Entry
 
 PREFIX = "/apis/envs/sandbox/v1"
 BAD_REQUEST, SERVER_ERROR = 4000, 5000  # rock._codes: the SDK raises BadRequest/InternalServerRockError
@@ -174,26 +174,26 @@ def _commits(request: Request) -> Commits:
 
 @router.post("/start")
 @router.post("/start_async")
-async def start(body: StartIn, hub: Hub, commits: Commits = Depends(_commits)) -> JSONResponse:
+async def start(body: StartIn, fleet: Fleet, commits: Commits = Depends(_commits)) -> JSONResponse:
     refusals = body.refusals()
     if refusals:
         raise Refused("; ".join(refusals))
-    spec, snapshot = body.to_spec(hub.backend), None
+    spec, snapshot = body.to_spec(fleet.backend), None
     if body.image in commits.tags:  # a tag commit() made: start from that snapshot
         snapshot, image = commits.tags[body.image]
         spec = replace(spec, image=image)
-    entry = await hub.create(spec, snapshot)
+    entry = await fleet.create(spec, snapshot)
     return envelope(_started(entry))
 
 
 @router.get("/get_status")
-async def get_status(sandbox_id: str, hub: Hub, include_all_states: bool = False) -> JSONResponse:
-    if sandbox_id in hub.tombstones:  # stopped: ROCK still reports it, as not alive
-        why = {"status": "stopped", "message": hub.tombstones[sandbox_id]}
+async def get_status(sandbox_id: str, fleet: Fleet, include_all_states: bool = False) -> JSONResponse:
+    if sandbox_id in fleet.tombstones:  # stopped: ROCK still reports it, as not alive
+        why = {"status": "stopped", "message": fleet.tombstones[sandbox_id]}
         return envelope({"sandbox_id": sandbox_id, "host_name": "rockroll", "is_alive": False, "state": "stopped",
                          "status": {"docker_run": why}, "state_history": []})
-    entry = hub.get(sandbox_id)
-    ok = await hub.call(entry, entry.sb.ping())
+    entry = fleet.get(sandbox_id)
+    ok = await fleet.call(entry, entry.sb.ping())
     stage = {"status": "success" if ok else "failed", "message": "ready" if ok else "the sandbox does not answer"}
     return envelope({**_started(entry), "status": {"image_pull": stage, "docker_run": stage}, "is_alive": ok,
                      "image": entry.sb.spec.image, "state": "running" if ok else "stopped",
@@ -201,10 +201,10 @@ async def get_status(sandbox_id: str, hub: Hub, include_all_states: bool = False
 
 
 @router.get("/is_alive")
-async def is_alive(sandbox_id: str, hub: Hub) -> JSONResponse:
+async def is_alive(sandbox_id: str, fleet: Fleet) -> JSONResponse:
     try:
-        entry = hub.get(sandbox_id)
-        ok = await hub.call(entry, entry.sb.ping())
+        entry = fleet.get(sandbox_id)
+        ok = await fleet.call(entry, entry.sb.ping())
     except SandboxError:  # ROCK answers "not alive", not an error
         ok = False
     return envelope({"is_alive": ok, "message": "rockroll" if ok else f"sandbox {sandbox_id} is not alive"})
@@ -216,10 +216,10 @@ class SandboxIdIn(BaseModel):
 
 @router.post("/stop")
 @router.post("/delete")
-async def stop(body: SandboxIdIn, hub: Hub) -> JSONResponse:
-    if body.sandbox_id not in hub.tombstones:  # stopping twice is fine
-        hub.get(body.sandbox_id)
-    await hub.close(body.sandbox_id, "client")
+async def stop(body: SandboxIdIn, fleet: Fleet) -> JSONResponse:
+    if body.sandbox_id not in fleet.tombstones:  # stopping twice is fine
+        fleet.get(body.sandbox_id)
+    await fleet.close(body.sandbox_id, "client")
     return envelope(f"{body.sandbox_id} stopped")
 
 
@@ -237,13 +237,13 @@ class CommitIn(BaseModel):
 
 
 @router.post("/commit")
-async def commit(body: CommitIn, hub: Hub, commits: Commits = Depends(_commits)) -> JSONResponse:
+async def commit(body: CommitIn, fleet: Fleet, commits: Commits = Depends(_commits)) -> JSONResponse:
     """ROCK pushes the container as an image; here the sandbox is snapshotted and
     ``image_tag`` names that snapshot on this service, so ``start(image=image_tag)`` starts
     from it (copy-on-write) until the service restarts. Nothing leaves the host."""
-    entry = hub.get(body.sandbox_id)
+    entry = fleet.get(body.sandbox_id)
     started = datetime.now(timezone.utc).isoformat()
-    snap = await hub.call(entry, entry.sb.snapshot())
+    snap = await fleet.call(entry, entry.sb.snapshot())
     commits.tags[body.image_tag] = (snap.digest, snap.image)
     commits.last[entry.id] = {"sandbox_id": entry.id, "image_tag": body.image_tag, "phase": "SUCCEEDED",
                               "started_at": started, "completed_at": datetime.now(timezone.utc).isoformat(),
@@ -273,8 +273,8 @@ class CommandIn(swerex.CommandIn):  # ROCK's SandboxCommand: SWE-ReX's Command w
 
 
 @router.post("/execute")
-async def execute(body: CommandIn, hub: Hub) -> JSONResponse:
-    result = await compat.execute(hub, hub.get(body.sandbox_id), body.command, timeout=body.timeout, env=body.env,
+async def execute(body: CommandIn, fleet: Fleet) -> JSONResponse:
+    result = await compat.execute(fleet, fleet.get(body.sandbox_id), body.command, timeout=body.timeout, env=body.env,
                                   cwd=body.cwd, check=body.check, error_msg=body.error_msg)
     return envelope({"stdout": result.stdout, "stderr": result.stderr, "exit_code": result.exit_code})
 
@@ -292,10 +292,10 @@ class CreateSessionIn(BaseModel):
 
 
 @router.post("/create_session")
-async def create_session(body: CreateSessionIn, hub: Hub) -> JSONResponse:
+async def create_session(body: CreateSessionIn, fleet: Fleet) -> JSONResponse:
     if body.remote_user not in (None, "", "root"):
         raise Refused(f"remote_user={body.remote_user!r}: sessions run as the sandbox's one user")
-    output = await compat.open_session(hub, hub.get(body.sandbox_id), body.session,
+    output = await compat.open_session(fleet, fleet.get(body.sandbox_id), body.session,
                                        startup_source=body.startup_source, env=body.env)
     return envelope({"output": output, "session_type": "bash"})
 
@@ -305,10 +305,10 @@ class BashActionIn(swerex.BashActionIn):  # ROCK's SandboxBashAction
 
 
 @router.post("/run_in_session")
-async def run_in_session(body: BashActionIn, hub: Hub) -> JSONResponse:
+async def run_in_session(body: BashActionIn, fleet: Fleet) -> JSONResponse:
     if body.is_interactive_command or body.is_interactive_quit:
         raise Refused("is_interactive_command/quit: rockroll sessions have no terminal (stdin is /dev/null)")
-    output, code, note = await compat.run_in_session(hub, hub.get(body.sandbox_id), body.session,
+    output, code, note = await compat.run_in_session(fleet, fleet.get(body.sandbox_id), body.session,
                                                      held_liveness_check(body.command),
                                                      timeout=body.timeout, check=body.check,
                                                      error_msg=body.error_msg)
@@ -341,8 +341,8 @@ class CloseSessionIn(BaseModel):
 
 
 @router.post("/close_session")
-async def close_session(body: CloseSessionIn, hub: Hub) -> JSONResponse:
-    await compat.close_session(hub, hub.get(body.sandbox_id), body.session)
+async def close_session(body: CloseSessionIn, fleet: Fleet) -> JSONResponse:
+    await compat.close_session(fleet, fleet.get(body.sandbox_id), body.session)
     return envelope({"session_type": "bash"})
 
 
@@ -355,8 +355,8 @@ class ReadFileIn(BaseModel):
 
 
 @router.post("/read_file")
-async def read_file(body: ReadFileIn, hub: Hub) -> JSONResponse:
-    content = await compat.read_text(hub, hub.get(body.sandbox_id), body.path, body.encoding, body.errors)
+async def read_file(body: ReadFileIn, fleet: Fleet) -> JSONResponse:
+    content = await compat.read_text(fleet, fleet.get(body.sandbox_id), body.path, body.encoding, body.errors)
     return envelope({"content": content})
 
 
@@ -367,14 +367,14 @@ class WriteFileIn(BaseModel):
 
 
 @router.post("/write_file")
-async def write_file(body: WriteFileIn, hub: Hub) -> JSONResponse:
-    await compat.write_text(hub, hub.get(body.sandbox_id), body.path, body.content)
+async def write_file(body: WriteFileIn, fleet: Fleet) -> JSONResponse:
+    await compat.write_text(fleet, fleet.get(body.sandbox_id), body.path, body.content)
     return envelope({"success": True, "message": f"Successfully write content to file {body.path}"})
 
 
 @router.post("/upload")
-async def upload(hub: Hub, file: UploadFile = File(...), target_path: str = Form(min_length=1),
+async def upload(fleet: Fleet, file: UploadFile = File(...), target_path: str = Form(min_length=1),
                  sandbox_id: str = Form(min_length=1)) -> JSONResponse:
-    size = await compat.upload(hub, hub.get(sandbox_id), file, target_path)
+    size = await compat.upload(fleet, fleet.get(sandbox_id), file, target_path)
     return envelope({"success": True, "message": f"uploaded {size} bytes to {target_path}",
                      "file_name": file.filename or ""})

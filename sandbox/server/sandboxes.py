@@ -12,12 +12,12 @@ from fastapi import APIRouter, Header, Request, Response
 from fastapi.responses import StreamingResponse
 
 from ..errors import SandboxError, SpecError
-from ..runtime.model_channel import admin_token
-from ..spec import SandboxSpec
-from .deps import Hub, Store
-from .quota import token_key
-from .wire import (BatchIn, BatchItemOut, ForkIn, OkOut, RestoreIn, ResultOut, RunIn, SandboxOut, SnapshotOut,
+from ..protocol.tokens import admin_token
+from ..protocol.wire import (BatchIn, BatchItemOut, ForkIn, OkOut, RestoreIn, ResultOut, RunIn, SandboxOut, SnapshotOut,
                    SpecIn, error_body, status_of)
+from ..spec import SandboxSpec
+from .deps import Fleet, Store
+from .quota import token_key
 
 router = APIRouter()
 log = logging.getLogger("rockroll.serve")
@@ -29,10 +29,10 @@ MODEL_TOKEN_DOC = ("the admin token of the spec's model_endpoint (else the servi
 
 # sandboxes ------------------------------------------------------------------
 @router.post("/sandboxes", response_model=SandboxOut, status_code=201)
-async def create_sandbox(body: SpecIn, hub: Hub, x_rockroll_model_token: str | None = Header(
+async def create_sandbox(body: SpecIn, fleet: Fleet, x_rockroll_model_token: str | None = Header(
         default=None, description=MODEL_TOKEN_DOC)) -> SandboxOut:
     with admin_token(x_rockroll_model_token):
-        entry = await hub.create(body.to_spec(hub.backend), body.snapshot)
+        entry = await fleet.create(body.to_spec(fleet.backend), body.snapshot)
     return entry.describe(False)
 
 
@@ -40,7 +40,7 @@ async def create_sandbox(body: SpecIn, hub: Hub, x_rockroll_model_token: str | N
              responses={200: {"content": {"application/x-ndjson": {}},
                               "description": "one BatchItemOut per line, each as soon as its sandbox is "
                                              "ready (or failed): the order is not the request's"}})
-async def create_sandboxes(body: BatchIn, hub: Hub, request: Request, x_rockroll_model_token: str | None = Header(
+async def create_sandboxes(body: BatchIn, fleet: Fleet, request: Request, x_rockroll_model_token: str | None = Header(
         default=None, description=MODEL_TOKEN_DOC)) -> StreamingResponse:
     """Many sandboxes in one request: one HTTP round trip and one request's parsing for
     all of them, which is what a burst of creates spends most in, on both ends. Every item
@@ -50,28 +50,28 @@ async def create_sandboxes(body: BatchIn, hub: Hub, request: Request, x_rockroll
     specs = []
     for i, item in enumerate(body.sandboxes):
         try:
-            specs.append(item.to_spec(hub.backend))
+            specs.append(item.to_spec(fleet.backend))
         except SpecError as e:
             raise SpecError(f"sandboxes.{i}.{e.field}", str(e).split(": ", 1)[-1]) from None
-    return StreamingResponse(_batch_lines(hub, request, specs, [item.snapshot for item in body.sandboxes],
+    return StreamingResponse(_batch_lines(fleet, request, specs, [item.snapshot for item in body.sandboxes],
                                           x_rockroll_model_token),
                              media_type="application/x-ndjson", headers={"X-Accel-Buffering": "no"})
 
 
-async def _batch_lines(hub, request: Request, specs: Sequence[SandboxSpec], snapshots: Sequence[str | None],
+async def _batch_lines(fleet, request: Request, specs: Sequence[SandboxSpec], snapshots: Sequence[str | None],
                        model_token: str | None) -> AsyncIterator[str]:
     # The creates start with the stream: a generator that never ran has no cleanup to run.
     with admin_token(model_token):
-        tasks = [asyncio.ensure_future(hub.create(spec, snap)) for spec, snap in zip(specs, snapshots)]
-    hub.metrics.batches.inc()
-    hub.metrics.batched.inc(len(tasks))
+        tasks = [asyncio.ensure_future(fleet.create(spec, snap)) for spec, snap in zip(specs, snapshots)]
+    fleet.metrics.batches.inc()
+    fleet.metrics.batched.inc(len(tasks))
     index = {task: i for i, task in enumerate(tasks)}
     pending: set[asyncio.Future] = set(tasks)
     heard: set[asyncio.Future] = set()
     try:
         while pending:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            yield "".join(_batch_line(hub, index[task], task) + "\n" for task in done)
+            yield "".join(_batch_line(fleet, index[task], task) + "\n" for task in done)
             # The server's send returns even when it dropped the chunk: a hang-up it read in this
             # turn of the loop closed the transport, and the connection's end is reported in the
             # next. So the chunk counts as heard only if, one turn later, the client is still there.
@@ -82,12 +82,12 @@ async def _batch_lines(hub, request: Request, specs: Sequence[SandboxSpec], snap
     finally:
         unheard = [task for task in tasks if task not in heard]
         if unheard:
-            closer = asyncio.ensure_future(_close_unheard(hub, unheard))
+            closer = asyncio.ensure_future(_close_unheard(fleet, unheard))
             _UNHEARD.add(closer)
             closer.add_done_callback(_UNHEARD.discard)
 
 
-def _batch_line(hub, i: int, task: asyncio.Future) -> str:
+def _batch_line(fleet, i: int, task: asyncio.Future) -> str:
     exc = task.exception()
     if exc is None:
         return BatchItemOut(index=i, status=201, sandbox=task.result().describe(False)).model_dump_json()
@@ -97,49 +97,49 @@ def _batch_line(hub, i: int, task: asyncio.Future) -> str:
         body, status = {**error_body(exc), "error": "InternalError"}, 500
     else:
         body, status = error_body(exc), status_of(exc)
-    hub.metrics.failures.labels(body["error"]).inc()
+    fleet.metrics.failures.labels(body["error"]).inc()
     return BatchItemOut(index=i, status=status, error=body).model_dump_json()
 
 
-async def _close_unheard(hub, tasks: list[asyncio.Future]) -> None:
+async def _close_unheard(fleet, tasks: list[asyncio.Future]) -> None:
     for entry in await asyncio.gather(*tasks, return_exceptions=True):
         if not isinstance(entry, BaseException):
-            await hub.close(entry.id, "client")
+            await fleet.close(entry.id, "client")
 
 
 @router.get("/sandboxes", response_model=list[SandboxOut], response_model_exclude_none=True)
-async def list_sandboxes(hub: Hub, detail: bool = False) -> list[SandboxOut]:
-    entries = list(hub.entries.values())
+async def list_sandboxes(fleet: Fleet, detail: bool = False) -> list[SandboxOut]:
+    entries = list(fleet.entries.values())
     if detail:  # usage reads touch files: off the event loop
         return await asyncio.to_thread(lambda: [e.describe(True) for e in entries])
     return [e.describe(False) for e in entries]
 
 
 @router.get("/sandboxes/{sandbox_id}", response_model=SandboxOut, response_model_exclude_none=True)
-async def get_sandbox(sandbox_id: str, hub: Hub, detail: bool = False) -> SandboxOut:
-    entry = hub.get(sandbox_id)
+async def get_sandbox(sandbox_id: str, fleet: Fleet, detail: bool = False) -> SandboxOut:
+    entry = fleet.get(sandbox_id)
     return entry.describe(detail)
 
 
 @router.delete("/sandboxes/{sandbox_id}", status_code=204)
-async def delete_sandbox(sandbox_id: str, hub: Hub) -> Response:
-    if sandbox_id not in hub.tombstones:  # closing twice is fine, as locally
-        hub.get(sandbox_id)
-    await hub.close(sandbox_id, "client")
+async def delete_sandbox(sandbox_id: str, fleet: Fleet) -> Response:
+    if sandbox_id not in fleet.tombstones:  # closing twice is fine, as locally
+        fleet.get(sandbox_id)
+    await fleet.close(sandbox_id, "client")
     return Response(status_code=204)
 
 
 @router.get("/sandboxes/{sandbox_id}/ping", response_model=OkOut)
-async def ping(sandbox_id: str, hub: Hub) -> OkOut:
-    entry = hub.get(sandbox_id)
-    return OkOut(ok=await hub.call(entry, entry.sb.ping()))
+async def ping(sandbox_id: str, fleet: Fleet) -> OkOut:
+    entry = fleet.get(sandbox_id)
+    return OkOut(ok=await fleet.call(entry, entry.sb.ping()))
 
 
 # commands -------------------------------------------------------------------
 @router.post("/sandboxes/{sandbox_id}/run", response_model=ResultOut)
-async def run(body: RunIn, sandbox_id: str, hub: Hub) -> ResultOut:
-    entry = hub.get(sandbox_id)
-    result = await hub.run(entry, body.cmd, timeout=body.timeout, session=body.session, env=body.env, cwd=body.cwd)
+async def run(body: RunIn, sandbox_id: str, fleet: Fleet) -> ResultOut:
+    entry = fleet.get(sandbox_id)
+    result = await fleet.run(entry, body.cmd, timeout=body.timeout, session=body.session, env=body.env, cwd=body.cwd)
     return ResultOut.of(result)
 
 
@@ -147,11 +147,11 @@ async def run(body: RunIn, sandbox_id: str, hub: Hub) -> ResultOut:
              responses={200: {"content": {"text/event-stream": {}},
                               "description": "SSE: `stdout`/`stderr` events (data: a JSON string), "
                                              "then one `result` (ResultOut) or `error` (ErrorOut) event"}})
-async def run_stream(body: RunIn, sandbox_id: str, hub: Hub) -> StreamingResponse:
-    entry = hub.get(sandbox_id)  # before the stream starts: an unknown id is a 404, not an event
+async def run_stream(body: RunIn, sandbox_id: str, fleet: Fleet) -> StreamingResponse:
+    entry = fleet.get(sandbox_id)  # before the stream starts: an unknown id is a 404, not an event
     async def events() -> AsyncIterator[str]:
         started = time.monotonic()
-        async with hub.using(entry):
+        async with fleet.using(entry):
             agen = entry.sb.run_stream(body.cmd, timeout=body.timeout, session=body.session,
                                        env=body.env, cwd=body.cwd)
             try:
@@ -159,11 +159,11 @@ async def run_stream(body: RunIn, sandbox_id: str, hub: Hub) -> StreamingRespons
                     if isinstance(item, tuple):
                         yield f"event: {item[0]}\ndata: {json.dumps(item[1])}\n\n"
                     else:
-                        hub.record(entry, body.cmd, started, item)
+                        fleet.record(entry, body.cmd, started, item)
                         yield f"event: result\ndata: {ResultOut.of(item).model_dump_json()}\n\n"
             except SandboxError as e:
-                hub.record(entry, body.cmd, started, error=e)
-                hub.metrics.failures.labels(type(e).__name__).inc()
+                fleet.record(entry, body.cmd, started, error=e)
+                fleet.metrics.failures.labels(type(e).__name__).inc()
                 yield f"event: error\ndata: {json.dumps(error_body(entry.own(e)))}\n\n"
             finally:
                 await agen.aclose()
@@ -174,51 +174,51 @@ async def run_stream(body: RunIn, sandbox_id: str, hub: Hub) -> StreamingRespons
 
 
 @router.get("/sandboxes/{sandbox_id}/sessions", response_model=list[str])
-async def sessions(sandbox_id: str, hub: Hub) -> list[str]:
-    entry = hub.get(sandbox_id)
-    return await hub.call(entry, entry.sb.sessions())
+async def sessions(sandbox_id: str, fleet: Fleet) -> list[str]:
+    entry = fleet.get(sandbox_id)
+    return await fleet.call(entry, entry.sb.sessions())
 
 
 @router.delete("/sandboxes/{sandbox_id}/sessions/{name}", status_code=204)
-async def close_session(name: str, sandbox_id: str, hub: Hub) -> Response:
-    entry = hub.get(sandbox_id)
-    await hub.call(entry, entry.sb.close_session(name))
+async def close_session(name: str, sandbox_id: str, fleet: Fleet) -> Response:
+    entry = fleet.get(sandbox_id)
+    await fleet.call(entry, entry.sb.close_session(name))
     return Response(status_code=204)
 
 
 # state ----------------------------------------------------------------------
 @router.post("/sandboxes/{sandbox_id}/reset", status_code=204)
-async def reset(sandbox_id: str, hub: Hub) -> Response:
-    entry = hub.get(sandbox_id)
-    await hub.call(entry, entry.sb.reset())
+async def reset(sandbox_id: str, fleet: Fleet) -> Response:
+    entry = fleet.get(sandbox_id)
+    await fleet.call(entry, entry.sb.reset())
     return Response(status_code=204)
 
 
 @router.post("/sandboxes/{sandbox_id}/fork", response_model=list[SandboxOut], status_code=201)
-async def fork(body: ForkIn, sandbox_id: str, hub: Hub) -> list[SandboxOut]:
-    entry = hub.get(sandbox_id)
-    hub.reserve(body.n)
-    hub.creating += body.n
+async def fork(body: ForkIn, sandbox_id: str, fleet: Fleet) -> list[SandboxOut]:
+    entry = fleet.get(sandbox_id)
+    fleet.reserve(body.n)
+    fleet.creating += body.n
     try:
-        children = await hub.call(entry, entry.sb.fork(body.n))
+        children = await fleet.call(entry, entry.sb.fork(body.n))
     finally:
-        hub.creating -= body.n
-    return [hub.adopt(sb).describe(False) for sb in children]
+        fleet.creating -= body.n
+    return [fleet.adopt(sb).describe(False) for sb in children]
 
 
 @router.post("/sandboxes/{sandbox_id}/restore", status_code=204)
-async def restore(body: RestoreIn, sandbox_id: str, hub: Hub) -> Response:
-    entry = hub.get(sandbox_id)
-    await hub.call(entry, entry.sb.restore(body.snapshot))
+async def restore(body: RestoreIn, sandbox_id: str, fleet: Fleet) -> Response:
+    entry = fleet.get(sandbox_id)
+    await fleet.call(entry, entry.sb.restore(body.snapshot))
     return Response(status_code=204)
 
 
 @router.post("/sandboxes/{sandbox_id}/snapshots", response_model=SnapshotOut, status_code=201)
-async def snapshot(sandbox_id: str, hub: Hub, store: Store, request: Request) -> SnapshotOut:
+async def snapshot(sandbox_id: str, fleet: Fleet, store: Store, request: Request) -> SnapshotOut:
     """Snapshot the sandbox into the service's store, charged to the token's quota like an
     upload: 507 (``limit`` token_storage_quota) before anything is copied when the quota is
     used up, or after packing when the new layer does not fit (it is removed again)."""
-    entry = hub.get(sandbox_id)
+    entry = fleet.get(sandbox_id)
     quota, key = request.app.state.quota, token_key(request.app.state.token)
     try:
         quota.left(key)
@@ -226,7 +226,7 @@ async def snapshot(sandbox_id: str, hub: Hub, store: Store, request: Request) ->
         e.sandbox_id = entry.id  # as every error of a sandbox carries its id
         raise
     known = await asyncio.to_thread(store.digests)
-    snap = await hub.call(entry, entry.sb.snapshot())
+    snap = await fleet.call(entry, entry.sb.snapshot())
     # a backend that keeps its layers elsewhere (a Ray host) is charged the tarball it reports
     here = store.tarball(snap.digest).is_file()
     try:

@@ -18,12 +18,12 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import FileResponse
 
 from ..errors import SandboxError, SnapshotError
+from ..protocol.wire import DIGEST_PATTERN, SnapshotOut
 from ..storage.layers import digest_file, read_meta
 from ..storage.snapshots import SnapshotStore
 from ..storage.temps import temp_prefix
-from .deps import Hub, Store
+from .deps import Fleet, Store
 from .quota import token_key
-from .wire import DIGEST_PATTERN, SnapshotOut
 
 router = APIRouter()
 
@@ -73,15 +73,15 @@ async def upload_snapshot(request: Request, store: Store) -> SnapshotOut:
             raise
     finally:
         Path(tmp).unlink(missing_ok=True)
-    request.app.state.hub.metrics.snapshot_bytes.labels("in").inc(meter.used)
+    request.app.state.fleet.metrics.snapshot_bytes.labels("in").inc(meter.used)
     return SnapshotOut.of(snap)
 
 
 @router.get("/snapshots/{digest}",
             responses={200: {"content": {"application/zstd": {}}, "description": "the layer tarball"}})
-async def download_snapshot(digest: str, store: Store, hub: Hub) -> Response:
+async def download_snapshot(digest: str, store: Store, fleet: Fleet) -> Response:
     path = _known_tarball(store, digest)
-    hub.metrics.snapshot_bytes.labels("out").inc(path.stat().st_size)
+    fleet.metrics.snapshot_bytes.labels("out").inc(path.stat().st_size)
     return FileResponse(path, media_type="application/zstd", filename=path.name)
 
 

@@ -25,10 +25,10 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from ..errors import SandboxClosed, SandboxError, SandboxFileError, SandboxNotFound, SpecError
+from ..protocol.wire import AuthError
 from . import compat
 from .compat import PS1, CompatError
-from .deps import Hub
-from .wire import AuthError
+from .deps import Fleet
 
 PREFIX = "/swerex/{sandbox_id}"
 
@@ -126,23 +126,23 @@ class ObservationOut(BaseModel):
 
 # routes -------------------------------------------------------------------------------------
 @router.get("/is_alive")
-async def is_alive(sandbox_id: str, hub: Hub) -> dict:
-    entry = hub.get(sandbox_id)
-    ok = await hub.call(entry, entry.sb.ping())
+async def is_alive(sandbox_id: str, fleet: Fleet) -> dict:
+    entry = fleet.get(sandbox_id)
+    ok = await fleet.call(entry, entry.sb.ping())
     return {"is_alive": ok, "message": "" if ok else f"sandbox {sandbox_id} does not answer"}
 
 
 @router.post("/create_session")
-async def create_session(body: CreateSessionIn, sandbox_id: str, hub: Hub) -> dict:
-    entry = hub.get(sandbox_id)
-    output = await compat.open_session(hub, entry, body.session, startup_source=body.startup_source)
+async def create_session(body: CreateSessionIn, sandbox_id: str, fleet: Fleet) -> dict:
+    entry = fleet.get(sandbox_id)
+    output = await compat.open_session(fleet, entry, body.session, startup_source=body.startup_source)
     return {"output": output, "session_type": "bash"}
 
 
 @router.post("/run_in_session", response_model=ObservationOut)
 async def run_in_session(body: Annotated[Union[BashActionIn, BashInterruptIn], Field(discriminator="action_type")],
-                         sandbox_id: str, hub: Hub) -> ObservationOut:
-    entry = hub.get(sandbox_id)
+                         sandbox_id: str, fleet: Fleet) -> ObservationOut:
+    entry = fleet.get(sandbox_id)
     if isinstance(body, BashInterruptIn):
         # A timeout already killed the command's process group, so nothing is left to interrupt.
         if body.session not in entry.named_sessions:
@@ -151,45 +151,45 @@ async def run_in_session(body: Annotated[Union[BashActionIn, BashInterruptIn], F
     if body.is_interactive_command or body.is_interactive_quit:
         raise CompatError("SwerexException", "interactive commands are not supported: rockroll sessions "
                                              "have no terminal (stdin is /dev/null)")
-    output, code, note = await compat.run_in_session(hub, entry, body.session, body.command, timeout=body.timeout,
+    output, code, note = await compat.run_in_session(fleet, entry, body.session, body.command, timeout=body.timeout,
                                                      check=body.check, error_msg=body.error_msg)
     matched = next((s for s in body.expect if s and s in output), PS1)
     return ObservationOut(output=output, exit_code=code, failure_reason=note, expect_string=matched)
 
 
 @router.post("/close_session")
-async def close_session(body: CloseSessionIn, sandbox_id: str, hub: Hub) -> dict:
-    await compat.close_session(hub, hub.get(sandbox_id), body.session)
+async def close_session(body: CloseSessionIn, sandbox_id: str, fleet: Fleet) -> dict:
+    await compat.close_session(fleet, fleet.get(sandbox_id), body.session)
     return {"session_type": "bash"}
 
 
 @router.post("/execute")
-async def execute(body: CommandIn, sandbox_id: str, hub: Hub) -> dict:
-    result = await compat.execute(hub, hub.get(sandbox_id), body.command, timeout=body.timeout, env=body.env,
+async def execute(body: CommandIn, sandbox_id: str, fleet: Fleet) -> dict:
+    result = await compat.execute(fleet, fleet.get(sandbox_id), body.command, timeout=body.timeout, env=body.env,
                                   cwd=body.cwd, merge=body.merge_output_streams, check=body.check,
                                   error_msg=body.error_msg)
     return {"stdout": result.stdout, "stderr": result.stderr, "exit_code": result.exit_code}
 
 
 @router.post("/read_file")
-async def read_file(body: ReadFileIn, sandbox_id: str, hub: Hub) -> dict:
-    return {"content": await compat.read_text(hub, hub.get(sandbox_id), body.path, body.encoding, body.errors)}
+async def read_file(body: ReadFileIn, sandbox_id: str, fleet: Fleet) -> dict:
+    return {"content": await compat.read_text(fleet, fleet.get(sandbox_id), body.path, body.encoding, body.errors)}
 
 
 @router.post("/write_file")
-async def write_file(body: WriteFileIn, sandbox_id: str, hub: Hub) -> dict:
-    await compat.write_text(hub, hub.get(sandbox_id), body.path, body.content)
+async def write_file(body: WriteFileIn, sandbox_id: str, fleet: Fleet) -> dict:
+    await compat.write_text(fleet, fleet.get(sandbox_id), body.path, body.content)
     return {}
 
 
 @router.post("/upload")
-async def upload(sandbox_id: str, hub: Hub, file: UploadFile = File(...), target_path: str = Form(min_length=1),
+async def upload(sandbox_id: str, fleet: Fleet, file: UploadFile = File(...), target_path: str = Form(min_length=1),
                  unzip: bool = Form(False)) -> dict:
-    await compat.upload(hub, hub.get(sandbox_id), file, target_path, unzip=unzip)
+    await compat.upload(fleet, fleet.get(sandbox_id), file, target_path, unzip=unzip)
     return {}
 
 
 @router.post("/close")
-async def close(sandbox_id: str, hub: Hub) -> dict:
-    await compat.close_sessions(hub, hub.get(sandbox_id))
+async def close(sandbox_id: str, fleet: Fleet) -> dict:
+    await compat.close_sessions(fleet, fleet.get(sandbox_id))
     return {}

@@ -34,8 +34,8 @@ from pydantic import ValidationError
 
 from ..errors import SpecError
 from ..pool import AsyncSandboxPool
+from ..protocol.wire import PoolIn, PoolOut
 from ..spec import SandboxSpec
-from .wire import PoolIn, PoolOut
 
 log = logging.getLogger("rockroll.serve")
 

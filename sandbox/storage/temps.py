@@ -3,7 +3,7 @@
 Every temp file or folder written beside a final name (a tarball being packed, a layer
 being unpacked or staged, a blob being downloaded, a record being replaced) is named
 ``.<kind>-<pid>-<start>-<random><suffix>``: the writer's pid and kernel start time
-(``sandbox/owner.py``). Renamed into place when complete, it never becomes visible
+(``sandbox/lifecycle.py``). Renamed into place when complete, it never becomes visible
 half-written; but a kill -9 leaves it behind, and nothing else would delete it (a 200 MB
 ``snapshot()`` killed three times left 217 MiB). ``sweep`` removes exactly the temps whose
 writer no longer runs, whatever its age, and never one a live writer holds — called by
@@ -24,7 +24,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import owner
+from .. import lifecycle
 
 LEGACY_GRACE_S = 3600
 _OWNED = re.compile(r"^\.[a-z]+-(\d+)-(\d+)-")
@@ -35,12 +35,12 @@ _LEGACY = re.compile(r"^\.(tmp-|stage-|pull-|base-|.+\.unpack-|.+\.[0-9a-f]{8}$|
 
 def temp_name(kind: str, suffix: str = "") -> str:
     """A fresh temp name (no directory) owned by this process."""
-    return f".{kind}-{owner.tag()}-{uuid.uuid4().hex[:12]}{suffix}"
+    return f".{kind}-{lifecycle.tag()}-{uuid.uuid4().hex[:12]}{suffix}"
 
 
 def temp_prefix(kind: str) -> str:
     """A prefix for ``tempfile.mkstemp``/``mkdtemp`` owned by this process."""
-    return f".{kind}-{owner.tag()}-"
+    return f".{kind}-{lifecycle.tag()}-"
 
 
 def temp_dir(parent: Path, kind: str) -> Path:
@@ -59,7 +59,7 @@ def is_stale(name: str, mtime) -> bool | None:
     a temp name at all. ``mtime()`` is asked only for a name that names no owner."""
     m = _OWNED.match(name)
     if m:
-        return not owner.alive(int(m.group(1)), int(m.group(2)))
+        return not lifecycle.alive(int(m.group(1)), int(m.group(2)))
     if _LEGACY.search(name):
         return time.time() - mtime() >= LEGACY_GRACE_S
     return None

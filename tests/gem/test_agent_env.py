@@ -268,7 +268,7 @@ def test_sandbox_killed_mid_episode_is_an_infra_error(agent_snapshot):
     try:
         env.reset()
         sb_id = env.unwrapped.sandbox.id
-        pids = json.loads((current_run().dir / sb_id / "agent.json").read_text())
+        pids = json.loads((current_run().dir / sb_id / "guest.json").read_text())
         os.kill(pids["init_pid"], signal.SIGKILL)  # pid 1 of the sandbox: everything in it dies
         obs, reward, term, trunc, info = env.step(bash_call("echo 7 > n.txt"))
         assert info["infra_error"] and term and reward == 0.0

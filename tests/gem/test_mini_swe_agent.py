@@ -28,7 +28,7 @@ from rockroll.gem.swe import TASKS_FILE, SWEEnv, hub_swe_tasks, load_swe_tasks
 from rockroll.gem.swe import agent_tasks
 from rockroll.sandbox import SandboxSpec
 from rockroll.sandbox.modelservice import ModelService, ProxyMode
-from rockroll.sandbox.runtime.model_channel import TOKEN_ENV
+from rockroll.sandbox.protocol.tokens import TOKEN_ENV
 
 # The first test may build the variant (pip inside the build sandbox, then packing it).
 pytestmark = pytest.mark.timeout(1800)

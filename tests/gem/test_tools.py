@@ -150,7 +150,7 @@ def test_save_state_then_resume_continues_exactly():
 
 def test_infra_failure_is_flagged_and_the_next_reset_works(env):
     env.reset(options={"task_id": "hello"})
-    pids = json.loads((current_run().dir / env.sandbox.id / "agent.json").read_text())
+    pids = json.loads((current_run().dir / env.sandbox.id / "guest.json").read_text())
     os.kill(pids["init_pid"], signal.SIGKILL)  # the agent: pid 1 of the sandbox
     obs, reward, term, trunc, info = env.step(bash("echo hi"))
     assert info["infra_error"] and term and reward == 0.0 and "Environment error" in obs

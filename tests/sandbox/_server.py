@@ -55,8 +55,8 @@ class Server:
         assert r.status_code == 201, r.text
         return r.json()["id"]
 
-    def agents(self, sandbox_id: str) -> dict:
-        return json.loads((self.run_dir / sandbox_id / "agent.json").read_text())
+    def guests(self, sandbox_id: str) -> dict:
+        return json.loads((self.run_dir / sandbox_id / "guest.json").read_text())
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
         self.http.close()
@@ -79,7 +79,7 @@ def sdk_service(*args: str):
     left in ours (an agent env's shared model service sets it), so a test can check that the
     driver's token is the one the service used."""
     from rockroll.sandbox.runtime import remote
-    from rockroll.sandbox.runtime.model_channel import TOKEN_ENV
+    from rockroll.sandbox.protocol.tokens import TOKEN_ENV
 
     saved = os.environ.pop(TOKEN_ENV, None)
     try:

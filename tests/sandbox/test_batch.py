@@ -15,7 +15,7 @@ import pytest
 
 from rockroll.sandbox import AsyncSandbox, CapacityError, SandboxSpec, SpecError
 from rockroll.sandbox.modelservice import ModelService
-from rockroll.sandbox.runtime.model_channel import TOKEN_ENV
+from rockroll.sandbox.protocol.tokens import TOKEN_ENV
 from rockroll.sandbox.sync import run_sync
 
 from _model import CALL, WhoAmI, host_call

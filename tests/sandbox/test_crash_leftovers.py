@@ -95,7 +95,7 @@ def test_sweep_removes_only_what_dead_writers_left(tmp_path):
     """A temp of a live writer stays (this process's, whatever its age); a dead writer's goes
     at once; a recycled pid (same pid, another start time) is a dead writer; an old-style
     temp goes once it is an hour old; final names are never touched."""
-    dead = subprocess.run([sys.executable, "-c", "from rockroll.sandbox import owner; print(owner.tag())"],
+    dead = subprocess.run([sys.executable, "-c", "from rockroll.sandbox import lifecycle; print(lifecycle.tag())"],
                           capture_output=True, text=True, check=True).stdout.strip()
     names = {
         "live": temps.temp_name("pack", ".tar.zst"),

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from rockroll.sandbox import AgentDied, SandboxSpec, SpecError, open_sandbox
+from rockroll.sandbox import GuestDied, SandboxSpec, SpecError, open_sandbox
 from rockroll.sandbox.deployment.rootfs import NO_NETWORK_ETC
 
 
@@ -210,10 +210,10 @@ def test_fork_bomb_stops_at_pids_limit(image):
 # ----------------------------------------------------------------- lifecycle and cleanup
 
 
-def test_agent_death_then_reset(image):
+def test_guest_death_then_reset(image):
     with open_sandbox(dspec(image)) as sb:
-        os.kill(sb.aio._deploy.agent.init_pid, signal.SIGKILL)
-        with pytest.raises(AgentDied):
+        os.kill(sb.aio._deploy.guest.init_pid, signal.SIGKILL)
+        with pytest.raises(GuestDied):
             sb.run("true")
         sb.reset()
         assert sb.run("echo ok").stdout == "ok\n"
@@ -298,7 +298,7 @@ def test_model_endpoint_in_a_container(image, monkeypatch):
     """The same agent channel as the local backend: an OpenAI endpoint on the container's
     loopback, the container's network still none (the image has no Python: raw HTTP)."""
     from rockroll.sandbox.modelservice import ModelService, ReplayMode
-    from rockroll.sandbox.runtime.model_channel import TOKEN_ENV
+    from rockroll.sandbox.protocol.tokens import TOKEN_ENV
 
     recorded = {"kind": "chat", "messages": [{"role": "user", "content": "hi"}], "prompt": None, "tools": None,
                 "choices": [{"content": "hello from the host", "finish_reason": "stop"}]}

@@ -1,4 +1,4 @@
-"""Faults: a killed agent, a killed owner process. Nothing may leak."""
+"""Faults: a killed guest, a killed owner process. Nothing may leak."""
 
 import asyncio
 import contextlib
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rockroll.sandbox import AgentDied, SandboxSpec, open_sandbox
+from rockroll.sandbox import GuestDied, SandboxSpec, open_sandbox
 from rockroll.sandbox.deployment.cgroups import cgroup_mode
 from rockroll.sandbox.deployment.reaper import current_run, list_runs, reap_dead_runs
 
@@ -21,7 +21,7 @@ from _leaks import leftovers
 
 
 def _agent_pids(sb):
-    info = json.loads((current_run().dir / sb.id / "agent.json").read_text())
+    info = json.loads((current_run().dir / sb.id / "guest.json").read_text())
     return info["init_pid"], info["outer_pid"]
 
 
@@ -35,10 +35,10 @@ def test_killed_agent_is_a_typed_error_and_reset_recovers(sb):
 
     import threading
     threading.Thread(target=kill_soon).start()
-    with pytest.raises(AgentDied) as err:
+    with pytest.raises(GuestDied) as err:
         sb.run("sleep 30")  # killed mid-command
     assert err.value.sandbox_id == sb.id
-    with pytest.raises(AgentDied):
+    with pytest.raises(GuestDied):
         sb.run("true")
     assert not sb.ping()
     sb.reset()
@@ -87,8 +87,8 @@ def test_kill_9_of_owner_leaves_nothing_after_next_start(tmp_path):
         boxes = [open_sandbox(SandboxSpec(memory_mb=128)) for _ in range(3)]
         for b in boxes:
             b.run("sleep 1000 &")
-        info = [json.loads((current_run().dir / b.id / "agent.json").read_text()) for b in boxes]
-        print(json.dumps({"run": current_run().run_id, "dir": str(current_run().dir), "agents": info,
+        info = [json.loads((current_run().dir / b.id / "guest.json").read_text()) for b in boxes]
+        print(json.dumps({"run": current_run().run_id, "dir": str(current_run().dir), "guests": info,
                           "zygote": zygote_pid()}), flush=True)
         time.sleep(1000)
     """)
@@ -98,18 +98,18 @@ def test_kill_9_of_owner_leaves_nothing_after_next_start(tmp_path):
     run_id, run_dir = data["run"], Path(data["dir"])
     live = leftovers(run_id, run_dir)  # the checks see a live run's traces, of every kind
     assert {item.split()[0] for item in live} >= {"path", "dir", "process", "loop"} | ({"cgroup"} if cgroup_mode() != "none" else set())
-    zygote = data["zygote"]  # the agents' parent, a process of the owner's
-    assert zygote and all(_parent(a["outer_pid"]) == zygote for a in data["agents"])
-    forked = _children(zygote)  # the agents' outer processes, and spares waiting for a config
-    assert len(forked) > len(data["agents"])
+    zygote = data["zygote"]  # the guests' parent, a process of the owner's
+    assert zygote and all(_parent(a["outer_pid"]) == zygote for a in data["guests"])
+    forked = _children(zygote)  # the guests' outer processes, and spares waiting for a config
+    assert len(forked) > len(data["guests"])
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    # the agents die with their owner: their control pipe closed, pid 1 exits, the pid namespace
+    # the guests die with their owner: their control pipe closed, pid 1 exits, the pid namespace
     # goes; so does the zygote that forked them (PR_SET_PDEATHSIG, and EOF on its socket)
     deadline = time.time() + 20
-    while time.time() < deadline and any(_alive(p) for a in data["agents"] for p in (a["init_pid"], zygote)):
+    while time.time() < deadline and any(_alive(p) for a in data["guests"] for p in (a["init_pid"], zygote)):
         time.sleep(0.1)
-    assert not any(_alive(a["init_pid"]) or _alive(a["outer_pid"]) for a in data["agents"])
+    assert not any(_alive(a["init_pid"]) or _alive(a["outer_pid"]) for a in data["guests"])
     assert not _alive(zygote) and not [p for p in forked if _alive(p)]
     dead = [r for r in list_runs() if r.run_id == run_id]
     assert dead and not dead[0].alive  # its directory is still there until the next start ...
@@ -188,14 +188,14 @@ async def test_cancelled_create_leaves_no_sandbox():
 
 
 async def test_handshake_takes_ready_before_spawned():
-    # The outer agent reports the pid it forked ("spawned") while init reports "ready" on the
+    # The outer guest reports the pid it forked ("spawned") while init reports "ready" on the
     # same pipe: on a loaded host "ready" can come first, and the pid must still be recorded
-    # (a crash reaper needs it). A process speaking the agent's framing in that order:
-    from rockroll.sandbox.runtime.agent import AgentConnection
+    # (a crash reaper needs it). A process speaking the guest's framing in that order:
+    from rockroll.sandbox.runtime.guest import GuestConnection
 
     script = textwrap.dedent("""
         import os, sys, time
-        from rockroll.sandbox.runtime._agent import encode_frame
+        from rockroll.sandbox.protocol.frames import encode_frame
         os.write(1, encode_frame({"op": "ready", "ok": True, "pid": 1}))
         time.sleep(0.2)
         os.write(1, encode_frame({"op": "spawned", "init_pid": 4242}))
@@ -203,7 +203,7 @@ async def test_handshake_takes_ready_before_spawned():
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
-        conn = AgentConnection(proc, "sb-test")
+        conn = GuestConnection(proc, "sb-test")
         assert await conn.handshake(timeout=30) == 4242
         conn.close()
     finally:
@@ -212,19 +212,19 @@ async def test_handshake_takes_ready_before_spawned():
 
 
 async def test_handshake_of_a_one_process_agent_is_its_own_pid():
-    # As root the agent is init itself (pid 1 of a pid namespace the zygote made): its
+    # As root the guest is init itself (pid 1 of a pid namespace the zygote made): its
     # "ready" says so, no "spawned" comes, and the pid to record is the process's own.
-    from rockroll.sandbox.runtime.agent import AgentConnection
+    from rockroll.sandbox.runtime.guest import GuestConnection
 
     script = textwrap.dedent("""
         import os, sys
-        from rockroll.sandbox.runtime._agent import encode_frame
+        from rockroll.sandbox.protocol.frames import encode_frame
         os.write(1, encode_frame({"op": "ready", "ok": True, "pid": 1, "one_process": True}))
         sys.stdin.read()
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
-        conn = AgentConnection(proc, "sb-test")
+        conn = GuestConnection(proc, "sb-test")
         assert await conn.handshake(timeout=30) == proc.pid
         conn.close()
     finally:
@@ -238,12 +238,12 @@ async def test_handshake_of_a_one_process_agent_is_its_own_pid():
 ])
 async def test_a_bad_frame_fails_requests_instead_of_hanging(frame):
     # A corrupted control stream cannot be resynchronised: requests in flight must fail with
-    # AgentDied at once, not wait for a reply that can never be parsed.
-    from rockroll.sandbox.runtime.agent import AgentConnection
+    # GuestDied at once, not wait for a reply that can never be parsed.
+    from rockroll.sandbox.runtime.guest import GuestConnection
 
     script = textwrap.dedent(f"""
         import os, struct, sys, time
-        from rockroll.sandbox.runtime._agent import encode_frame
+        from rockroll.sandbox.protocol.frames import encode_frame
         os.write(1, encode_frame({{"op": "ready", "ok": True, "pid": 1}}))
         os.write(1, encode_frame({{"op": "spawned", "init_pid": 4242}}))
         sys.stdin.buffer.read1(1 << 16)  # the request
@@ -252,9 +252,9 @@ async def test_a_bad_frame_fails_requests_instead_of_hanging(frame):
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
-        conn = AgentConnection(proc, "sb-test")
+        conn = GuestConnection(proc, "sb-test")
         assert await conn.handshake(timeout=30) == 4242
-        with pytest.raises(AgentDied, match="bad frame"):
+        with pytest.raises(GuestDied, match="bad frame"):
             await asyncio.wait_for(conn.request({"op": "ping"}), 30)
         conn.close()
     finally:

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rockroll.sandbox.runtime._agent import FRAME, MAX_FRAME, FrameReader, encode_frame  # noqa: I001 (the agent may move)
+from rockroll.sandbox.protocol.frames import FRAME, MAX_FRAME, FrameReader, encode_frame  # noqa: I001 (the agent may move)
 
 PROPS = settings(max_examples=120, deadline=None, derandomize=True, database=None,
                  suppress_health_check=[HealthCheck.too_slow])

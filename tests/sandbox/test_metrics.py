@@ -48,7 +48,7 @@ def restarted():
     old = Server()
     old.create()
     old.stop(signal.SIGKILL)
-    dead = temps.temp_name("pack", ".tar.zst").replace(temps.owner.tag(), "999999999-1")
+    dead = temps.temp_name("pack", ".tar.zst").replace(temps.lifecycle.tag(), "999999999-1")
     store = state_home() / "snapshots" / "sha256"
     store.mkdir(parents=True, exist_ok=True)
     (store / dead).write_bytes(b"half a tarball")

@@ -23,7 +23,7 @@ from _openai_client import ATTACK, copy_client
 from rockroll.sandbox import SandboxSpec, open_sandbox
 from rockroll.sandbox.modelservice import (ModelService, PolicyMode, ProxyMode, ReplayMode, Sample,
                                            parse_hermes)
-from rockroll.sandbox.runtime.model_channel import TOKEN_ENV
+from rockroll.sandbox.protocol.tokens import TOKEN_ENV
 
 from _model import ENVIRONS
 
@@ -315,7 +315,7 @@ print(closed)
 
 
 def test_connection_flood_is_bounded(agent_sb):
-    from rockroll.sandbox.runtime._agent import MODEL_MAX_CONNS
+    from rockroll.sandbox.guest.model import MODEL_MAX_CONNS
 
     r = run_py(agent_sb, FLOOD)
     assert r.exit_code == 0, r.stderr

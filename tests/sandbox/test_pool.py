@@ -48,7 +48,7 @@ def test_acquire_release_resets_and_reuses():
 def test_dead_idle_sandbox_is_replaced():
     with SandboxPool(SPEC, size=2, health_interval_s=0.2) as pool:
         victim = pool.aio._idle[0]
-        pid = json.loads((current_run().dir / victim.id / "agent.json").read_text())["init_pid"]
+        pid = json.loads((current_run().dir / victim.id / "guest.json").read_text())["init_pid"]
         os.kill(pid, signal.SIGKILL)
         assert _wait(lambda: pool.replaced >= 1 and pool.idle == 2)
         # the replacement is another sandbox; the dead one is closed and gone from the run

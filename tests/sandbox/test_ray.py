@@ -26,7 +26,7 @@ import ray  # the ray extra is a declared test dependency (make test installs it
 from rockroll.sandbox import SandboxLost, SandboxSpec, SandboxFileError, open_sandbox  # noqa: E402
 from rockroll.sandbox.deployment import ray as raycluster  # noqa: E402
 from rockroll.sandbox.pool import SandboxPool  # noqa: E402
-from rockroll.sandbox.owner import proc_start_time
+from rockroll.sandbox.lifecycle import proc_start_time
 from rockroll.sandbox.deployment.reaper import list_runs, reap_dead_runs  # noqa: E402
 from rockroll.sandbox.home import state_home  # noqa: E402
 
@@ -68,7 +68,7 @@ class Node:
             try:
                 if os.getpgid(int(entry.name)) != self.pgid:
                     continue
-                if b"_agent.py" in (entry / "cmdline").read_bytes():
+                if b"guest/__main__.py" in (entry / "cmdline").read_bytes():
                     continue
                 os.kill(int(entry.name), signal.SIGKILL)
             except (ProcessLookupError, PermissionError, OSError):
@@ -231,7 +231,7 @@ def test_pool_spreads_then_refills_after_node_loss(cluster):
     run = _wait(lambda: next((r for r in list_runs() if r.run_id == worker_run and not r.alive), None),
                 60, "the killed host's run to be dead")
     assert run.sandboxes
-    _wait(lambda: not _agents_of(worker_run), 60, "the killed node's agents to exit")
+    _wait(lambda: not _guests_of(worker_run), 60, "the killed node's agents to exit")
     assert worker_run in reap_dead_runs()
     assert worker_run not in {r.run_id for r in list_runs()}
 
@@ -251,10 +251,10 @@ def _wait_lost(sb, timeout: float = 60.0):
     raise AssertionError("the sandbox was never reported lost")
 
 
-def _agents_of(run_id: str) -> list[int]:
-    """The recorded agent pids of a run's sandboxes that are still running."""
+def _guests_of(run_id: str) -> list[int]:
+    """The recorded guest pids of a run's sandboxes that are still running."""
     alive = []
-    for sb_dir in (state_home() / "runs" / run_id).glob("*/agent.json"):
+    for sb_dir in (state_home() / "runs" / run_id).glob("*/guest.json"):
         pids = json.loads(sb_dir.read_text())
         alive += [pids[k] for k in ("init_pid", "outer_pid")
                   if isinstance(pids.get(k), int) and proc_start_time(pids[k]) == pids.get(k.replace("pid", "start"))]
@@ -266,7 +266,7 @@ def test_model_endpoint_on_a_ray_node(cluster, monkeypatch):
     The host actors started before the driver had a token (their environment has none):
     the driver's token travels with each create, and with a pool's resize."""
     from rockroll.sandbox.modelservice import ModelService
-    from rockroll.sandbox.runtime.model_channel import TOKEN_ENV
+    from rockroll.sandbox.protocol.tokens import TOKEN_ENV
 
     from _model import WhoAmI, assert_served, host_call
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rockroll.sandbox import (AgentDied, AsyncSandbox, SandboxClosed, SandboxError, SandboxFileError,
+from rockroll.sandbox import (GuestDied, AsyncSandbox, SandboxClosed, SandboxError, SandboxFileError,
                               SandboxFileNotFound, SandboxNotFound, SandboxSpec, SpecError, open_async_sandbox,
                               open_sandbox)
 from rockroll.sandbox.runtime import remote
@@ -170,9 +170,9 @@ def test_errors_map_to_local_classes(server, tmp_path):
 
 
 def test_agent_death_is_agent_died_and_reset_recovers(rsb, server):
-    pids = server.agents(rsb.id)
+    pids = server.guests(rsb.id)
     os.kill(pids["init_pid"], signal.SIGKILL)
-    with pytest.raises(AgentDied) as err:
+    with pytest.raises(GuestDied) as err:
         for _ in range(50):
             rsb.run("true")
     assert err.value.sandbox_id == rsb.id and not rsb.alive and not rsb.ping()
@@ -226,7 +226,7 @@ def test_model_endpoint_with_the_drivers_token(server, monkeypatch):
     (the service's own environment has none): the service's host relays the sandbox's
     calls, issues and revokes its key, and its forks' keys, with the driver's token."""
     from rockroll.sandbox.modelservice import ModelService
-    from rockroll.sandbox.runtime.model_channel import TOKEN_ENV
+    from rockroll.sandbox.protocol.tokens import TOKEN_ENV
 
     assert TOKEN_ENV.encode() not in Path(f"/proc/{server.proc.pid}/environ").read_bytes()
     with ModelService(WhoAmI()) as svc:
@@ -248,7 +248,7 @@ def test_model_endpoint_with_the_drivers_token(server, monkeypatch):
 def test_model_endpoint_with_the_services_token(monkeypatch):
     """A driver without the token: the service's own ``$ROCKROLL_MODEL_TOKEN`` serves."""
     from rockroll.sandbox.modelservice import ModelService
-    from rockroll.sandbox.runtime.model_channel import TOKEN_ENV
+    from rockroll.sandbox.protocol.tokens import TOKEN_ENV
 
     with ModelService(WhoAmI()) as svc:
         monkeypatch.setenv(TOKEN_ENV, svc.token)

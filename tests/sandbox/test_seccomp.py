@@ -183,12 +183,12 @@ HOST_MAY_REFUSE = {"kexec_load", "kexec_file_load", "init_module", "finit_module
 
 PROBE = textwrap.dedent("""
     import ctypes, json, sys
-    from rockroll.sandbox.runtime import _agent
+    from rockroll.sandbox.guest.syscalls import install_seccomp
     from rockroll.sandbox.deployment.seccomp import bpf_program
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
     if sys.argv[1] == "filtered":
-        _agent.install_seccomp(bpf_program())
+        install_seccomp(bpf_program())
     out = {}
     for name, (nr, args, _) in json.loads(sys.argv[2]).items():
         ctypes.set_errno(0)
@@ -220,11 +220,11 @@ def test_every_denied_call_gets_eperm_from_the_kernel():
 I386_GETPID = bytes.fromhex("b814000000" "cd80" "c3")  # mov eax, 20; int 0x80; ret
 FOREIGN_ABI = textwrap.dedent("""
     import ctypes, mmap, sys
-    from rockroll.sandbox.runtime import _agent
+    from rockroll.sandbox.guest.syscalls import install_seccomp
     from rockroll.sandbox.deployment.seccomp import bpf_program
     libc = ctypes.CDLL(None, use_errno=True)
     if sys.argv[2] == "filtered":
-        _agent.install_seccomp(bpf_program())
+        install_seccomp(bpf_program())
     if sys.argv[1] == "x32":
         libc.syscall(ctypes.c_long(0x40000000 | 39))  # getpid through the x32 ABI
     else:
@@ -249,9 +249,9 @@ def test_other_abis_are_killed(abi):
 
 WORK = textwrap.dedent("""
     import multiprocessing, subprocess, sys, threading
-    from rockroll.sandbox.runtime import _agent
+    from rockroll.sandbox.guest.syscalls import install_seccomp
     from rockroll.sandbox.deployment.seccomp import bpf_program
-    _agent.install_seccomp(bpf_program())
+    install_seccomp(bpf_program())
     box = []
     threads = [threading.Thread(target=box.append, args=(i,)) for i in range(8)]
     [t.start() for t in threads]

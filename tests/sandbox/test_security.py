@@ -135,7 +135,7 @@ def test_memory_hog_is_killed_and_reported():
         # charge went up to the 64 MiB limit and never past it
         assert sb.aio._deploy.cgroup.oom_kills() >= 1
         assert 32 << 20 < sb.aio._deploy.cgroup.memory_peak_bytes() <= 64 << 20
-        r = sb.run("echo alive")  # the session and agent survive the OOM kill
+        r = sb.run("echo alive")  # the session and guest survive the OOM kill
         assert r.stdout == "alive\n" and not r.oom_killed
 
 
@@ -225,11 +225,11 @@ def armored(request):
 
 
 def test_every_process_of_the_sandbox_is_filtered(armored):
-    """The agent, its session shell, the command, and (docker) the container's keep-alive."""
+    """The guest, its session shell, the command, and (docker) the container's keep-alive."""
     r = armored.run("sleep 30 & for p in /proc/[0-9]*; do echo \"$(grep -E '^(Seccomp|NoNewPrivs):' "
                     "$p/status | tr -d '\\t\\n') $(tr '\\0' ' ' <$p/cmdline)\"; done; kill $!", timeout=30)
     procs = [line for line in r.stdout.splitlines() if "Seccomp:" in line]  # not those gone meanwhile
-    assert len(procs) >= 4 and any("_agent.py" in p for p in procs) and any("sleep 30" in p for p in procs), r
+    assert len(procs) >= 4 and any("guest/__main__.py" in p for p in procs) and any("sleep 30" in p for p in procs), r
     assert all(p.startswith("NoNewPrivs:1Seccomp:2 ") for p in procs), procs
 
 
@@ -313,15 +313,15 @@ def test_each_blocked_syscall_gets_eperm(armored):
     assert armored.run("echo alive").stdout == "alive\n"
 
 
-def test_ptrace_reaches_the_sandboxs_own_processes_but_not_the_agent(armored):
+def test_ptrace_reaches_the_sandboxs_own_processes_but_not_the_guest(armored):
     """ptrace stays allowed (as in Docker on kernels >= 4.8): the pid namespace hides
-    everything outside, and the agent, which runs as the same user, is non-dumpable."""
+    everything outside, and the guest, which runs as the same user, is non-dumpable."""
     armored.write_file("/tmp/attach.pl", "$| = 1; for my $p (@ARGV) { my $r = syscall(101, 16, $p + 0, 0, 0); "
                        "print(($r == -1 ? $! + 0 : 'attached'), ' ') }")  # PTRACE_ATTACH
-    r = armored.run("sleep 30 & child=$!; agents=$(grep -l [_]agent.py /proc/[0-9]*/cmdline | cut -d/ -f3); "
-                    "perl /tmp/attach.pl $agents $child; kill -9 $child", timeout=30)
+    r = armored.run("sleep 30 & child=$!; guests=$(grep -l [g]uest/__main__.py /proc/[0-9]*/cmdline | cut -d/ -f3); "
+                    "perl /tmp/attach.pl $guests $child; kill -9 $child", timeout=30)
     verdicts = r.stdout.split()
-    assert verdicts[:-1] and set(verdicts[:-1]) == {"1"}, r  # every agent process: EPERM
+    assert verdicts[:-1] and set(verdicts[:-1]) == {"1"}, r  # every guest process: EPERM
     assert verdicts[-1] == "attached", r  # the command's own child: a debugger works
 
 

@@ -21,7 +21,7 @@ from schemathesis.generation import GenerationMode
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
 
-from rockroll.sandbox.owner import proc_start_time
+from rockroll.sandbox.lifecycle import proc_start_time
 
 from _leaks import leftovers
 from _server import Server
@@ -225,7 +225,7 @@ def test_metrics_exposition(server):
 def test_idle_ttl_reaper_closes_idle_sandboxes(server):
     sid = server.create(ttl_s=0.5)
     keep = server.create()  # the server default (an hour) applies
-    agent = server.agents(sid)
+    agent = server.guests(sid)
     _wait(lambda: server.http.get(f"/v1/sandboxes/{sid}").status_code == 409, what="the reaper")
     r = server.http.get(f"/v1/sandboxes/{sid}")
     assert r.json()["error"] == "SandboxClosed" and "idle" in r.json()["message"]
@@ -237,7 +237,7 @@ def test_idle_ttl_reaper_closes_idle_sandboxes(server):
 def test_graceful_shutdown_closes_every_sandbox():
     srv = Server()
     ids = [srv.create() for _ in range(3)]
-    agents = [srv.agents(i) for i in ids]
+    agents = [srv.guests(i) for i in ids]
     srv.http.post(f"/v1/sandboxes/{ids[0]}/run", json={"cmd": "sleep 1000 &"})
     assert srv.stop(signal.SIGTERM) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once done
     assert not any(_alive(a["init_pid"], a["init_start"]) or _alive(a["outer_pid"], a["outer_start"])
@@ -248,7 +248,7 @@ def test_graceful_shutdown_closes_every_sandbox():
 def test_kill_9_then_restart_reaps_the_old_run():
     srv = Server()
     ids = [srv.create() for _ in range(3)]
-    agents = [srv.agents(i) for i in ids]
+    agents = [srv.guests(i) for i in ids]
     for sid in ids:
         srv.http.post(f"/v1/sandboxes/{sid}/run", json={"cmd": "sleep 1000 &"})
     srv.stop(signal.SIGKILL)

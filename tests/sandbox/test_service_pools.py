@@ -141,7 +141,7 @@ def test_pools_from_a_file_are_closed_at_shutdown_with_nothing_left(tmp_path):
         leased = srv.http.post("/v1/sandboxes", json={"memory_mb": 64, "env": {"K": "v"}}).json()
         assert leased["pool"] is not None
         assert srv.http.post(f"/v1/sandboxes/{leased['id']}/run", json={"cmd": "echo $K"}).json()["stdout"] == "v\n"
-        agents = [srv.agents(d) for d in _sandbox_dirs(srv)]
+        agents = [srv.guests(d) for d in _sandbox_dirs(srv)]
         assert len(agents) == 3
     finally:
         assert srv.stop(signal.SIGTERM) in (0, -signal.SIGTERM)

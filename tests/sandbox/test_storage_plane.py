@@ -484,7 +484,7 @@ def test_limits_read_sizes_and_name_a_bad_one():
 
 
 def test_a_limit_error_crosses_the_wire_with_its_limit():
-    from rockroll.sandbox.server.wire import error_body, error_from_body, status_of
+    from rockroll.sandbox.protocol.wire import error_body, error_from_body, status_of
 
     for exc, status in ((StorageLimitError("max_layer_bytes", MiB, "layer x is too big"), 413),
                         (StorageFullError("token_storage_quota", 5 * MiB, "quota used up"), 507)):

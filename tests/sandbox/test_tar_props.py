@@ -27,7 +27,7 @@ import zstandard
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from rockroll.sandbox.runtime._agent import extract_tar  # noqa: I001 (the agent may move)
+from rockroll.sandbox.guest.files import extract_tar  # noqa: I001 (the agent may move)
 from rockroll.sandbox.errors import UnsafeArchiveError
 from rockroll.sandbox.storage.layers import unpack_layer, unpack_plain_tar
 

@@ -1,5 +1,6 @@
-"""The wire protocols, without a sandbox: the agent's frames (``_agent.encode_frame`` /
-``FrameReader``) and the HTTP service's models and error mapping (``sandbox/server/wire.py``).
+"""The wire protocols, without a sandbox: the guest's frames (``protocol/frames.py``:
+``encode_frame`` / ``FrameReader``) and the HTTP service's models and error mapping
+(``protocol/wire.py``).
 
 Every expected byte string and status is written out by hand; the round trips through a
 real agent and a real server are in test_api.py / test_remote.py. These are the fast tests
@@ -15,9 +16,9 @@ import pytest
 from pydantic import ValidationError
 
 from rockroll.sandbox import errors
-from rockroll.sandbox.runtime._agent import MAX_FRAME, FrameReader, encode_frame
+from rockroll.sandbox.protocol.frames import MAX_FRAME, FrameReader, encode_frame
 from rockroll.sandbox.spec import CommandResult, SandboxSpec, Snapshot
-from rockroll.sandbox.server.wire import (
+from rockroll.sandbox.protocol.wire import (
     AuthError,
     ForkIn,
     ResultOut,
@@ -86,8 +87,8 @@ STATUSES = [
     (errors.SpecError("cpus", "bad"), 422),
     (errors.CapacityError("full"), 429),
     (errors.SandboxClosed("x"), 409),
-    (errors.AgentDied("x"), 409),
-    (errors.SandboxLost("x"), 409),  # an AgentDied
+    (errors.GuestDied("x"), 409),
+    (errors.SandboxLost("x"), 409),  # an GuestDied
     (errors.SandboxStartError("x"), 503),
     (errors.IsolationUnavailable("x"), 503),
     (errors.UnsafeArchiveError("../a", "escapes"), 400),

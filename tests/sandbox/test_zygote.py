@@ -1,6 +1,6 @@
-"""The fork server (``_agent.zygote``): every agent is a fork of one long-lived process of
+"""The fork server (``guest/zygote.py``): every guest is a fork of one long-lived process of
 the owner's, so what that process holds is what a sandbox could inherit. Read from the
-host: the agents' parent, their fds, environment and cgroup, and the zygote's memory.
+host: the guests' parent, their fds, environment and cgroup, and the zygote's memory.
 (That the zygote dies with its owner is in test_faults.py's kill -9 test.)"""
 
 import json
@@ -14,8 +14,8 @@ from rockroll.sandbox.deployment.process import zygote_pid
 from rockroll.sandbox.deployment.reaper import current_run
 
 
-def agent_pids(sb) -> tuple[int, int]:
-    info = json.loads((current_run().dir / sb.id / "agent.json").read_text())
+def guest_pids(sb) -> tuple[int, int]:
+    info = json.loads((current_run().dir / sb.id / "guest.json").read_text())
     return info["outer_pid"], info["init_pid"]
 
 
@@ -59,15 +59,15 @@ def ns_of(pid: int, kind: str) -> str:
 
 def test_agents_are_forked_by_the_zygote():
     with open_sandbox(SandboxSpec(memory_mb=128, pids=64)) as sb:
-        outer, init = agent_pids(sb)
+        outer, init = guest_pids(sb)
         zygote = zygote_pid()
         # as root, one process: the zygote forked it as pid 1 of a pid namespace of its own
         assert zygote is not None and outer == init and parent_of(init) == zygote
         assert ns_of(init, "pid") != ns_of(zygote, "pid")
-        # and the zygote went back to its own: the next agent gets a namespace of its own too
+        # and the zygote went back to its own: the next guest gets a namespace of its own too
         assert ns_of(zygote, "pid_for_children") == ns_of(zygote, "pid")
         with open_sandbox(SandboxSpec(memory_mb=128, pids=64)) as other:
-            _, other_init = agent_pids(other)
+            _, other_init = guest_pids(other)
             assert ns_of(other_init, "pid") not in (ns_of(init, "pid"), ns_of(zygote, "pid"))
         # the zygote is ours, not a sandbox's: in our cgroup, with an empty environment
         assert Path(f"/proc/{zygote}/cgroup").read_text() == Path("/proc/self/cgroup").read_text()
@@ -79,11 +79,11 @@ def test_a_second_sandbox_inherits_nothing_of_the_first():
     secret = f"rr-secret-{uuid.uuid4().hex}"
     with open_sandbox(SandboxSpec(memory_mb=128, pids=64, env={"RR_PLANTED": secret})) as first:
         assert first.run("echo $RR_PLANTED").stdout == secret + "\n"
-        first_outer, first_init = agent_pids(first)
+        first_outer, first_init = guest_pids(first)
         first_pipes = {t for pid in (first_outer, first_init) for t in fd_targets(pid) if t.startswith("pipe:")}
         with open_sandbox(SandboxSpec(memory_mb=128, pids=64)) as second:
             assert second.run("echo ${RR_PLANTED:-unset}").stdout == "unset\n"
-            outer, init = agent_pids(second)
+            outer, init = guest_pids(second)
             zygote = zygote_pid()
             # the zygote never saw the first sandbox's configuration, so neither it nor
             # anything forked from it holds its secret

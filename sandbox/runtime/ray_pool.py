@@ -12,11 +12,11 @@ import contextlib
 import uuid
 from typing import Any
 
+from ..deployment.ray import STATS_TIMEOUT_S, HostRef, cluster, local_spec, model_token
 from ..errors import SandboxError, SandboxLost, SpecError
 from ..pool import AsyncPool
-from ..runtime.ray import RaySandbox
 from ..spec import SandboxSpec
-from .ray import STATS_TIMEOUT_S, HostRef, cluster, local_spec, model_token
+from .ray import RaySandbox
 
 
 def _split(size: int, weights: list[float]) -> list[int]:

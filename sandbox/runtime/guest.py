@@ -1,6 +1,6 @@
-"""The client of our agent (``_agent.py``): a sandbox of the local and docker backends.
+"""The client of our guest (``guest/``, pid 1 of a sandbox): a sandbox of the local and docker backends.
 
-``AgentSandbox`` speaks the agent protocol over a pipe pair, with many requests in flight
+``GuestSandbox`` speaks the guest protocol over a pipe pair, with many requests in flight
 at once (one per session), and leaves starting and stopping to a deployment
 (``deployment/local.py``, ``deployment/docker.py``); the factory says which.
 """
@@ -22,15 +22,17 @@ from typing import Any, AsyncIterable, AsyncIterator
 
 from ..base import CHUNK, AsyncSandbox, once
 from ..deployment.base import Deployment
-from ..deployment.reaper import current_run, install_exit_handlers
-from ..errors import (AgentDied, IsolationUnavailable, SandboxClosed, SandboxError, SandboxFileError,
+from ..deployment.reaper import current_run
+from ..errors import (GuestDied, IsolationUnavailable, SandboxClosed, SandboxError, SandboxFileError,
                       SandboxFileNotFound, SandboxStartError, SessionError, SnapshotError, SpecError,
                       StorageLimitError)
+from ..lifecycle import install_exit_handlers
+from ..protocol.frames import FrameReader, ModelConfig, encode_frame
+from ..protocol.tokens import admin_token, current_token
 from ..spec import CommandResult, SandboxSpec, Snapshot
 from ..storage.layers import pack_layer, read_meta
 from ..storage.snapshots import SnapshotStore, copy_tree
-from ._agent import FrameReader, encode_frame
-from .model_channel import SANDBOX_PORT, ModelRelay, admin_token, current_token, issue_key, revoke_key, sandbox_env
+from .model_channel import SANDBOX_PORT, ModelRelay, issue_key, revoke_key, sandbox_env
 
 # Tasks closing sandboxes whose create() was cancelled mid-build (held here: the loop keeps
 # only weak references to tasks).
@@ -48,8 +50,8 @@ async def _deploying(fn, *args):
     return await asyncio.get_running_loop().run_in_executor(_DEPLOY, functools.partial(fn, *args))
 
 
-class AgentConnection:
-    """Framed, multiplexed requests over the agent's stdin/stdout (asyncio, no threads)."""
+class GuestConnection:
+    """Framed, multiplexed requests over the guest's stdin/stdout (asyncio, no threads)."""
 
     def __init__(self, proc, sandbox_id: str, model_endpoint: str | None = None):
         self.loop = asyncio.get_running_loop()
@@ -77,13 +79,13 @@ class AgentConnection:
         except OSError:
             data = b""
         if not data:
-            self._fail("the sandbox agent exited")
+            self._fail("the sandbox guest exited")
             return
         self.reader.feed(data)
         try:
             frames = list(self.reader.frames())
         except ValueError as e:  # a malformed or oversized frame: the stream cannot be trusted
-            self._fail(f"the sandbox agent sent a bad frame ({e})")
+            self._fail(f"the sandbox guest sent a bad frame ({e})")
             return
         for header, payload in frames:
             if header.get("op", "").startswith("mc_") and "id" not in header:
@@ -101,7 +103,7 @@ class AgentConnection:
             elif not fut.done():
                 fut.set_result((header, payload))
 
-    def _fail(self, reason: str, error: type[SandboxError] = AgentDied) -> None:
+    def _fail(self, reason: str, error: type[SandboxError] = GuestDied) -> None:
         """Stop listening and fail every request in flight with ``error`` (once)."""
         if self.dead:
             return
@@ -118,7 +120,7 @@ class AgentConnection:
         self._fail("sandbox is closed", SandboxClosed)
 
     def detach(self) -> None:
-        if self.relay is not None:  # the sandbox's model connections end with its agent
+        if self.relay is not None:  # the sandbox's model connections end with its guest
             self.relay.close()
         for remove, fd in ((self.loop.remove_reader, self.rfd), (self.loop.remove_writer, self.wfd)):
             try:
@@ -137,7 +139,7 @@ class AgentConnection:
             except BlockingIOError:
                 n = 0
             except OSError:
-                self._fail("the sandbox agent's pipe is closed")
+                self._fail("the sandbox guest's pipe is closed")
                 return
             data = data[n:]
             if not data:
@@ -151,7 +153,7 @@ class AgentConnection:
         except BlockingIOError:
             return
         except OSError:
-            self._fail("the sandbox agent's pipe is closed")
+            self._fail("the sandbox guest's pipe is closed")
             return
         del self.out[:n]
         if not self.out:
@@ -161,7 +163,7 @@ class AgentConnection:
                       ) -> tuple[dict, bytes]:
         """Send one request and wait for its reply; ``stream`` receives live output chunks."""
         if self.dead:
-            raise AgentDied(self.dead, sandbox_id=self.sandbox_id)
+            raise GuestDied(self.dead, sandbox_id=self.sandbox_id)
         self.next_id += 1
         req_id = self.next_id
         fut = self.loop.create_future()
@@ -181,11 +183,11 @@ class AgentConnection:
             cls = _ERRORS.get(reply.get("error"), SandboxError)
             if cls is SandboxFileError and reply.get("errno") == errno.ENOENT:
                 cls = SandboxFileNotFound
-            raise cls(reply.get("message", "agent error"), sandbox_id=self.sandbox_id)
+            raise cls(reply.get("message", "guest error"), sandbox_id=self.sandbox_id)
         return reply, body
 
     def cancel(self, req_id: int) -> None:
-        """Ask the agent to kill request ``req_id``'s command (fire and forget: its reply, and
+        """Ask the guest to kill request ``req_id``'s command (fire and forget: its reply, and
         the cancelled command's, find their futures done or gone and are dropped)."""
         if self.dead:
             return
@@ -195,10 +197,10 @@ class AgentConnection:
         self._write(encode_frame({"op": "cancel", "target": req_id, "id": self.next_id}))
 
     async def handshake(self, timeout: float = 30.0) -> int:
-        """Wait for the agent to report its init pid and readiness; return the init pid.
+        """Wait for the guest to report its init pid and readiness; return the init pid.
 
-        An agent that is one process is init itself (``ready`` says ``one_process``). Else
-        the two frames come from two processes sharing one pipe (the outer agent reports the
+        A guest that is one process is init itself (``ready`` says ``one_process``). Else
+        the two frames come from two processes sharing one pipe (the outer guest reports the
         pid it forked, init reports ready), so on a loaded host "ready" can come first."""
         init_pid, ready = None, False
         deadline = time.monotonic() + timeout
@@ -206,7 +208,7 @@ class AgentConnection:
             try:
                 header, _ = await asyncio.wait_for(self.events.get(), max(0.01, deadline - time.monotonic()))
             except asyncio.TimeoutError:
-                raise SandboxStartError("the sandbox agent did not start in time",
+                raise SandboxStartError("the sandbox guest did not start in time",
                                         sandbox_id=self.sandbox_id) from None
             op = header.get("op")
             if op == "spawned":
@@ -219,14 +221,14 @@ class AgentConnection:
                 if header.get("one_process"):
                     init_pid = self.pid
             elif op == "eof":
-                raise SandboxStartError(f"the sandbox agent exited during start-up ({self.dead})",
+                raise SandboxStartError(f"the sandbox guest exited during start-up ({self.dead})",
                                         sandbox_id=self.sandbox_id)
         return init_pid
 
 
-class AgentSandbox(AsyncSandbox):
-    """A sandbox whose agent runs on this host, started by a deployment (local
-    namespaces or a docker container). An agent crash raises ``AgentDied``; ``reset()``
+class GuestSandbox(AsyncSandbox):
+    """A sandbox whose guest runs on this host, started by a deployment (local
+    namespaces or a docker container). A guest crash raises ``GuestDied``; ``reset()``
     recovers. See ``AsyncSandbox`` for each method's contract."""
 
     def __init__(self, spec: SandboxSpec, sandbox_id: str, deployment: type):
@@ -234,7 +236,7 @@ class AgentSandbox(AsyncSandbox):
         self.run_id = current_run().run_id
         self._deployment = deployment
         self._deploy: Deployment | None = None
-        self._conn: AgentConnection | None = None
+        self._conn: GuestConnection | None = None
         self._layers: tuple[str, ...] = ()  # snapshot chain mounted above the image
         self._oom_seen = 0
         self._lock = asyncio.Lock()  # serializes restarts against each other
@@ -246,7 +248,7 @@ class AgentSandbox(AsyncSandbox):
 
     # ----------------------------------------------------------------- lifecycle
     @classmethod
-    async def open(cls, spec: SandboxSpec, *, deployment: type, snapshot: Any = None) -> "AgentSandbox":
+    async def open(cls, spec: SandboxSpec, *, deployment: type, snapshot: Any = None) -> "GuestSandbox":
         """Start a sandbox of ``spec`` on ``deployment`` (a ``Deployment`` class)."""
         install_exit_handlers()  # SIGTERM -> normal exit -> atexit closes every sandbox
         self = cls(spec, "sb-" + uuid.uuid4().hex[:10], deployment)
@@ -286,16 +288,16 @@ class AgentSandbox(AsyncSandbox):
 
     async def _start(self, sessions: dict[str, str]) -> None:
         layer_dirs = [self.store.layer_dir(d) for d in reversed(self._layers)]
-        model = ({"port": SANDBOX_PORT, "env": sandbox_env(self.model_key)} if self.model_key else None)
+        model = ModelConfig(SANDBOX_PORT, sandbox_env(self.model_key)) if self.model_key else None
         proc = await _deploying(self._spawn, current_run(), layer_dirs, sessions, model)
-        self._conn = AgentConnection(proc, self.id, self.spec.model_endpoint)
+        self._conn = GuestConnection(proc, self.id, self.spec.model_endpoint)
         init_pid = await self._conn.handshake()
         self._deploy.record(init_pid)
         self._oom_seen = self._deploy.oom_kills()
 
-    def _spawn(self, run, layer_dirs: list, sessions: dict[str, str], model: dict | None):
+    def _spawn(self, run, layer_dirs: list, sessions: dict[str, str], model: ModelConfig | None):
         """On a deployment thread: the deployment itself on the first start (it touches the
-        filesystem and cgroups: off the loop), then its agent. One trip to the threads a
+        filesystem and cgroups: off the loop), then its guest. One trip to the threads a
         create, not two: each is a handoff of the GIL, and the futex calls of those
         handoffs were 4-6 % of a burst's CPU."""
         if self._deploy is None:
@@ -307,7 +309,7 @@ class AgentSandbox(AsyncSandbox):
         async with self._lock:
             if self._conn:
                 self._conn.detach()
-            self._deploy.stop_agent()
+            self._deploy.stop_guest()
             self._layers = layers
             await self._start(sessions)
 
@@ -325,7 +327,7 @@ class AgentSandbox(AsyncSandbox):
             self._conn.close()
         if self._deploy:
             await _deploying(self._deploy.close)
-        if self.model_key:  # after the agent is gone: nothing can call with it any more
+        if self.model_key:  # after the guest is gone: nothing can call with it any more
             key, self.model_key = self.model_key, None
             await asyncio.to_thread(revoke_key, self.spec.model_endpoint, key, self.id, self._model_token)
 
@@ -424,8 +426,8 @@ class AgentSandbox(AsyncSandbox):
 
     async def write_stream(self, path: str, chunks: AsyncIterable[bytes], *, mode: int = 0o644,
                            tar: bool = False) -> int:
-        """Each ``CHUNK`` bytes go as one agent request as they arrive (a tar goes whole:
-        the agent unpacks it from one frame)."""
+        """Each ``CHUNK`` bytes go as one guest request as they arrive (a tar goes whole:
+        the guest unpacks it from one frame)."""
         target = self._path(path)
         if tar:
             data = b"".join([chunk async for chunk in chunks])
@@ -528,7 +530,7 @@ class AgentSandbox(AsyncSandbox):
         sessions = await asyncio.to_thread(self._sessions_of, snap)
         await self._restart(snap.layers, sessions)
 
-    async def fork(self, n: int = 1) -> list["AgentSandbox"]:
+    async def fork(self, n: int = 1) -> list["GuestSandbox"]:
         """``n`` new sandboxes sharing this one's current state copy-on-write (the
         snapshot is their common lower layer)."""
         if not isinstance(n, int) or n < 1:

@@ -1,6 +1,6 @@
 """The sandboxes a ``rockroll serve`` service holds: capacity, idle reaping, bookkeeping.
 
-The service owns its sandboxes (``SandboxHub``): creation is capped (429 + Retry-After),
+The service owns its sandboxes (``SandboxFleet``): creation is capped (429 + Retry-After),
 an idle reaper closes sandboxes unused for ``spec.ttl_s`` (else ``idle_ttl``), shutdown
 closes all of them, and start-up reaps what a previous, killed server left behind.
 Creates of a pooled spec are served by its warm pool (``warm.py``); a pooled sandbox
@@ -19,11 +19,11 @@ from typing import AsyncIterator
 from ..base import AsyncSandbox
 from ..deployment.reaper import current_run, reap_dead_runs
 from ..errors import CapacityError, SandboxClosed, SandboxError, SandboxNotFound
+from ..protocol.wire import CommandOut, PoolIn, SandboxOut, StatsOut
 from ..spec import CommandResult, SandboxSpec
 from ..storage.snapshots import SnapshotStore
 from .metrics import Metrics, service_families
 from .warm import WarmPool, pool_key
-from .wire import CommandOut, PoolIn, SandboxOut, StatsOut
 
 log = logging.getLogger("rockroll.serve")
 RECENT_COMMANDS = 20          # per sandbox, for the dashboard
@@ -68,7 +68,7 @@ class Entry:
         return exc
 
 
-class SandboxHub:
+class SandboxFleet:
     """Every sandbox the service holds, with the capacity cap and the idle reaper."""
 
     def __init__(self, *, backend: str = "local", max_sandboxes: int = 256, idle_ttl: float | None = 3600.0,

@@ -26,7 +26,7 @@ _STATUS: tuple[tuple[type[SandboxError], int], ...] = (
     (SpecError, 422),
     (CapacityError, 429),
     (errors.SandboxClosed, 409),
-    (errors.AgentDied, 409),          # the sandbox's state (incl. SandboxLost): reset() recovers
+    (errors.GuestDied, 409),          # the sandbox's state (incl. SandboxLost): reset() recovers
     (errors.SandboxStartError, 503),
     (errors.IsolationUnavailable, 503),
     (UnsafeArchiveError, 400),
@@ -197,7 +197,7 @@ class StatsOut(BaseModel):
 
 class SandboxOut(BaseModel):
     id: str
-    state: str = Field(description="alive | dead (agent died: reset() recovers) | closed")
+    state: str = Field(description="alive | dead (guest died: reset() recovers) | closed")
     spec: dict[str, Any]
     created: float
     last_used: float
