@@ -136,9 +136,14 @@ class Session:
                 self.current.is_dump = True
                 self.current.stream = False
                 return
-            with open(f"{self.dir}/cmd", "w") as f:
-                f.write(req["cmd"])
-                f.write("\n")
+            # os.write, not a file object (its buffer and codec cost ~20 us a command)
+            fd = os.open(f"{self.dir}/cmd", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            try:
+                view = memoryview(req["cmd"].encode() + b"\n")
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
             pre = []
             if req.get("cwd"):
                 pre.append("cd -- " + shlex.quote(req["cwd"]))
