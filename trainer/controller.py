@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
+from rockroll.sandbox.lifecycle import install_exit_handlers
+
 from .config import EnvConfig, TrainConfig, load_config
 from .envs import resolve_envs
 from .loop import run
@@ -19,6 +21,9 @@ def train(config: TrainConfig | dict | str | Path, *,
     """Run RL training as configured; return a summary (final step, metrics history, and in
     this process the ``policy``, ``generator`` and ``tokenizer``; no policy object comes back
     from Ray actors)."""
+    # SIGTERM -> a normal exit, so the run's sandboxes are closed (they are opened on the
+    # rollout's threads, where no signal handler can be set)
+    install_exit_handlers()
     cfg = config if isinstance(config, TrainConfig) else load_config(config)
     if env_factory is None:  # ids are made by the one factory: check them before anything is built
         resolve_envs(cfg)

@@ -46,8 +46,15 @@ _ERRORS = {"SandboxFileError": SandboxFileError, "SessionError": SessionError,
 
 
 async def _deploying(fn, *args):
-    """``fn(*args)`` on the deployment threads (``_DEPLOY``)."""
-    return await asyncio.get_running_loop().run_in_executor(_DEPLOY, functools.partial(fn, *args))
+    """``fn(*args)`` on the deployment threads (``_DEPLOY``); in this thread once the
+    interpreter is exiting (its executors refuse work then, and a teardown that a background
+    task, a pool's recycle, still runs must happen rather than fail unseen)."""
+    try:
+        return await asyncio.get_running_loop().run_in_executor(_DEPLOY, functools.partial(fn, *args))
+    except RuntimeError:
+        if not (_DEPLOY._shutdown or concurrent.futures.thread._shutdown):  # noqa: SLF001 - the refusals only
+            raise
+        return fn(*args)
 
 
 class GuestConnection:
