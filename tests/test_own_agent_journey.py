@@ -25,22 +25,8 @@ from _openai_client import copy_client
 
 BIN = Path(sys.executable).parent
 
-# A self-written agent: the corridor game's moves (./play), one model call a move.
-MOVER = '''
-import subprocess, sys
-import openai
-
-task = open(sys.argv[1]).read()
-client = openai.OpenAI()
-state = subprocess.run(["./play"], capture_output=True, text=True).stdout
-messages = [{"role": "user", "content": task + "\\n" + state}]
-for _ in range(8):
-    reply = client.chat.completions.create(model="mine", messages=messages).choices[0].message.content
-    done = subprocess.run(["./play", reply.strip()], capture_output=True, text=True)
-    if done.returncode == 100:
-        break
-    messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": done.stdout}]
-'''
+ROOT = Path(__file__).resolve().parents[1]
+MOVER = ROOT / "examples" / "agents" / "mover.py"  # docs/agents.md's agent, as a user copies it
 
 
 def _publish(tmp_path: Path, name: str, command: str) -> str:
@@ -53,7 +39,7 @@ def _publish(tmp_path: Path, name: str, command: str) -> str:
 
     folder = tmp_path / f"pkg-{name}"
     copy_client(folder / "pylib")
-    (folder / "mover.py").write_text(MOVER)
+    (folder / "mover.py").write_text(MOVER.read_text())
     spec = AgentSpec(name=name, command=command, install=(f"python3 -m compileall -q {AGENT_PYLIB} >/dev/null",),
                      env={"PYTHONPATH": AGENT_PYLIB})
     agent_package(spec, folder, files={"pylib": AGENT_PYLIB, "mover.py": "/opt/mover/mover.py"})
