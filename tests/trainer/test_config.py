@@ -67,6 +67,7 @@ def test_defaults_and_nested():
     ({"algorithm": {"ipa": {"ratio_low": 0.5}}}, "use algorithm.ipa.mask_threshold"),
     ({"algorithm": {"ipa": {"mask_threshold": 0.5}}}, "algorithm.ipa.mask_threshold: must be >= 1"),
     ({"algorithm": {"name": "topr", "clip_high": 0.5}}, "algorithm.clip_high: not used"),
+    ({"algorithm": {"name": "cispo", "clip_low": 0.3}}, "algorithm.clip_low: not used"),  # MiniMax: no lower clip
     ({"algorithm": {"name": "reinforce_pp", "std_normalize": False}}, "algorithm.std_normalize: not used"),
     ({"algorithm": {"lam": 0.9}}, "algorithm.lam: not used by algorithm.name=grpo"),
     ({"algorithm": {"gamma": 0.9}}, "algorithm.gamma: not used"),

@@ -209,18 +209,19 @@ def _cispo_batch():
 
 
 def test_cispo_clips_the_behaviour_ratio():
-    # w = clip(r, 1 - 0.2, 1 + 0.28) = [[1.28, 0.8], [1.0, 1.28]]
-    # loss = -(1/4) sum w A logp = -(1/4)[1.28 (-1) + 0.8 (-1) + 1.0 (-1)(-2) + 1.28 (-1)(-2)]
-    #      = -(1/4)(-1.28 - 0.8 + 2 + 2.56) = -0.62   (with r = 1: -(1/4)(-1 - 1 + 2 + 2) = -0.5)
+    # MiniMax-M1's CISPO has no lower clip (issue #40: it used 1 - clip_low = 0.8 here):
+    # w = clip(r, 0, 1 + 0.28) = [[1.28, 0.5], [1.0, 1.28]]
+    # loss = -(1/4) sum w A logp = -(1/4)[1.28 (-1) + 0.5 (-1) + 1.0 (-1)(-2) + 1.28 (-1)(-2)]
+    #      = -(1/4)(-1.28 - 0.5 + 2 + 2.56) = -0.695   (with r = 1: -(1/4)(-1 - 1 + 2 + 2) = -0.5)
     batch, logp = _cispo_batch()
     a = AlgorithmConfig(name="cispo")
     adv, _ = compute_advantages(a, batch, logp.detach(), logp.detach(), None)
     loss, met = compute_loss(a, logp, logp.detach(), adv, batch)
-    close(loss, -0.62, tol=1e-4)
-    assert met["loss/clip_frac"] == pytest.approx(0.75)  # 1.5, 0.5 and 2.0 were clipped
+    close(loss, -0.695, tol=1e-4)
+    assert met["loss/clip_frac"] == pytest.approx(0.5)  # 1.5 and 2.0 were clipped, 0.5 was not
     assert "loss/tis_weight_mean" not in met
     loss.backward()
-    close(logp.grad, [[-0.32, -0.2], [0.25, 0.32]], tol=1e-4)  # -w A / 4
+    close(logp.grad, [[-0.32, -0.125], [0.25, 0.32]], tol=1e-4)  # -w A / 4
 
 
 def test_grpo_clips_against_the_proximal_policy_times_the_tis_weight():

@@ -108,9 +108,8 @@ def _topr(a, logp, old, adv, b, denom):  # no clip: TOPR tapers by the sequence 
     return A.topr_loss(logp, b.behav_logp, adv, b.mask, agg=a.loss_agg, denom=denom)
 
 
-def _cispo(a, logp, old, adv, b, denom):  # the ratio to the generator, directly
-    return A.cispo_loss(logp, b.behav_logp, adv, b.mask, eps_high=a.clip_high, eps_low=a.clip_low,
-                        agg=a.loss_agg, denom=denom)
+def _cispo(a, logp, old, adv, b, denom):  # the ratio to the generator, directly; no lower clip (MiniMax-M1)
+    return A.cispo_loss(logp, b.behav_logp, adv, b.mask, eps_high=a.clip_high, agg=a.loss_agg, denom=denom)
 
 
 def _ipa_loss(a, logp, old, adv, b, denom):  # Eq 9 on chunk ratios to pi_old, Eq 8's mask (ipa.mask_threshold)
@@ -125,7 +124,7 @@ def _sft(a, logp, old, adv, b, denom):  # maximum likelihood, no ratio (raft)
 LOSSES: dict[str, Part] = {p.name: p for p in (
     Part("ppo_clip", _ppo_clip, ("clip_low", "clip_high", "dual_clip", "tis_cap")),
     Part("topr", _topr),
-    Part("cispo", _cispo, ("clip_low", "clip_high")),
+    Part("cispo", _cispo, ("clip_high",)),
     Part("ipa", _ipa_loss),
     Part("sft", _sft),
 )}
