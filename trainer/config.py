@@ -754,9 +754,9 @@ class TrainConfig:
         if self.ray.enabled:  # every env worker fills its share of a step's groups
             _check(self.ray.num_env_workers <= self.rollout.batch_groups, "ray.num_env_workers",
                    "must be <= rollout.batch_groups")
-        if self.algorithm.spec.critics:  # a critic without a shard of its own would never train
-            _check(self.algorithm.critics.count <= self.rollout.batch_groups, "algorithm.critics.count",
-                   "must be <= rollout.batch_groups (each critic trains on groups of its own)")
+        if self.algorithm.spec.critics:  # a critic without a share of each prompt's responses would never train
+            _check(self.algorithm.critics.count <= self.rollout.group_size, "algorithm.critics.count",
+                   "must be <= rollout.group_size (each prompt's responses are split among the critics)")
         if self.ray.num_trainers > 1:  # data parallel: ZeRO's process group over the trainer actors
             key = "ray.num_trainers"
             _check(self.ray.enabled, key, "data-parallel ranks are Ray actors: needs ray.enabled")

@@ -123,10 +123,16 @@ def test_entropy_bonus_only_on_the_entropy_mask():
 def test_config_keys_are_validated():
     cfg = load_config({"algorithm": {"name": "asyppo", "critics": {"count": 3, "lr": 0.01}}})
     assert cfg.algorithm.critics == CriticsConfig(count=3, lr=0.01)
+    # the paper's quantiles: 20 % lowest sigma masked, the top 40 % out of the entropy bonus (Fig 7c)
+    assert (cfg.algorithm.critics.mask_quantile, cfg.algorithm.critics.entropy_quantile) == (0.2, 0.6)
+    # each prompt's responses are split among the critics: more critics than responses is an error
+    with pytest.raises(ConfigError, match="rollout.group_size"):
+        load_config({"algorithm": {"name": "asyppo", "critics": {"count": 3}}, "rollout": {"group_size": 2,
+                                                                                          "batch_groups": 8}})
     for bad, key in [({"name": "asyppo", "critics": {"count": 1}}, "algorithm.critics.count"),
                      ({"name": "asyppo", "critics": {"hidden": 4}}, "algorithm.critics.hidden"),
                      ({"name": "asyppo", "critics": {"mask_quantile": 1.5}}, "algorithm.critics.mask_quantile"),
-                     ({"name": "asyppo", "critics": {"count": 9}}, "algorithm.critics.count"),  # > batch_groups
+                     ({"name": "asyppo", "critics": {"count": 9}}, "algorithm.critics.count"),  # > group_size
                      ({"name": "grpo", "critics": {"count": 3}}, "algorithm.critics"),
                      ({"name": "grpo", "raft": {"top_k": 2}}, "algorithm.raft"),
                      ({"name": "raft", "raft": {"top_k": -1}}, "algorithm.raft.top_k"),
