@@ -216,7 +216,7 @@ class RhythmConfig:
     amplify_anchor: float = 0.5  # global_anchor, coupled: an anchor token's scale is 1 + this
     # coupled: the share of an anchor's extra credit passed to the pre-planning token that planned it
     pass_fraction: float = 0.5
-    couple_within: int = 3  # coupled: a pre-planning token at most this many tokens before the anchor (paper: k in 1..3)
+    couple_within: int = 3  # coupled: a pre-planning token at most this many tokens before the anchor (k: 1..3)
     # coupled: the anchor's own WAAD must be <= this (the paper's tau); null: no threshold
     couple_waad_max: float | None = None
 
@@ -229,7 +229,8 @@ class RhythmConfig:
         _check(self.layers >= 1, f"{p}.layers", "must be >= 1")
         _check(1 <= self.fai_window_low <= self.fai_window_high, f"{p}.fai_window_low",
                "need 1 <= fai_window_low <= fai_window_high")
-        _check(0 < self.head_fraction <= 0.5, f"{p}.head_fraction", "must be in (0, 0.5] (local and global heads are apart)")
+        _check(0 < self.head_fraction <= 0.5, f"{p}.head_fraction",
+               "must be in (0, 0.5] (the local and the global heads are apart)")
         _check(self.couple_within >= 1, f"{p}.couple_within", "must be >= 1")
         for k in ("amplify_preplan", "amplify_anchor"):
             _check(getattr(self, k) >= 0, f"{p}.{k}", "must be >= 0")
