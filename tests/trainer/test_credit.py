@@ -8,7 +8,7 @@ import torch  # a declared test dependency: a plain import, never a skip
 
 from rockroll.trainer.algorithms.pg import grpo_advantages  # noqa: E402
 from rockroll.trainer.algorithms.credit import (  # noqa: E402
-    chunk_ids, chunk_ratios, ipa_loss, ipa_mask, ipa_returns, num_chunks, per_chunk, turn_advantages,
+    chunk_ids, chunk_ratios, ipa_group_returns, ipa_loss, ipa_mask, ipa_returns, num_chunks, per_chunk, turn_advantages,
     turn_returns,
 )
 
@@ -146,6 +146,16 @@ def test_ipa_returns_are_eq7_absolute_discounted_outcomes():
           [[0.25, 0.0, 0.5, 0.0, 1.0], [0.0] * 5, [1.0, 1.0, 0.0, 2.0, 0.0]])
     # all succeed: gamma 1, every token of both gets 1 (GRPO would give 0)
     close(ipa_returns(t([1.0, 1.0]), t([[1, 0, 1], [0, 1, 1]]), 1.0), [[1.0, 0.0, 1.0], [0.0, 1.0, 1.0]])
+
+
+def test_ipa_group_returns_the_named_pre_40_option():
+    # ipa.returns: group_normalized: one group, R = [1, 0]: GRPO advantages [1, -1]; gamma 0.5
+    # seq 0 mask [1,0,1,0,1], 3 chunks: [0.25, 0.5, 1] * 1; seq 1 [1,1,0,1,0], 2 chunks: [0.5, 1] * -1
+    mask = t([[1, 0, 1, 0, 1], [1, 1, 0, 1, 0]])
+    close(ipa_group_returns(t([1.0, 0.0]), torch.tensor([0, 0]), mask, 0.5),
+          [[0.25, 0.0, 0.5, 0.0, 1.0], [-0.5, -0.5, 0.0, -1.0, 0.0]])
+    # all succeed: nothing to learn (the absolute returns give 1 each)
+    close(ipa_group_returns(t([1.0, 1.0]), torch.tensor([0, 0]), mask, 1.0), [[0.0] * 5] * 2)
 
 
 def test_ipa_mask_is_eq8_one_sided_on_pi_old_over_mu():

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .pg import aggregate, masked_mean
+from .pg import aggregate, grpo_advantages, masked_mean
 
 
 def _chunk_starts(mask: Tensor) -> Tensor:
@@ -169,6 +169,23 @@ def ipa_returns(rewards: Tensor, mask: Tensor, gamma: float, *, chunks_after: Te
     episode's end, not to the row's.
     """
     return _discount_to_end(mask, gamma, chunks_after) * rewards.float().unsqueeze(1)
+
+
+def ipa_group_returns(rewards: Tensor, group_ids: Tensor, mask: Tensor, gamma: float, *, eps: float = 1e-6,
+                      weights: Tensor | None = None, chunks_after: Tensor | None = None) -> Tensor:
+    """rockroll's IPA returns before issue #40 (``algorithm.ipa.returns: group_normalized``),
+    broadcast to each chunk's tokens, (B, T): Eq 7's discount applied to the GRPO-normalised
+    outcome instead of the absolute one,
+        A_bk = gamma^Delta(k, j) * (R_b - mean_g R) / (std_g R + eps).
+    Not the paper's: a group where every episode succeeds learns nothing, and failures are
+    pushed down (under Eq 9's loss: at weight sg(clip(rho, 0, 1))). Kept because it measured
+    better on the tiny two-turn task of ``tests/trainer/test_learning.py``, whose rewards are
+    never negative: with absolute returns nothing pushes a wrong second turn down, and 2 of 3
+    seeds stalled at eval 0.5 (docs/trainer.md). ``weights``, ``chunks_after``: an episode
+    split into rows (:func:`~.pg.grpo_advantages`, :func:`ipa_returns`).
+    """
+    adv_seq = grpo_advantages(rewards, group_ids, eps=eps, weights=weights)
+    return _discount_to_end(mask, gamma, chunks_after) * adv_seq.unsqueeze(1)
 
 
 def ipa_loss(logp: Tensor, old_logp: Tensor, behav_logp: Tensor, returns: Tensor, mask: Tensor, *,

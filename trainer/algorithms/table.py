@@ -71,7 +71,10 @@ def _turn(a, batch, old_logp, ref_logp, values):  # turn_credit=discounted
                              std_normalize=a.std_normalize), None
 
 
-def _ipa(a, b, old, ref, v):  # ipa.enabled (ipa.gamma): Eq 7's absolute chunk returns, no group baseline
+def _ipa(a, b, old, ref, v):  # ipa.enabled (ipa.gamma, ipa.returns): Eq 7's chunk returns
+    if a.ipa.returns == "group_normalized":  # rockroll's pre-#40 credit, a named option
+        return C.ipa_group_returns(b.rewards, b.group_ids, b.mask, a.ipa.gamma, weights=b.row_weights,
+                                   chunks_after=b.chunks_after), None
     return C.ipa_returns(b.rewards, b.mask, a.ipa.gamma, chunks_after=b.chunks_after), None
 
 
