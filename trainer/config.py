@@ -23,6 +23,7 @@ __all__ = [
 ]
 
 TURN_CREDIT = ("outcome", "discounted")
+IPA_RETURNS = ("absolute", "group_normalized")
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 
 
@@ -175,41 +176,57 @@ class RolloutConfig:
 
 @dataclass
 class IPAConfig:
-    """Chunk-level IPA credit (``algorithm.name: grpo``, :mod:`rockroll.trainer.credit`): a
-    chunk is one turn, its return gamma^(K-k) * R, its ratio the geometric mean of its tokens'
-    ratios to the generator's log-probs; chunks whose ratio leaves [``ratio_low``,
-    ``ratio_high``] are masked out of the loss."""
+    """Chunk-level IPA (``algorithm.name: grpo``, :mod:`rockroll.trainer.algorithms.credit`), as
+    the ROME paper defines it (arXiv 2512.24873, section 3.2.4): a chunk is one turn; its return
+    is gamma^(K-k) * R, absolute, no group baseline (Eq 7); the loss is TOPR-style (Eq 9): a
+    positive chunk's tokens get G * grad log pi with no ratio, a negative chunk's
+    sg(clip(rho, 0, 1)) * G * grad log pi, rho the geometric mean of pi_theta / pi_old over the
+    chunk; a chunk whose geometric mean of pi_old / mu exceeds ``mask_threshold`` is masked
+    out of the loss (Eq 8, one-sided)."""
 
-    enabled: bool = False  # IPA's chunk advantages and chunk-ratio loss replace grpo's (algorithm.name: grpo)
-    gamma: float = 1.0  # chunk k of K gets the return gamma^(K-k) * R
-    ratio_low: float = 0.5  # a chunk whose ratio is below this is masked out of the loss
-    ratio_high: float = 2.0  # a chunk whose ratio is above this is masked out of the loss
+    enabled: bool = False  # IPA's chunk returns and chunk loss replace grpo's (algorithm.name: grpo)
+    gamma: float = 1.0  # chunk k of K gets the return gamma^(K-1-k) * R (0-based k; the last chunk gets R)
+    # Eq 8's H: a chunk whose geometric-mean ratio pi_old / mu (to the generator) is above this is masked out
+    mask_threshold: float = 5.0
+    # absolute: Eq 7, gamma^Delta * R (the paper); group_normalized: gamma^Delta * the GRPO-normalised R
+    # (rockroll before issue #40: learned the tiny two-turn task on 3 of 3 seeds where absolute did on 1)
+    returns: str = "absolute"
 
     def validate(self, p: str) -> None:
         _check(0 < self.gamma <= 1, f"{p}.gamma", "must be in (0, 1]")
-        _check(0 < self.ratio_low <= 1 <= self.ratio_high, f"{p}.ratio_low",
-               "need 0 < ratio_low <= 1 <= ratio_high")
+        _check(self.mask_threshold >= 1, f"{p}.mask_threshold", "must be >= 1 (the on-policy ratio is 1)")
+        _check(self.returns in IPA_RETURNS, f"{p}.returns", f"must be one of {', '.join(IPA_RETURNS)}")
 
 
 @dataclass
 class RhythmConfig:
-    """Attention-rhythm credit (:mod:`rockroll.trainer.algorithms.rhythm`): an eager-attention copy of the
-    policy reads WAAD and FAI off each sampled sequence and scales the advantages of its
-    pre-planning and anchor tokens. ``scheme``: local_chunk (pre-planning tokens), global_anchor
-    (top-FAI tokens) or coupled (anchors, passing ``pass_fraction`` of their extra credit to the
-    pre-planning token before them). ``top_k``: the fraction of a response's tokens selected as
-    pre-planning / anchor tokens; ``amplify_*``: a selected token's scale is 1 + amplify.
-    ``window``: WAAD's distance clip; ``layers``: how many layers of the middle third are read."""
+    """Attention-rhythm credit (:mod:`rockroll.trainer.algorithms.rhythm`, arXiv 2510.13554): an
+    eager-attention copy of the policy reads WAAD (from the ``head_fraction`` most local heads)
+    and FAI (from the ``head_fraction`` most global heads) of ``layers`` layers of the middle
+    third off each sampled sequence, and scales the advantages of its pre-planning and anchor
+    tokens. ``scheme``: local_chunk (pre-planning tokens: top |WAAD_t - WAAD_{t+1}|),
+    global_anchor (top-FAI tokens) or coupled (anchors, passing ``pass_fraction`` of their
+    extra credit to a pre-planning token within ``couple_within`` tokens before them).
+    ``top_k``: the fraction of a response's tokens selected as pre-planning / anchor tokens;
+    ``amplify_*``: a selected token's scale is 1 + amplify. ``window``: WAAD's distance clip;
+    FAI averages the attention from the tokens ``fai_window_low`` to ``fai_window_high`` later."""
 
     enabled: bool = False  # scale advantages by the attention rhythm (an eager-attention copy reads every batch)
     scheme: str = "coupled"  # local_chunk, global_anchor or coupled (above)
     top_k: float = 0.4  # fraction of a response's tokens selected as pre-planning / anchor tokens
     window: int = 10  # WAAD's distance clip, in tokens
-    layers: int = 3  # how many layers of the middle third are read
+    fai_window_low: int = 10  # FAI of token s: mean attention from tokens s + this ... (the paper's H_lo)
+    fai_window_high: int = 100  # ... to s + this (the paper's H_hi)
+    # layers of the middle third read (the paper: 5); a model whose middle third has fewer gives all of it
+    layers: int = 5
+    head_fraction: float = 0.3  # WAAD from this fraction of heads that look least far back, FAI from the farthest
     amplify_preplan: float = 0.5  # local_chunk: a pre-planning token's scale is 1 + this
     amplify_anchor: float = 0.5  # global_anchor, coupled: an anchor token's scale is 1 + this
-    # coupled: the share of an anchor's extra credit passed to the pre-planning token before it
+    # coupled: the share of an anchor's extra credit passed to the pre-planning token that planned it
     pass_fraction: float = 0.5
+    couple_within: int = 3  # coupled: a pre-planning token at most this many tokens before the anchor (k: 1..3)
+    # coupled: the anchor's own WAAD must be <= this (the paper's tau); null: no threshold
+    couple_waad_max: float | None = None
 
     def validate(self, p: str) -> None:
         from .algorithms.rhythm import SCHEMES
@@ -218,13 +235,18 @@ class RhythmConfig:
         _check(0 < self.top_k <= 1, f"{p}.top_k", "must be in (0, 1]")
         _check(self.window >= 1, f"{p}.window", "must be >= 1")
         _check(self.layers >= 1, f"{p}.layers", "must be >= 1")
+        _check(1 <= self.fai_window_low <= self.fai_window_high, f"{p}.fai_window_low",
+               "need 1 <= fai_window_low <= fai_window_high")
+        _check(0 < self.head_fraction <= 0.5, f"{p}.head_fraction",
+               "must be in (0, 0.5] (the local and the global heads are apart)")
+        _check(self.couple_within >= 1, f"{p}.couple_within", "must be >= 1")
         for k in ("amplify_preplan", "amplify_anchor"):
             _check(getattr(self, k) >= 0, f"{p}.{k}", "must be >= 0")
         _check(0 <= self.pass_fraction <= 1, f"{p}.pass_fraction", "must be in [0, 1]")
         # a key the scheme never reads, set away from its default, would silently do nothing
         reads = {"local_chunk": ("amplify_preplan",), "global_anchor": ("amplify_anchor",),
-                 "coupled": ("amplify_anchor", "pass_fraction")}[self.scheme]
-        for k in ("amplify_preplan", "amplify_anchor", "pass_fraction"):
+                 "coupled": ("amplify_anchor", "pass_fraction", "couple_within", "couple_waad_max")}[self.scheme]
+        for k in ("amplify_preplan", "amplify_anchor", "pass_fraction", "couple_within", "couple_waad_max"):
             _check(k in reads or getattr(self, k) == getattr(RhythmConfig, k), f"{p}.{k}",
                    f"not used by scheme={self.scheme}: remove it")
 
@@ -232,23 +254,29 @@ class RhythmConfig:
 @dataclass
 class CriticsConfig:
     """AsyPPO's mini-critics (``algorithm.name: asyppo``, :mod:`rockroll.trainer.roles.critics`):
-    ``count`` small value models of their own (a tiny Llama of these dims, or ``name_or_path``),
-    each trained with its own optimizer on a disjoint prompt-level shard of every batch (a
-    step's groups dealt out among them). Their mean value is the GAE baseline; the spread
-    (std) of their values per state reshapes the policy loss: the states where they agree most
-    (the ``mask_quantile`` fraction of the batch's response states with the lowest std) get
-    advantage 0, those where they disagree most (the ``1 - entropy_quantile`` fraction with the
-    highest std) are left out of the entropy bonus (``algorithm.entropy_coef``)."""
+    ``count`` small value models of their own (``name_or_path``: a pretrained checkpoint, as
+    in the paper; null: a tiny random Llama of these dims, the CPU default), each trained with
+    its own optimizer on a disjoint shard of every batch: each prompt's responses are dealt out
+    among them, so every critic sees every prompt. Their mean value is the GAE baseline; the
+    spread (std) of their values per state reshapes the policy loss: the states where they
+    agree most (the ``mask_quantile`` fraction of the batch's response states with the lowest
+    std; the paper: 20 %) get advantage 0, those where they disagree most (the
+    ``1 - entropy_quantile`` fraction with the highest std; the paper's Fig 7c ablation: 40 %)
+    are left out of the entropy bonus (``algorithm.entropy_coef``)."""
 
-    count: int = 2  # mini-critics, each trained on its own shard of a step's groups (>= 2)
-    name_or_path: str | None = None  # a checkpoint each critic starts from (null: a tiny Llama of the dims below)
+    count: int = 2  # mini-critics, each trained on its own share of every prompt's responses (>= 2)
+    # a pretrained checkpoint each critic starts from (the paper: 0.6B-4B of the policy's family);
+    # null: a tiny random-initialised Llama of the dims below (the CPU default, no download)
+    name_or_path: str | None = None
     hidden_size: int = 64  # tiny critic: width
     num_layers: int = 1  # tiny critic: decoder layers
     num_heads: int = 1  # tiny critic: attention heads (must divide hidden_size)
     intermediate_size: int = 128  # tiny critic: MLP width
     lr: float = 1e-3  # each critic's AdamW learning rate
     mask_quantile: float = 0.2      # fraction of states, lowest critic std first, whose advantage is 0 (0: none)
-    entropy_quantile: float = 0.8   # states above this quantile of critic std get no entropy bonus (1: none)
+    # states above this quantile of critic std get no entropy bonus (1: none); 0.6: the paper's
+    # best filtering ratio (Fig 7c: the top 40 % most uncertain states out of the entropy bonus)
+    entropy_quantile: float = 0.6
 
     def validate(self, p: str) -> None:
         _check(self.count >= 2, f"{p}.count", "must be >= 2 (AsyPPO's uncertainty is their disagreement)")
@@ -735,9 +763,9 @@ class TrainConfig:
         if self.ray.enabled:  # every env worker fills its share of a step's groups
             _check(self.ray.num_env_workers <= self.rollout.batch_groups, "ray.num_env_workers",
                    "must be <= rollout.batch_groups")
-        if self.algorithm.spec.critics:  # a critic without a shard of its own would never train
-            _check(self.algorithm.critics.count <= self.rollout.batch_groups, "algorithm.critics.count",
-                   "must be <= rollout.batch_groups (each critic trains on groups of its own)")
+        if self.algorithm.spec.critics:  # a critic without a share of each prompt's responses would never train
+            _check(self.algorithm.critics.count <= self.rollout.group_size, "algorithm.critics.count",
+                   "must be <= rollout.group_size (each prompt's responses are split among the critics)")
         if self.ray.num_trainers > 1:  # data parallel: ZeRO's process group over the trainer actors
             key = "ray.num_trainers"
             _check(self.ray.enabled, key, "data-parallel ranks are Ray actors: needs ray.enabled")
@@ -794,6 +822,16 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
     return value
 
 
+# Keys that no longer mean anything, with what to use instead: loading one is a ConfigError,
+# never a silent no-op (an old YAML file must not quietly train something else).
+REMOVED_KEYS = {
+    "algorithm.ipa.ratio_low": "IPA now masks a chunk one-sided on pi_old / mu (the ROME paper's Eq 8); "
+                               "use algorithm.ipa.mask_threshold (H, default 5)",
+    "algorithm.ipa.ratio_high": "IPA now masks a chunk one-sided on pi_old / mu (the ROME paper's Eq 8); "
+                                "use algorithm.ipa.mask_threshold (H, default 5)",
+}
+
+
 def _build(cls: type, data: Any, prefix: str) -> Any:
     if data is None:
         data = {}
@@ -803,6 +841,8 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
     kwargs = {}
     for key, value in data.items():
         dotted = f"{prefix}.{key}" if prefix else str(key)
+        if dotted in REMOVED_KEYS:  # a key that once meant something: say what replaced it
+            raise ConfigError(dotted, f"removed: {REMOVED_KEYS[dotted]}")
         if key not in names:
             close = [n for n in names if n.startswith(str(key)[:3])]
             hint = f" (did you mean {', '.join(sorted(close))}?)" if close else ""

@@ -124,7 +124,9 @@ def test_an_agent_rewriting_its_history_starts_new_segments(tok, snapshot):
     batch.rewards = torch.tensor([1.0, 1.0, 0.0, 0.0])  # the first episode won, the second lost
     adv, _ = compute_advantages(a, batch, None, None, None)
     per_chunk = [sorted({round(x, 4) for x in adv[i][batch.mask[i]].tolist()}) for i in range(4)]
-    assert per_chunk == [[0.25, 0.5], [1.0], [-0.5, -0.25], [-1.0]]
+    # IPA's Eq 7 returns are absolute (issue #40): the lost episode's turns get 0, not a
+    # negative group-normalised credit
+    assert per_chunk == [[0.25, 0.5], [1.0], [0.0], [0.0]]
     # per-turn returns need a turn's position in its group: a split episode has none
     turn = load_config({"algorithm": {"turn_credit": "discounted"}}).algorithm
     with pytest.raises(ValueError, match="split into segments"):

@@ -11,7 +11,7 @@ from rockroll.trainer.config import (
     AlgorithmConfig, ConfigError, CriticsConfig, EngineConfig, ModelConfig, RAFTConfig, load_config,
 )
 from rockroll.trainer.controller import train
-from rockroll.trainer.roles.critics import CriticsRole
+from rockroll.trainer.roles.critics import CriticsRole, shard_of_rows, shards
 from rockroll.trainer.models import build_model
 from rockroll.trainer.engines.policy import ActorModule, make_policy
 from rockroll.trainer.rollout.types import Group, Sample
@@ -123,10 +123,16 @@ def test_entropy_bonus_only_on_the_entropy_mask():
 def test_config_keys_are_validated():
     cfg = load_config({"algorithm": {"name": "asyppo", "critics": {"count": 3, "lr": 0.01}}})
     assert cfg.algorithm.critics == CriticsConfig(count=3, lr=0.01)
+    # the paper's quantiles: 20 % lowest sigma masked, the top 40 % out of the entropy bonus (Fig 7c)
+    assert (cfg.algorithm.critics.mask_quantile, cfg.algorithm.critics.entropy_quantile) == (0.2, 0.6)
+    # each prompt's responses are split among the critics: more critics than responses is an error
+    with pytest.raises(ConfigError, match="rollout.group_size"):
+        load_config({"algorithm": {"name": "asyppo", "critics": {"count": 3}}, "rollout": {"group_size": 2,
+                                                                                          "batch_groups": 8}})
     for bad, key in [({"name": "asyppo", "critics": {"count": 1}}, "algorithm.critics.count"),
                      ({"name": "asyppo", "critics": {"hidden": 4}}, "algorithm.critics.hidden"),
                      ({"name": "asyppo", "critics": {"mask_quantile": 1.5}}, "algorithm.critics.mask_quantile"),
-                     ({"name": "asyppo", "critics": {"count": 9}}, "algorithm.critics.count"),  # > batch_groups
+                     ({"name": "asyppo", "critics": {"count": 9}}, "algorithm.critics.count"),  # > group_size
                      ({"name": "grpo", "critics": {"count": 3}}, "algorithm.critics"),
                      ({"name": "grpo", "raft": {"top_k": 2}}, "algorithm.raft"),
                      ({"name": "raft", "raft": {"top_k": -1}}, "algorithm.raft.top_k"),
@@ -142,19 +148,37 @@ def test_config_keys_are_validated():
 # ----------------------------------------------------------------------------- the critics
 
 
-def _same_text_groups(n_groups=4, size=3):
-    """Groups whose samples are one and the same token sequence; group g earns g % 2 == 0."""
+def _same_text_groups(n_groups=4, size=2):
+    """Groups whose samples are one and the same token sequence; within every group response
+    0 earns 1 and response 1 earns 0 (issue #40: the shards split each prompt's responses)."""
     ids, mask = [5, 6, 7, 8, 9, 10], [0, 0, 1, 1, 0, 1]
     return [Group(g, "e", None, 0, [Sample(token_ids=ids, mask=mask, behav_logp=[0.0] * 6,
-                                           reward=float(g % 2 == 0), group_id=g, version=0)
-                                    for _ in range(size)]) for g in range(n_groups)]
+                                           reward=float(j % 2 == 0), group_id=g, version=0)
+                                    for j in range(size)]) for g in range(n_groups)]
 
 
-def test_each_critic_learns_from_its_own_prompt_shard_only(tmp_path):
-    """Two critics, four groups of one identical text: groups 0 and 2 earn 1, groups 1 and 3
-    earn 0. Dealt out round robin, critic 0 trains on {0, 2} and critic 1 on {1, 3}: each
-    learns its shard's return (1 and 0) for the very same states; critics that saw the whole
-    batch would both learn 0.5. Their mean is then 0.5 and their std 0.5."""
+def test_shards_split_every_prompts_responses_across_the_critics():
+    """AsyPPO (arXiv 2510.01656, section 4.1): response i of every prompt goes to critic
+    i mod M, so every critic sees every prompt and no response is seen twice. Three prompts
+    with 3, 2 and 1 responses, M = 2: critic 0 gets responses 0 and 2 of prompt 0, response 0
+    of prompts 1 and 2; critic 1 response 1 of prompts 0 and 1. (Before issue #40 whole groups
+    were dealt round robin: critic 0 got prompts {0, 2}, critic 1 prompt {1}.)"""
+    groups = [Group(g, "e", None, 0, [Sample(token_ids=[1, 2], mask=[0, 1], behav_logp=[0.0] * 2,
+                                             reward=float(j), group_id=g, version=0) for j in range(n)])
+              for g, n in enumerate([3, 2, 1])]
+    parts = shards(groups, 2)
+    assert [[(g.group_id, [s.reward for s in g.samples]) for g in part] for part in parts] == [
+        [(0, [0.0, 2.0]), (1, [0.0]), (2, [0.0])], [(0, [1.0]), (1, [1.0])]]
+    # the rows of collate(groups): prompt 0's responses 0 1 2, prompt 1's 0 1, prompt 2's 0
+    assert shard_of_rows(groups, 2).tolist() == [0, 1, 0, 0, 1, 0]
+
+
+def test_each_critic_learns_from_its_own_responses_only(tmp_path):
+    """Two critics, four groups of two responses of one identical text: response 0 of every
+    group earns 1, response 1 earns 0. Critic 0 trains on the responses 0, critic 1 on the
+    responses 1 (every critic sees every prompt): each learns its shard's return (1 and 0)
+    for the very same states; critics dealt whole groups (the pre-issue-#40 split) would both
+    learn 0.5. Their mean is then 0.5 and their std 0.5."""
     cfg = run_config(tmp_path, algorithm__name="asyppo", algorithm__gamma=1.0, algorithm__lam=1.0,
                      algorithm__critics={"count": 2, "hidden_size": 16, "intermediate_size": 16, "lr": 0.02},
                      rollout__batch_groups=4)
@@ -164,7 +188,7 @@ def test_each_critic_learns_from_its_own_prompt_shard_only(tmp_path):
     for _ in range(60):
         aux = role.annotate(groups)
         losses.append(role.train(groups, aux)["critic/value_loss"])
-    assert role.seen == [[0, 2], [1, 3]]
+    assert role.seen == [[[g, 0] for g in range(4)], [[g, 1] for g in range(4)]]
     m = collate(groups, 0).mask
     with torch.no_grad():
         v = [role._values(c, collate(groups, 0)) for c in role.critics]
@@ -304,7 +328,7 @@ def test_the_critics_state_round_trips_bit_exactly(tmp_path):
     assert not all(torch.equal(x, y) for x, y in zip(_critic_tensors(a).values(), _critic_tensors(b).values()))
     b.load_state_dict(saved)
     _assert_same(_critic_tensors(a), _critic_tensors(b))
-    assert b.seen == a.seen == [[0, 2], [1, 3]]
+    assert b.seen == a.seen == [[[g, 0] for g in range(4)], [[g, 1] for g in range(4)]]
     ma, mb = a.train(groups, a.annotate(groups)), b.train(groups, b.annotate(groups))
     assert ma == mb
     _assert_same(_critic_tensors(a), _critic_tensors(b))

@@ -59,7 +59,16 @@ def test_defaults_and_nested():
     ({"algorithm": {"ipa": {"enabled": True}, "dual_clip": 3.0}}, "algorithm.dual_clip: not used"),
     ({"algorithm": {"name": "topr", "tis_cap": 0.0}}, "algorithm.tis_cap: not used by algorithm.name=topr"),
     ({"algorithm": {"ipa": {"enabled": True}, "tis_cap": 1.5}}, "algorithm.tis_cap: not used"),
+    # IPA is the paper's TOPR-style loss (issue #40): no PPO clip, and the old two-sided band is gone
+    ({"algorithm": {"ipa": {"enabled": True}, "clip_high": 0.3}}, "algorithm.clip_high: not used"),
+    ({"algorithm": {"ipa": {"enabled": True}, "std_normalize": False}}, "algorithm.std_normalize: not used"),
+    ({"algorithm": {"ipa": {"enabled": True, "ratio_high": 2.0}}},
+     "algorithm.ipa.ratio_high: removed: IPA now masks a chunk one-sided on pi_old / mu"),
+    ({"algorithm": {"ipa": {"ratio_low": 0.5}}}, "use algorithm.ipa.mask_threshold"),
+    ({"algorithm": {"ipa": {"mask_threshold": 0.5}}}, "algorithm.ipa.mask_threshold: must be >= 1"),
+    ({"algorithm": {"ipa": {"returns": "whitened"}}}, "algorithm.ipa.returns: must be one of absolute, group_normalized"),
     ({"algorithm": {"name": "topr", "clip_high": 0.5}}, "algorithm.clip_high: not used"),
+    ({"algorithm": {"name": "cispo", "clip_low": 0.3}}, "algorithm.clip_low: not used"),  # MiniMax: no lower clip
     ({"algorithm": {"name": "reinforce_pp", "std_normalize": False}}, "algorithm.std_normalize: not used"),
     ({"algorithm": {"lam": 0.9}}, "algorithm.lam: not used by algorithm.name=grpo"),
     ({"algorithm": {"gamma": 0.9}}, "algorithm.gamma: not used"),
@@ -82,7 +91,8 @@ def test_errors_name_the_key(data, key):
 @pytest.mark.parametrize("algorithm", [
     {"name": "ppo", "gamma": 0.99, "lam": 0.9, "vf_coef": 0.1, "dual_clip": 3.0},
     {"name": "cispo", "turn_credit": "discounted", "gamma": 0.9, "std_normalize": False},
-    {"ipa": {"enabled": True, "gamma": 0.9}, "clip_high": 0.3, "turn_credit": "outcome"},
+    {"ipa": {"enabled": True, "gamma": 0.9, "mask_threshold": 3.0}, "turn_credit": "outcome"},
+    {"ipa": {"enabled": True, "returns": "group_normalized"}},
     {"ipa": {"enabled": True}, "turn_credit": "discounted", "gamma": 0.8},
     {"name": "topr", "kl_coef": 0.01, "ppo_epochs": 2},
     {"dynamic_sampling": True, "dynamic_sampling_max_batches": 1},

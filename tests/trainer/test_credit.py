@@ -8,7 +8,7 @@ import torch  # a declared test dependency: a plain import, never a skip
 
 from rockroll.trainer.algorithms.pg import grpo_advantages  # noqa: E402
 from rockroll.trainer.algorithms.credit import (  # noqa: E402
-    chunk_ids, chunk_ratio_mask, chunk_ratios, ipa_advantages, ipa_loss, num_chunks, per_chunk, turn_advantages,
+    chunk_ids, chunk_ratios, ipa_group_returns, ipa_loss, ipa_mask, ipa_returns, num_chunks, per_chunk, turn_advantages,
     turn_returns,
 )
 
@@ -129,73 +129,86 @@ def test_chunk_ratios_geometric_mean_and_gradient():
     close(logp.grad, [[2.0, 2.0, 0.0, 0.0]])
 
 
-def test_chunk_ratio_mask():
-    # bounds [0.5, 2] inclusive: 4 is out, 1 sits on a non-response token, 0.5 is in
-    keep = chunk_ratio_mask(t([[4.0, 4.0, 1.0, 0.5]]), t([[1, 1, 0, 1]]), low=0.5, high=2.0)
-    close(keep, [[0.0, 0.0, 0.0, 1.0]])
+# --------------------------------------------------------------------------- IPA (issue #40)
+# The ROME paper (arXiv 2512.24873, section 3.2.4): Eq 7 G_k = gamma^Delta(j,k) R_final, absolute;
+# Eq 8 rho_c = geometric mean over chunk c of pi_theta / pi_old, m_c = 1[geometric mean of
+# pi_old / mu <= H]; Eq 9 positive chunk G grad log pi (no ratio), negative chunk
+# sg(clip(rho_c, 0, 1)) G grad log pi. The tests before issue #40 pinned a PPO-clipped loss on
+# pi_theta / mu with a two-sided [0.5, 2] mask and group-normalised returns (not the paper's).
 
 
-def test_ipa_advantages():
-    # one group, R = [1, 0]: GRPO advantages [1, -1] (mean 0.5, std 0.5); gamma 0.5
-    # seq 0 mask [1,0,1,0,1], K=3: chunks get [0.25, 0.5, 1] * 1
-    # seq 1 mask [1,1,0,1,0], K=2: chunk 0 (tokens 0,1) 0.5 * -1, chunk 1 (token 3) 1 * -1
+def test_ipa_returns_are_eq7_absolute_discounted_outcomes():
+    # gamma 0.5, R = [1, 0, 2]; seq 0 has 3 chunks -> [0.25, 0.5, 1] * 1; seq 1 (R 0) all 0;
+    # seq 2 has 2 chunks -> [0.5, 1] * 2. No group baseline: a group where every episode
+    # succeeds still gets positive returns (group-normalised it would learn nothing)
+    mask = t([[1, 0, 1, 0, 1], [1, 1, 0, 1, 0], [1, 1, 0, 1, 0]])
+    close(ipa_returns(t([1.0, 0.0, 2.0]), mask, 0.5),
+          [[0.25, 0.0, 0.5, 0.0, 1.0], [0.0] * 5, [1.0, 1.0, 0.0, 2.0, 0.0]])
+    # all succeed: gamma 1, every token of both gets 1 (GRPO would give 0)
+    close(ipa_returns(t([1.0, 1.0]), t([[1, 0, 1], [0, 1, 1]]), 1.0), [[1.0, 0.0, 1.0], [0.0, 1.0, 1.0]])
+
+
+def test_ipa_group_returns_the_named_pre_40_option():
+    # ipa.returns: group_normalized: one group, R = [1, 0]: GRPO advantages [1, -1]; gamma 0.5
+    # seq 0 mask [1,0,1,0,1], 3 chunks: [0.25, 0.5, 1] * 1; seq 1 [1,1,0,1,0], 2 chunks: [0.5, 1] * -1
     mask = t([[1, 0, 1, 0, 1], [1, 1, 0, 1, 0]])
-    adv = ipa_advantages(t([1.0, 0.0]), torch.tensor([0, 0]), mask, 0.5)
-    close(adv, [[0.25, 0.0, 0.5, 0.0, 1.0], [-0.5, -0.5, 0.0, -1.0, 0.0]])
-    # Dr.GRPO variant: R - mean = [0.5, -0.5], same discounts
-    adv = ipa_advantages(t([1.0, 0.0]), torch.tensor([0, 0]), mask, 0.5, std_normalize=False)
-    close(adv, [[0.125, 0.0, 0.25, 0.0, 0.5], [-0.25, -0.25, 0.0, -0.5, 0.0]])
+    close(ipa_group_returns(t([1.0, 0.0]), torch.tensor([0, 0]), mask, 0.5),
+          [[0.25, 0.0, 0.5, 0.0, 1.0], [-0.5, -0.5, 0.0, -1.0, 0.0]])
+    # all succeed: nothing to learn (the absolute returns give 1 each)
+    close(ipa_group_returns(t([1.0, 1.0]), torch.tensor([0, 0]), mask, 1.0), [[0.0] * 5] * 2)
 
 
-def test_ipa_advantages_gamma_one_is_grpo():
-    # gamma 1: every chunk gets its sequence's GRPO advantage; groups {0,1} -> [1,-1], {2,3} -> [0,0]
-    mask = t([[1, 0, 1], [1, 1, 0], [0, 1, 1], [1, 0, 1]])
-    adv = ipa_advantages(t([1.0, 0.0, 1.0, 1.0]), torch.tensor([0, 0, 1, 1]), mask, 1.0)
-    close(adv, [[1.0, 0.0, 1.0], [-1.0, -1.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+def test_ipa_mask_is_eq8_one_sided_on_pi_old_over_mu():
+    # chunks {0,1}, {3}, {5}: pi_old / mu per token [5, 5], [6], [0.01]; H = 5
+    # geometric means 5 (kept: <= H inclusive), 6 (masked), 0.01 (kept: one-sided, no lower bound)
+    old = t([[LN(5.0), LN(5.0), 0.0, LN(6.0), 0.0, LN(0.01)]])
+    mask = t([[1, 1, 0, 1, 0, 1]])
+    close(ipa_mask(old, torch.zeros(1, 6), mask, 5.0), [[1.0, 1.0, 0.0, 0.0, 0.0, 1.0]])
 
 
-def test_ipa_loss_clips_and_drops_chunks():
-    # mask [1,1,0,1,1,0,1]: chunks {0,1}, {3,4}, {6}; ratio bounds [0.5, 2], clip 0.2
-    # chunk 0: log ratios [ln 2, 0] -> rho = sqrt(2) = 1.4142136, A = +1
-    #          loss max(-1.4142, -1.2) = -1.2 (clipped, no gradient)
-    # chunk 1: log ratios [ln 4, ln 4] -> rho = 4 > 2: dropped (loss 0, still in the denominator)
-    # chunk 2: log ratio ln 1.1 -> rho 1.1, A = -1: loss max(1.1, 1.1) = 1.1
-    # token mean over the 5 response tokens: (-1.2 - 1.2 + 0 + 0 + 1.1) / 5 = -0.26
-    mask = t([[1, 1, 0, 1, 1, 0, 1]])
-    logp = t([[LN(2.0), 0.0, 7.0, LN(4.0), LN(4.0), 7.0, LN(1.1)]], requires_grad=True)
-    adv = t([[1.0, 1.0, 0.0, 1.0, 1.0, 0.0, -1.0]])
-    loss, metrics = ipa_loss(logp, torch.zeros(1, 7), adv, mask, ratio_low=0.5, ratio_high=2.0)
-    close(loss, -0.26)
-    assert metrics["chunk_mask_frac"] == pytest.approx(2 / 5)  # 2 of 5 response tokens dropped
-    assert metrics["clip_frac"] == pytest.approx(2 / 3)  # chunk 0's two tokens of 3 kept
-    loss.backward()
-    # only chunk 2 carries gradient: d/dlogp_6 (-A rho / 5) = 1.1 / 5 = 0.22
-    close(logp.grad, [[0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.22]])
-
-
-def test_ipa_loss_clip_low_and_clip_high():
-    # two one-token chunks, ratio bounds [0.5, 2]: rho 1.5 with A = +1, rho 0.6 with A = -1
-    # clip_low 0.2, clip_high 0.28: max(-1.5, -1.28) = -1.28; max(0.6, 0.8) = 0.8 -> (-1.28 + 0.8) / 2
-    logp = t([[LN(1.5), 0.0, LN(0.6)]])
-    mask, adv = t([[1, 0, 1]]), t([[1.0, 0.0, -1.0]])
-    kw = dict(ratio_low=0.5, ratio_high=2.0, clip_low=0.2)
-    close(ipa_loss(logp, torch.zeros(1, 3), adv, mask, clip_high=0.28, **kw)[0], (-1.28 + 0.8) / 2)
-    # clip_high 0.6 leaves 1.5 inside the band: (-1.5 + 0.8) / 2; clip_low 0.5 leaves 0.6: (-1.5 + 0.6) / 2
-    close(ipa_loss(logp, torch.zeros(1, 3), adv, mask, clip_high=0.6, **kw)[0], (-1.5 + 0.8) / 2)
-    close(ipa_loss(logp, torch.zeros(1, 3), adv, mask, ratio_low=0.5, ratio_high=2.0, clip_low=0.5,
-                   clip_high=0.6)[0], (-1.5 + 0.6) / 2)
-
-
-def test_ipa_loss_gradient_through_chunk_ratio():
-    # one chunk of 2 tokens, log ratios [0.1, -0.1] -> rho = exp(0) = 1, A = 1
-    # token mean of [-A rho, -A rho] = -rho = -1; d rho / d logp_t = rho / n = 1/2
-    #   -> grad [-0.5, -0.5] (the chunk ratio, not the token ratio, carries the gradient)
-    logp = t([[0.1, -0.1]], requires_grad=True)
-    loss, _ = ipa_loss(logp, torch.zeros(1, 2), t([[1.0, 1.0]]), torch.ones(1, 2),
-                       ratio_low=0.5, ratio_high=2.0)
-    close(loss, -1.0)
+def test_ipa_loss_positive_chunk_has_no_ratio():
+    # one positive two-token chunk, G = 1, pi_theta / pi_old = 1.5 on both tokens (rho = 1.5):
+    # l_t = -G log pi_t, gradient -G / n per token under token-mean = -0.5 each, however far
+    # pi_theta moved (PPO's clip at 1.28 would give it zero gradient)
+    logp = t([[LN(1.5), LN(1.5)]], requires_grad=True)
+    loss, metrics = ipa_loss(logp, torch.zeros(1, 2), torch.zeros(1, 2), t([[1.0, 1.0]]), torch.ones(1, 2),
+                             threshold=5.0)
+    close(loss, -LN(1.5))
     loss.backward()
     close(logp.grad, [[-0.5, -0.5]])
+    assert metrics["ratio_mean"] == pytest.approx(1.5)
+
+
+def test_ipa_loss_negative_chunk_weight_is_truncated_ratio():
+    # chunks {0,1} and {3}, both negative. Chunk 0: pi_theta / pi_old = [2, 8] -> rho = 4,
+    # sg(clip(4, 0, 1)) = 1, G = -1. Chunk 1: rho 0.25 -> weight 0.25, G = -2.
+    # token-mean over 3 tokens: l = -(w G log pi); grads -w G / 3 = [1/3, 1/3, 0, 0.5/3]
+    logp = t([[LN(2.0), LN(8.0), 9.0, LN(0.25)]], requires_grad=True)
+    g = t([[-1.0, -1.0, 0.0, -2.0]])
+    loss, metrics = ipa_loss(logp, torch.zeros(1, 4), torch.zeros(1, 4), g, t([[1, 1, 0, 1]]), threshold=5.0)
+    close(loss, (LN(2.0) + LN(8.0) + 0.25 * 2 * LN(0.25)) / 3)
+    loss.backward()
+    close(logp.grad, [[1 / 3, 1 / 3, 0.0, 0.5 / 3]])
+    assert metrics["neg_weight_mean"] == pytest.approx((1 + 1 + 0.25) / 3)
+
+
+def test_ipa_loss_hand_computed_example_with_mask():
+    # three one-token chunks (mask [1, 0, 1, 0, 1]), pi_old = 0.5 on each, H = 5:
+    #   chunk a: G = +0.81, pi_theta 0.6 (rho 1.2), mu 0.5                         -> kept, w 1
+    #   chunk b: G = -1, pi_theta 0.4 (rho 0.8), mu 0.05 (pi_old / mu = 10 > H)     -> masked
+    #   chunk c: G = -1, pi_theta 0.3 (rho 0.6), mu 0.25 (pi_old / mu = 2)          -> w 0.6
+    # seq-mean-token-mean over one sequence of 3 response tokens: grads -w G m / 3
+    old = torch.full((1, 5), LN(0.5))
+    logp = t([[LN(0.6), 0.0, LN(0.4), 0.0, LN(0.3)]], requires_grad=True)
+    mu = t([[LN(0.5), 0.0, LN(0.05), 0.0, LN(0.25)]])
+    g = t([[0.81, 0.0, -1.0, 0.0, -1.0]])
+    mask = t([[1, 0, 1, 0, 1]])
+    loss, metrics = ipa_loss(logp, old, mu, g, mask, threshold=5.0, agg="seq-mean-token-mean")
+    close(loss, -(0.81 * LN(0.6) - 0.6 * LN(0.3)) / 3)
+    loss.backward()
+    close(logp.grad, [[-0.81 / 3, 0.0, 0.0, 0.0, 0.6 / 3]])
+    assert metrics["chunk_mask_frac"] == pytest.approx(1 / 3)
+    assert metrics["neg_weight_mean"] == pytest.approx((0.8 + 0.6) / 2)  # over the negative chunks' tokens
 
 
 def test_ipa_end_to_end_from_logits():
@@ -206,8 +219,8 @@ def test_ipa_end_to_end_from_logits():
     logp = torch.log_softmax(logits, -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     old = logp.detach() + 0.1 * torch.randn(B, T, generator=g)
     mask = t(MASK)
-    adv = ipa_advantages(t([1.0, 0.0, 1.0]), torch.tensor([0, 0, 1]), mask, 0.9)
-    loss, metrics = ipa_loss(logp, old, adv, mask, ratio_low=0.5, ratio_high=2.0, agg="seq-mean-token-mean")
+    adv = ipa_returns(t([1.0, -1.0, 1.0]), mask, 0.9)
+    loss, metrics = ipa_loss(logp, old, old, adv, mask, threshold=5.0, agg="seq-mean-token-mean")
     loss.backward()
     assert torch.isfinite(loss)
     assert torch.isfinite(logits.grad).all() and logits.grad.abs().sum() > 0
@@ -218,12 +231,6 @@ def test_ipa_end_to_end_from_logits():
 # --------------------------------------------------------------------------- boundaries
 # Each test below pins a boundary that a mutant of credit.py could move unnoticed
 # (docs/testing.md, "Mutation score").
-
-
-def test_chunk_ratio_mask_bounds_are_inclusive_on_both_sides():
-    # bounds [0.5, 2]: 0.5 and 2 are kept, 0.49 and 2.01 dropped
-    keep = chunk_ratio_mask(t([[0.5, 2.0, 0.49, 2.01]]), torch.ones(1, 4), low=0.5, high=2.0)
-    close(keep, [[1.0, 1.0, 0.0, 0.0]])
 
 
 def test_per_chunk_one_turn_and_no_turn_batches():
@@ -243,13 +250,6 @@ def test_turn_advantages_episode_without_turns_does_not_count_in_its_group():
     close(adv, [[1.0, 1.0, 0.0], [0.0, -1.0, 0.0], [0.0, 0.0, 0.0]])
 
 
-def test_ipa_loss_default_clip_low():
-    # one one-token chunk, rho 0.6, A = -1, default clip 0.2: max(0.6, clip(0.6, 0.8, 1.2)) = 0.8
-    loss, _ = ipa_loss(t([[LN(0.6)]]), torch.zeros(1, 1), t([[-1.0]]), torch.ones(1, 1),
-                       ratio_low=0.5, ratio_high=2.0)
-    close(loss, 0.8)
-
-
 def test_turn_advantages_more_turn_columns_than_sequences():
     # 2 sequences, 3 turn columns (the padding past each one's single turn is garbage):
     # gamma 1, G_A = [1], G_B = [0] -> mean 0.5, std 0.5 -> A +1, B -1
@@ -262,23 +262,21 @@ def test_eps_is_added_to_the_std():
     # one chunk each, gamma 1, R = [1, 0]: deviations +-0.5, std 0.5, eps 0.5 -> +-0.5
     mask = t([[1], [1]])
     close(turn_advantages(t([[1.0], [0.0]]), mask, torch.tensor([0, 0]), 1.0, eps=0.5), [[0.5], [-0.5]])
-    close(ipa_advantages(t([1.0, 0.0]), torch.tensor([0, 0]), mask, 1.0, eps=0.5), [[0.5], [-0.5]])
 
 
-def test_an_episode_split_into_rows_gets_the_advantages_it_would_get_whole():
-    """An agent episode split into segments (rows, issue #13): each row weighs 1/n in its
-    group's statistics and numbers its chunks to the episode's end (``chunks_after``), so
-    every chunk gets exactly what it would get were the episode one row. Without the
-    weights the split episode counts twice in the mean; without the offset its first row's
-    chunks look like the episode's last."""
-    rewards, groups = torch.tensor([1.0, 0.0, 0.0]), torch.tensor([0, 0, 0])
+def test_an_episode_split_into_rows_gets_the_returns_it_would_get_whole():
+    """An agent episode split into segments (rows, issue #13) numbers its chunks to the
+    episode's end (``chunks_after``), so every chunk gets exactly the Eq 7 return it would get
+    were the episode one row; without the offset its first row's chunks look like the
+    episode's last. Group statistics weigh its rows 1/n (grpo_advantages)."""
+    rewards = torch.tensor([1.0, 0.0, 0.0])
     whole_mask = torch.tensor([[0, 1, 0, 1, 0, 1], [0, 1, 0, 1, 0, 0], [0, 1, 0, 0, 0, 0]])
-    whole = ipa_advantages(rewards, groups, whole_mask, 0.5)
+    whole = ipa_returns(rewards, whole_mask, 0.5)
     # episode 0 as two rows: its chunks 1-2, then chunk 3
     split_mask = torch.tensor([[0, 1, 0, 1, 0, 0], [0, 0, 0, 0, 0, 1], [0, 1, 0, 1, 0, 0], [0, 1, 0, 0, 0, 0]])
-    split = ipa_advantages(torch.tensor([1.0, 1.0, 0.0, 0.0]), torch.tensor([0, 0, 0, 0]), split_mask, 0.5,
-                           weights=torch.tensor([0.5, 0.5, 1.0, 1.0]), chunks_after=torch.tensor([1, 0, 0, 0]))
+    split = ipa_returns(torch.tensor([1.0, 1.0, 0.0, 0.0]), split_mask, 0.5, chunks_after=torch.tensor([1, 0, 0, 0]))
     assert torch.allclose(split[0] + split[1], whole[0]) and torch.allclose(split[2:], whole[1:])
+    close(whole[0], [0.0, 0.25, 0.0, 0.5, 0.0, 1.0])
     adv = grpo_advantages(torch.tensor([1.0, 1.0, 0.0, 0.0]), torch.tensor([0, 0, 0, 0]),
                           weights=torch.tensor([0.5, 0.5, 1.0, 1.0]))
-    assert torch.allclose(adv, grpo_advantages(rewards, groups)[[0, 0, 1, 2]])
+    assert torch.allclose(adv, grpo_advantages(rewards, torch.tensor([0, 0, 0]))[[0, 0, 1, 2]])

@@ -164,11 +164,14 @@ def test_the_attention_role_runs_in_an_actor_of_its_own_and_follows_the_policy(t
     memory, from a trainer in host memory)."""
     from rockroll.trainer import train
 
-    out = train(run_config(tmp_path, ray={"enabled": True, "roles": roles}, algorithm__rhythm={"enabled": True},
+    out = train(run_config(tmp_path, ray={"enabled": True, "roles": roles},
+                           algorithm__rhythm={"enabled": True, "fai_window_low": 1, "fai_window_high": 1000},
                            logging__tensorboard=False))
     hist = out["history"]
     assert [h["step"] for h in hist] == [0, 1]
     for h in hist:
+        # FAI over the tokens 1-1000 later: a turn's one-token reply is ~200 tokens of map
+        # before the next (the paper's H = [10, 100] would measure no reply's influence)
         assert h["rhythm/weights_version"] == h["step"] and h["rhythm/scale_mean"] > 1
         assert torch.isfinite(torch.tensor(h["loss/total"]))
 

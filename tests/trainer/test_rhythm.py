@@ -34,21 +34,56 @@ def test_waad_weighs_each_distance_clipped_at_the_window():
 
 
 def test_fai_is_the_mean_attention_from_later_counted_queries():
-    close(R.fai(ATTN[None], torch.ones(1, 4, dtype=torch.bool)), [[0.8 / 3, 0.25, 0.3, 0.0]])
+    # H = [1, 100] (every later query)
+    close(R.fai(ATTN[None], torch.ones(1, 4, dtype=torch.bool), 1, 100), [[0.8 / 3, 0.25, 0.3, 0.0]])
     # row 2 does not count: key 0 gets (0.5 + 0.1) / 2, key 1 only row 3's 0.2
-    close(R.fai(ATTN[None], torch.tensor([[True, True, False, True]])), [[0.3, 0.2, 0.3, 0.0]])
-    close(R.fai(ATTN[None], torch.zeros(1, 4, dtype=torch.bool)), [[0.0, 0.0, 0.0, 0.0]])
+    close(R.fai(ATTN[None], torch.tensor([[True, True, False, True]]), 1, 100), [[0.3, 0.2, 0.3, 0.0]])
+    close(R.fai(ATTN[None], torch.zeros(1, 4, dtype=torch.bool), 1, 100), [[0.0, 0.0, 0.0, 0.0]])
 
 
-def test_action_signals_take_row_t_and_column_t_plus_one():
-    """Position t of the mask predicts token t+1: its WAAD is row t (the decision's look-back),
-    its FAI column t+1 over later decision rows only."""
+def test_fai_averages_only_the_queries_h_lo_to_h_hi_later():
+    """The paper's FAI_s = mean over t in [s + H_lo, s + H_hi] (issue #40: it was every later
+    row, H_lo = 1 and no upper bound). H = [2, 2]: key s from row s + 2 only; H = [1, 1]: from
+    row s + 1; the default H = [10, 100] sees nothing in a 4-token map."""
+    rows = torch.ones(1, 4, dtype=torch.bool)
+    close(R.fai(ATTN[None], rows, 2, 2), [[0.2, 0.2, 0.0, 0.0]])
+    close(R.fai(ATTN[None], rows, 1, 1), [[0.5, 0.3, 0.3, 0.0]])
+    close(R.fai(ATTN[None], rows, 2, 3), [[0.15, 0.2, 0.0, 0.0]])
+    close(R.fai(ATTN[None], rows), [[0.0] * 4])
+
+
+def test_split_heads_takes_the_most_local_and_the_most_global_heads():
+    """Three heads, ranked by their mean look-back: a diagonal head (span 0), ATTN (spans
+    0, 0.5, 0.7, 1.0: mean 0.55) and a head that attends to token 0 only (spans 0..3: 1.5).
+    head_fraction 0.3 of 3 heads: ceil(0.9) = 1 each: local = the diagonal one, global = the
+    token-0 one, whatever their order."""
+    diag, first = torch.eye(4), torch.zeros(4, 4)
+    first[:, 0] = 1.0
+    heads = torch.stack([ATTN, first, diag])[None]  # (1, 3, 4, 4)
+    close(R.head_spans(heads, torch.ones(1, 4, dtype=torch.bool)), [[0.55, 1.5, 0.0]])
+    local, glob = R.split_heads(heads, torch.ones(1, 4, dtype=torch.bool), 0.3)
+    close(local, diag[None].tolist())
+    close(glob, first[None].tolist())
+    # 0.5 of 3: ceil(1.5) = 2 heads each: local = mean(diag, ATTN), global = mean(ATTN, first)
+    local, glob = R.split_heads(heads, torch.ones(1, 4, dtype=torch.bool), 0.5)
+    close(local, ((diag + ATTN) / 2)[None].tolist())
+    close(glob, ((ATTN + first) / 2)[None].tolist())
+
+
+def test_action_signals_take_row_and_column_t_plus_one():
+    """Position t of the mask holds token t+1: the paper gives token t+1 its own row (its
+    query's look-back) and its own column (issue #40: it used to get row t, one token early).
+    FAI counts later response tokens only (tokens 2 and 3)."""
     mask = torch.tensor([[False, True, True]])  # tokens 2 and 3 are the response
-    w, f = R.action_signals(ATTN[None], mask, window=2)
-    close(w, [[0.0, 0.5, 0.7]])
-    # token 2 (position 1) is seen by the decision row 2 only (row 3 predicts nothing); token 1
-    # (position 0, a prompt token) by row 2's 0.3; token 3 by no later decision
-    close(f, [[0.3, 0.0, 0.0]])
+    w, f = R.action_signals(ATTN[None], ATTN[None], mask, window=2, fai_lo=1, fai_hi=100)
+    close(w, [[0.5, 0.7, 0.1 * 2 + 0.2 * 2 + 0.3]])
+    # token 1 (position 0, a prompt token): rows 2 and 3 give 0.3 and 0.2; token 2: row 3's 0.3;
+    # token 3 no later token
+    close(f, [[0.25, 0.3, 0.0]])
+    # WAAD from the local map, FAI from the global one
+    w, f = R.action_signals(torch.eye(4)[None], ATTN[None], mask, window=2, fai_lo=1, fai_hi=100)
+    close(w, [[0.0, 0.0, 0.0]])
+    close(f, [[0.25, 0.3, 0.0]])
 
 
 def test_next_and_previous_response_positions_skip_observations():
@@ -77,11 +112,13 @@ def test_middle_layers_spread_over_the_middle_third():
 
 # ----------------------------------------------------------------------------- credit schemes
 
-# Row 0: prompt token then 5 response tokens. Drops to the next response token: 4 (pos 1),
-# -3, 3.5 (pos 3), -2.5, none: pre-planning {1, 3}; the top-2 FAI response tokens (anchors)
-# are 5 and 2 (position 0's 0.9 is the prompt's). Row 1: two turns with an observation (2, 3)
-# between; position 1's next response token is 4 (not the observation's high WAAD): drop 6,
-# pre-planning {1} (position 4 rises to 5); anchors 4 and 0.
+# Row 0: prompt token then 5 response tokens. |WAAD_t - WAAD_next| to the next response
+# token: 4 (pos 1), 3, 3.5 (pos 3), 2.5, none: pre-planning {1, 3}; the top-2 FAI response
+# tokens (anchors) are 5 and 2 (position 0's 0.9 is the prompt's). Row 1: two turns with an
+# observation (2, 3) between; position 1's next response token is 4 (not the observation's
+# high WAAD): |6 - 0| = 6; position 0: |2 - 6| = 4 (a rise counts: the paper's Delta is an
+# absolute change; before issue #40 only drops did), position 4: 1: pre-planning {0, 1};
+# anchors 4 and 0.
 MASK = torch.tensor([[0, 1, 1, 1, 1, 1], [1, 1, 0, 0, 1, 1]], dtype=torch.bool)
 WAAD = t([[9.0, 5.0, 1.0, 4.0, 0.5, 3.0], [2.0, 6.0, 9.0, 9.0, 0.0, 1.0]])
 FAI = t([[0.9, 0.1, 0.3, 0.2, 0.05, 0.6], [0.45, 0.1, 0.9, 0.9, 0.5, 0.2]])
@@ -93,12 +130,12 @@ def _scale(scheme, waad=WAAD, fai=FAI, mask=MASK, **kw):
 
 
 def test_preplan_and_anchor_tokens():
-    assert R.preplan_tokens(WAAD, MASK, 0.4).nonzero().tolist() == [[0, 1], [0, 3], [1, 1]]
+    assert R.preplan_tokens(WAAD, MASK, 0.4).nonzero().tolist() == [[0, 1], [0, 3], [1, 0], [1, 1]]
     assert R.anchor_tokens(FAI, MASK, 0.4).nonzero().tolist() == [[0, 2], [0, 5], [1, 0], [1, 4]]
 
 
 def test_local_chunk_amplifies_preplan_tokens():
-    close(_scale("local_chunk"), [[1, 1.5, 1, 1.5, 1, 1], [1, 1.5, 1, 1, 1, 1]])
+    close(_scale("local_chunk"), [[1, 1.5, 1, 1.5, 1, 1], [1.5, 1.5, 1, 1, 1, 1]])
 
 
 def test_global_anchor_amplifies_top_fai_tokens():
@@ -106,12 +143,20 @@ def test_global_anchor_amplifies_top_fai_tokens():
     torch.testing.assert_close(_scale("global_anchor", top_k=1.0), torch.where(MASK, 2.0, 1.0))  # all of it
 
 
-def test_coupled_passes_part_of_an_anchors_credit_to_the_preplan_token_before_it():
-    # anchor 2 follows pre-planning 1: 1 + 0.5 each; anchor 5 follows 4 (no pre-planning): 2.
-    # Row 1: anchor 4's previous response token is 1 (across the observation), a pre-planning one.
-    close(_scale("coupled"), [[1, 1.5, 1.5, 1, 1, 2], [2, 1.5, 1, 1, 1.5, 1]])
+def test_coupled_passes_part_of_an_anchors_credit_to_a_preplan_token_within_k():
+    """The paper's coupling: a pre-planning token within the last k (default 3) tokens before
+    the anchor, the nearest one (issue #40: it was the previous response token only).
+    Row 0: anchor 2 <- pre-planning 1 (k = 1); anchor 5 <- pre-planning 3 (k = 2, 4 is not
+    one): 1 + 0.5 each, and + 0.5 to 1 and 3. Row 1: anchor 0 is pre-planning itself (keeps
+    2); anchor 4 <- 1 (3 positions back across the observation)."""
+    close(_scale("coupled"), [[1, 1.5, 1.5, 1.5, 1, 1.5], [2, 1.5, 1, 1, 1.5, 1]])
     torch.testing.assert_close(_scale("coupled", pass_fraction=0.0), _scale("global_anchor"))
-    close(_scale("coupled", pass_fraction=1.0), [[1, 2, 1, 1, 1, 2], [2, 2, 1, 1, 1, 1]])
+    close(_scale("coupled", pass_fraction=1.0), [[1, 2, 1, 2, 1, 1], [2, 2, 1, 1, 1, 1]])
+    # k = 1: anchor 5's neighbour 4 is not pre-planning, anchor 4's neighbour 3 is an observation
+    close(_scale("coupled", couple_within=1), [[1, 1.5, 1.5, 1, 1, 2], [2, 1, 1, 1, 2, 1]])
+    # tau = 2: anchor 5 (WAAD 3) is not local, so it is not coupled; anchor 2 (WAAD 1) and row
+    # 1's anchor 4 (WAAD 0) are
+    close(_scale("coupled", couple_waad_max=2.0), [[1, 1.5, 1.5, 1, 1, 2], [2, 1.5, 1, 1, 1.5, 1]])
 
 
 def test_coupled_an_anchor_that_is_its_own_preplan_token_keeps_its_credit():
@@ -151,6 +196,12 @@ def test_scale_advantages_broadcasts_sequence_advantages():
     ({"scheme": "local_chunk", "pass_fraction": 0.2}, "algorithm.rhythm.pass_fraction"),
     ({"scheme": "global_anchor", "amplify_preplan": 1.0}, "algorithm.rhythm.amplify_preplan"),
     ({"tempo": 1}, "algorithm.rhythm.tempo"),
+    ({"fai_window_low": 0}, "algorithm.rhythm.fai_window_low"),
+    ({"fai_window_low": 20, "fai_window_high": 10}, "algorithm.rhythm.fai_window_low"),
+    ({"head_fraction": 0.6}, "algorithm.rhythm.head_fraction"),
+    ({"couple_within": 0}, "algorithm.rhythm.couple_within"),
+    ({"scheme": "global_anchor", "couple_within": 2}, "algorithm.rhythm.couple_within"),
+    ({"scheme": "local_chunk", "couple_waad_max": 2.0}, "algorithm.rhythm.couple_waad_max"),
 ])
 def test_config_errors_name_the_key(rhythm, key):
     with pytest.raises(ConfigError) as e:
@@ -219,8 +270,10 @@ def test_the_credit_scales_every_estimators_advantages(name):
 
 
 def test_attention_role_scales_only_response_tokens_and_follows_the_policy(tmp_path):
+    # the tiny samples are a few tokens long: FAI from the tokens 1 to 100 later (the paper's
+    # H_lo = 10 would leave every token of them without a measured influence)
     cfg = run_config(tmp_path, model__num_layers=2, model__num_heads=2,
-                     algorithm__rhythm={"enabled": True, "scheme": "global_anchor"})
+                     algorithm__rhythm={"enabled": True, "scheme": "global_anchor", "fai_window_low": 1})
     roles = LocalRoles(cfg)
     try:
         (role,) = roles.batch_roles
@@ -231,8 +284,9 @@ def test_attention_role_scales_only_response_tokens_and_follows_the_policy(tmp_p
         batch = collate(groups, roles.tokenizer.pad_token_id)
         assert scale.shape == batch.mask.shape and scale.device.type == "cpu"
         assert bool((scale[~batch.mask] == 1).all())
-        # global_anchor: ceil(0.4 n) anchors per row, each 1 + amplify_anchor
-        expected = (0.4 * batch.mask.sum(-1).double() - 1e-9).ceil()
+        # global_anchor: ceil(0.4 n) anchors per row, each 1 + amplify_anchor, among the tokens
+        # that a later response token attends to (not the last one)
+        expected = torch.minimum((0.4 * batch.mask.sum(-1).double() - 1e-9).ceil(), batch.mask.sum(-1).double() - 1)
         assert (scale == 1.5).sum(-1).tolist() == expected.tolist()
         # the update trains the policy; after the sync the attention copy holds its weights
         before = {k: v.clone() for k, v in role.model.state_dict().items()}
@@ -250,7 +304,10 @@ def test_attention_role_scales_only_response_tokens_and_follows_the_policy(tmp_p
 
 
 def test_training_with_rhythm_credit(tmp_path):
-    out = train(run_config(tmp_path, steps=3, algorithm__rhythm={"enabled": True}))
+    # FAI over the tokens 1-1000 later: a turn's one-token reply is ~200 tokens of map before
+    # the next (the paper's H = [10, 100] would measure no reply's influence here)
+    out = train(run_config(tmp_path, steps=3, algorithm__rhythm={"enabled": True, "fai_window_low": 1,
+                                                                 "fai_window_high": 1000}))
     hist = out["history"]
     assert [h["step"] for h in hist] == [0, 1, 2]
     for h in hist:

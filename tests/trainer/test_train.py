@@ -222,18 +222,19 @@ def _cispo_batch():
 
 
 def test_cispo_clips_the_behaviour_ratio():
-    # w = clip(r, 1 - 0.2, 1 + 0.28) = [[1.28, 0.8], [1.0, 1.28]]
-    # loss = -(1/4) sum w A logp = -(1/4)[1.28 (-1) + 0.8 (-1) + 1.0 (-1)(-2) + 1.28 (-1)(-2)]
-    #      = -(1/4)(-1.28 - 0.8 + 2 + 2.56) = -0.62   (with r = 1: -(1/4)(-1 - 1 + 2 + 2) = -0.5)
+    # MiniMax-M1's CISPO has no lower clip (issue #40: it used 1 - clip_low = 0.8 here):
+    # w = clip(r, 0, 1 + 0.28) = [[1.28, 0.5], [1.0, 1.28]]
+    # loss = -(1/4) sum w A logp = -(1/4)[1.28 (-1) + 0.5 (-1) + 1.0 (-1)(-2) + 1.28 (-1)(-2)]
+    #      = -(1/4)(-1.28 - 0.5 + 2 + 2.56) = -0.695   (with r = 1: -(1/4)(-1 - 1 + 2 + 2) = -0.5)
     batch, logp = _cispo_batch()
     a = AlgorithmConfig(name="cispo")
     adv, _ = compute_advantages(a, batch, logp.detach(), logp.detach(), None)
     loss, met = compute_loss(a, logp, logp.detach(), adv, batch)
-    close(loss, -0.62, tol=1e-4)
-    assert met["loss/clip_frac"] == pytest.approx(0.75)  # 1.5, 0.5 and 2.0 were clipped
+    close(loss, -0.695, tol=1e-4)
+    assert met["loss/clip_frac"] == pytest.approx(0.5)  # 1.5 and 2.0 were clipped, 0.5 was not
     assert "loss/tis_weight_mean" not in met
     loss.backward()
-    close(logp.grad, [[-0.32, -0.2], [0.25, 0.32]], tol=1e-4)  # -w A / 4
+    close(logp.grad, [[-0.32, -0.125], [0.25, 0.32]], tol=1e-4)  # -w A / 4
 
 
 def test_grpo_clips_against_the_proximal_policy_times_the_tis_weight():
@@ -250,25 +251,27 @@ def test_grpo_clips_against_the_proximal_policy_times_the_tis_weight():
     assert "loss/tis_weight_mean" not in met
 
 
-def test_ipa_drops_a_chunk_whose_behaviour_ratio_is_out_of_bounds_in_update_policy():
-    """A real update_policy call: the behaviour log-probs equal the policy's except on the
-    second turn of group 0's winner, where mu = pi / 4 (chunk ratio 4 > ratio_high 2)."""
+def test_ipa_masks_a_chunk_whose_behaviour_ratio_is_above_h_in_update_policy():
+    """A real update_policy call (issue #40: the ROME paper's Eqs 7-9): the behaviour
+    log-probs equal the policy's except on the second turn of group 0's winner, where
+    mu = pi / 8, so pi_old / mu = 8 > H = 5 and that one-token chunk is masked out (before
+    issue #40: a two-sided [0.5, 2] band on pi_theta / mu, and PPO's clip)."""
     policy = _tiny_policy()
     batch = collate(multi_turn_groups(), 0)
     with torch.no_grad():
         logp, _ = token_logp(policy.forward, batch, 1.0)
     second_turn = (C.chunk_ids(batch.mask) == 1) & (torch.arange(batch.size) == 0).unsqueeze(-1)
     assert second_turn.sum() == 1
-    batch.behav_logp = torch.where(second_turn, logp - LN(4.0), logp)
+    batch.behav_logp = torch.where(second_turn, logp - LN(8.0), logp)
     met = update_policy(policy, AlgorithmConfig(ipa=IPAConfig(enabled=True)), batch, 1.0)
-    # GRPO advantages in both groups: winner (2/3) / sqrt(2/9) = 1.4142136, losers -0.7071068.
-    # Samples have 3, 4, 5 response tokens (24 in all); group 0's winner is sample 0, group 1's
-    # sample 1. Every kept chunk has ratio 1, so l_t = -A_t; the dropped token (A = 1.4142136)
-    # gives 0 but counts: sum A over kept tokens =
-    #   (2 * 1.4142136 - 9 * 0.7071068) + (4 * 1.4142136 - 8 * 0.7071068) = -3.5355339
-    # loss = 3.5355339 / 24 = 0.1473139   (nothing dropped: (3.5355339 - 1.4142136) / 24 = 0.0883883)
+    # Eq 7 with gamma 1: every chunk's return is its episode's reward, absolute (winners 1,
+    # losers 0: a loser's tokens carry no gradient). One update, so pi_theta = pi_old and
+    # rho = 1; winners' chunks are positive: l_t = -G log pi_t, token-mean over all 24
+    # response tokens, the masked token counting 0 in the numerator
+    assert sorted(batch.rewards.tolist()) == [0.0, 0.0, 0.0, 0.0, 1.0, 1.0]
+    won = (batch.rewards > 0).unsqueeze(-1) & batch.mask & ~second_turn
     assert met["loss/chunk_mask_frac"] == pytest.approx(1 / 24)
-    assert met["loss/pg"] == pytest.approx(0.1473139, abs=1e-5)
+    assert met["loss/pg"] == pytest.approx(float(-logp[won].sum() / 24), abs=1e-5)
     assert "loss/tis_weight_mean" not in met
 
 

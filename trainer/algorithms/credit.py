@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .pg import aggregate, clipped_surrogate, grpo_advantages, masked_mean
+from .pg import aggregate, grpo_advantages, masked_mean
 
 
 def _chunk_starts(mask: Tensor) -> Tensor:
@@ -143,67 +143,80 @@ def chunk_ratios(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
     return torch.where(m, mean.gather(1, slot).exp(), 1.0)
 
 
-def chunk_ratio_mask(ratios: Tensor, mask: Tensor, *, low: float, high: float) -> Tensor:
-    """1.0 on response tokens whose chunk ratio lies in [low, high], 0.0 elsewhere, (B, T).
+def ipa_mask(old_logp: Tensor, behav_logp: Tensor, mask: Tensor, threshold: float) -> Tensor:
+    """IPA's chunk mask (ROME paper, arXiv 2512.24873, Eq 8), 1.0 / 0.0 on response tokens, (B, T):
+    m_c = 1[ (prod_{t in c} pi_old(t) / mu(t))^(1/|c|) <= H ], ``threshold`` H.
 
-    A turn whose policy drifted too far from the rollout policy (stale async sample, or a
-    generator/trainer mismatch) is dropped whole rather than token by token.
+    One-sided, and on the *proximal* policy pi_old against the generator mu (``behav_logp``),
+    never on the moving pi_theta: a turn the generator sampled far less likely than the trainer's
+    policy would (a stale async sample or a generator/trainer mismatch) is dropped whole.
+    ROLL's IPA example uses H = 5.
     """
-    r = ratios.detach()
-    return (mask.bool() & (r >= low) & (r <= high)).float()
+    m = mask.bool()
+    gap = chunk_ratios(old_logp.detach(), behav_logp.detach(), m)
+    return (m & (gap <= threshold)).float()
 
 
-def ipa_advantages(rewards: Tensor, group_ids: Tensor, mask: Tensor, gamma: float, *,
-                   eps: float = 1e-6, std_normalize: bool = True, weights: Tensor | None = None,
-                   chunks_after: Tensor | None = None) -> Tensor:
-    """IPA chunk advantages broadcast to each chunk's tokens, (B, T); 0 on non-response tokens.
+def ipa_returns(rewards: Tensor, mask: Tensor, gamma: float, *, chunks_after: Tensor | None = None) -> Tensor:
+    """IPA's chunk returns (ROME paper, arXiv 2512.24873, Eq 7) broadcast to each chunk's tokens, (B, T):
+    G_k = gamma^Delta(k, j) * R_final, where Delta counts the chunks from k to the episode's
+    last chunk j (0 for the last one). Absolute: no group baseline and no whitening (ROLL's
+    IPA example: no advantage whitening, identity reward normalisation), so a group whose
+    episodes all succeed still learns, and the sign of a chunk's credit is the sign of R.
 
-    Chunk k of sequence b (K_b chunks) has return G_bk = gamma^(K_b - k) R_b. Its baseline
-    is the same discount applied to the group's mean outcome, gamma^(K_b - k) mean_g R, so
-        A_bk = gamma^(K_b - k) * (R_b - mean_g R) / (std_g R + eps)
-             = gamma^(K_b - k) * grpo_advantage_b.
-    Why this baseline rather than the group mean of returns at the same chunk position:
-    sequences of a group end after different numbers of turns, so position k is not
-    comparable across them (and missing in short ones); a per-position baseline can hand
-    positive credit to a turn of a failed episode merely because its siblings were longer.
-    Ours keeps every turn's sign equal to its episode's outcome relative to the group,
-    reduces exactly to GRPO when gamma = 1, and with gamma < 1 gives turns far from the
-    outcome less credit. ``std_normalize=False`` is the Dr.GRPO variant.
-
-    An agent episode split into segments (rows of one episode, see ``update.Batch``): its
-    rows carry ``weights`` 1/n in the group statistics (:func:`grpo_advantages`), and
-    ``chunks_after`` (B,), the episode's chunks in its later rows, so K_b - k counts the
-    turns to the episode's end, not to the row's.
+    An agent episode split into segments (rows of one episode, see ``update.Batch``):
+    ``chunks_after`` (B,), the episode's chunks in its later rows, so Delta counts to the
+    episode's end, not to the row's.
     """
-    adv_seq = grpo_advantages(rewards, group_ids, eps=eps, std_normalize=std_normalize, weights=weights)
+    return _discount_to_end(mask, gamma, chunks_after) * rewards.float().unsqueeze(1)
+
+
+def ipa_group_returns(rewards: Tensor, group_ids: Tensor, mask: Tensor, gamma: float, *, eps: float = 1e-6,
+                      weights: Tensor | None = None, chunks_after: Tensor | None = None) -> Tensor:
+    """rockroll's IPA returns before issue #40 (``algorithm.ipa.returns: group_normalized``),
+    broadcast to each chunk's tokens, (B, T): Eq 7's discount applied to the GRPO-normalised
+    outcome instead of the absolute one,
+        A_bk = gamma^Delta(k, j) * (R_b - mean_g R) / (std_g R + eps).
+    Not the paper's: a group where every episode succeeds learns nothing, and failures are
+    pushed down (under Eq 9's loss: at weight sg(clip(rho, 0, 1))). Kept because it measured
+    better on the tiny two-turn task of ``tests/trainer/test_learning.py``, whose rewards are
+    never negative: with absolute returns nothing pushes a wrong second turn down, and 2 of 3
+    seeds stalled at eval 0.5 (docs/trainer.md). ``weights``, ``chunks_after``: an episode
+    split into rows (:func:`~.pg.grpo_advantages`, :func:`ipa_returns`).
+    """
+    adv_seq = grpo_advantages(rewards, group_ids, eps=eps, weights=weights)
     return _discount_to_end(mask, gamma, chunks_after) * adv_seq.unsqueeze(1)
 
 
-def ipa_loss(logp: Tensor, behav_logp: Tensor, advantages: Tensor, mask: Tensor, *,
-             ratio_low: float, ratio_high: float, clip_low: float = 0.2, clip_high: float = 0.2,
-             agg: str = "token-mean", denom: Tensor | float | None = None) -> tuple[Tensor, dict]:
-    """PPO-style loss on chunk ratios to the behaviour policy, scalar loss + metrics.
+def ipa_loss(logp: Tensor, old_logp: Tensor, behav_logp: Tensor, returns: Tensor, mask: Tensor, *,
+             threshold: float, agg: str = "token-mean",
+             denom: Tensor | float | None = None) -> tuple[Tensor, dict]:
+    """IPA's chunk-level, TOPR-style loss (ROME paper, arXiv 2512.24873, Eq 9), scalar loss + metrics.
 
-    rho = :func:`chunk_ratios` of pi_theta against mu (``behav_logp``: the generator that
-    sampled the turn, as in ROLL); keep = :func:`chunk_ratio_mask` (rho in [ratio_low, ratio_high]);
-        l_t = max(-A_t rho_k, -A_t clip(rho_k, 1 - clip_low, 1 + clip_high))   on kept tokens,
-    0 on the tokens of dropped chunks, aggregated over ``mask``: a dropped chunk still counts in
-    the denominator, like a PPO token whose clipped branch carries no gradient. (Counting only
-    the kept tokens would raise the weight of the surviving tokens exactly when the batch is
-    most off-policy, and would make a micro-batch's share depend on the other micro-batches.)
-    ``advantages`` is (B, T), e.g. :func:`ipa_advantages`. Metrics: chunk_mask_frac (response
-    tokens dropped), clip_frac (over kept tokens), ratio_mean.
+    Per token t of chunk c with return G_c (``returns``, :func:`ipa_returns`):
+        positive chunk (G_c > 0):  l_t = -m_c * G_c * log pi_theta(t)                 (no ratio)
+        negative chunk (G_c < 0):  l_t = -m_c * sg(clip(rho_c, 0, 1)) * G_c * log pi_theta(t)
+    rho_c = :func:`chunk_ratios` of pi_theta against pi_old (``old_logp``, Eq 8), m_c =
+    :func:`ipa_mask` (pi_old against mu, one-sided, ``threshold`` H). The gradient of a token
+    is -m_c * w_c * G_c * grad log pi (w_c = 1 on a positive chunk): a positive chunk is pushed
+    up in full however far pi_theta moved (no PPO clip to stop it), a negative one is pushed
+    down at most at weight 1, less once pi_theta already lowered it. Aggregated over ``mask``
+    with ``agg``: a masked chunk still counts in the denominator (zero loss, like a PPO token
+    whose clipped branch carries no gradient). Metrics: chunk_mask_frac (response tokens
+    masked), neg_weight_mean (sg(clip(rho, 0, 1)) over negative chunks' tokens), ratio_mean.
     """
     m = mask.bool()
-    rho = chunk_ratios(logp, behav_logp, m)
-    keep = chunk_ratio_mask(rho, m, low=ratio_low, high=ratio_high).bool()
-    adv = advantages.detach()
-    surrogate = clipped_surrogate(rho, adv, clip_low=clip_low, clip_high=clip_high)
-    loss = aggregate(torch.where(keep, surrogate, 0.0), m, agg, denom)
+    rho = chunk_ratios(logp.detach(), old_logp.detach(), m)
+    keep = ipa_mask(old_logp, behav_logp, m, threshold).bool()
+    g = returns.detach()
+    w = torch.where(g < 0, rho.clamp(0.0, 1.0), 1.0)
+    per_token = torch.where(keep, -w * g * logp, 0.0)
+    loss = aggregate(per_token, m, agg, denom)
     with torch.no_grad():
+        neg = m & (g < 0)
         metrics = {
             "chunk_mask_frac": masked_mean((~keep).float(), m).item(),
-            "clip_frac": masked_mean((surrogate > -adv * rho).float(), keep).item(),
+            "neg_weight_mean": masked_mean(w, neg).item() if bool(neg.any()) else 1.0,
             "ratio_mean": masked_mean(rho, m).item(),
         }
     return loss, metrics

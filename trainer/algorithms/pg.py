@@ -273,8 +273,10 @@ def topr_loss(logp: Tensor, behav_logp: Tensor, rewards_or_adv: Tensor, mask: Te
     w = sg(clip(rho, 0, 1)), rho = exp(sum_t m_t (logp_t - behav_logp_t)) the *sequence* ratio.
     Positives are pushed up like SFT whatever their probability; negatives are pushed down
     only as much as pi still assigns to them, which keeps the update stable off-policy.
-    Default ``agg="seq-mean-token-sum"`` makes sum_t logp_t = log pi(y), exactly the paper;
-    "token-mean" is the length-normalised variant.
+    ``agg="seq-mean-token-sum"`` (this function's default) makes sum_t logp_t = log pi(y),
+    exactly the paper; "token-mean" is the length-normalised variant. The trainer passes
+    ``algorithm.loss_agg``, whose default is token-mean (one default for every algorithm):
+    set ``loss_agg: seq-mean-token-sum`` for the paper's form.
     Metrics: pos_frac, neg_weight_mean (mean w over negatives), log_seq_ratio_mean.
     """
     m = _bool(mask)
@@ -295,12 +297,14 @@ def topr_loss(logp: Tensor, behav_logp: Tensor, rewards_or_adv: Tensor, mask: Te
 
 
 def cispo_loss(logp: Tensor, behav_logp: Tensor, advantages: Tensor, mask: Tensor, *,
-               eps_high: float, eps_low: float, agg: str = "token-mean",
+               eps_high: float, eps_low: float | None = None, agg: str = "token-mean",
                denom: Tensor | float | None = None) -> tuple[Tensor, dict]:
     """CISPO (MiniMax-M1, 2025), scalar loss + metrics.
 
     l_t = -sg(clip(r_t, 1 - eps_low, 1 + eps_high)) * A * logp_t,  r_t = exp(logp_t - behav_logp_t),
     the importance ratio to the policy that sampled the tokens (``behav_logp``: the generator's).
+    MiniMax-M1 uses no lower bound (its eps_low is set "to a large value"): ``eps_low=None``
+    (the default, and what the trainer passes) clips the weight to [0, 1 + eps_high].
     Unlike PPO, clipping the *weight* instead of the objective never zeroes a token's
     gradient: rare, high-ratio "fork" tokens still learn, just with a bounded weight.
     The loss value is a surrogate; its gradient  -clip(r) * A * grad logp  is what matters.
@@ -309,7 +313,7 @@ def cispo_loss(logp: Tensor, behav_logp: Tensor, advantages: Tensor, mask: Tenso
     m = _bool(mask)
     log_ratio = torch.where(m, logp - behav_logp, 0.0).detach()
     ratio = log_ratio.exp()
-    w = ratio.clamp(1 - eps_low, 1 + eps_high)
+    w = ratio.clamp(max=1 + eps_high) if eps_low is None else ratio.clamp(1 - eps_low, 1 + eps_high)
     adv = _per_token(advantages, ratio).detach()
     loss = aggregate(-w * adv * logp, m, agg, denom)
     with torch.no_grad():

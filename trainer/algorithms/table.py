@@ -71,9 +71,11 @@ def _turn(a, batch, old_logp, ref_logp, values):  # turn_credit=discounted
                              std_normalize=a.std_normalize), None
 
 
-def _ipa(a, b, old, ref, v):  # ipa.enabled (ipa.gamma)
-    return C.ipa_advantages(b.rewards, b.group_ids, b.mask, a.ipa.gamma, std_normalize=a.std_normalize,
-                            weights=b.row_weights, chunks_after=b.chunks_after), None
+def _ipa(a, b, old, ref, v):  # ipa.enabled (ipa.gamma, ipa.returns): Eq 7's chunk returns
+    if a.ipa.returns == "group_normalized":  # rockroll's pre-#40 credit, a named option
+        return C.ipa_group_returns(b.rewards, b.group_ids, b.mask, a.ipa.gamma, weights=b.row_weights,
+                                   chunks_after=b.chunks_after), None
+    return C.ipa_returns(b.rewards, b.mask, a.ipa.gamma, chunks_after=b.chunks_after), None
 
 
 def _raft(a, b, old, ref, v):  # 0/1 acceptance weights (algorithm.raft.*), not advantages
@@ -87,7 +89,7 @@ ADVANTAGES: dict[str, Part] = {p.name: p for p in (
     Part("gae", _gae, ("gamma", "lam")),
     Part("reinforce_pp", _reinforce_pp),
     Part("turn", _turn, ("std_normalize", "gamma")),
-    Part("ipa", _ipa, ("std_normalize",)),
+    Part("ipa", _ipa),
     Part("raft", _raft),
 )}
 
@@ -109,14 +111,13 @@ def _topr(a, logp, old, adv, b, denom):  # no clip: TOPR tapers by the sequence 
     return A.topr_loss(logp, b.behav_logp, adv, b.mask, agg=a.loss_agg, denom=denom)
 
 
-def _cispo(a, logp, old, adv, b, denom):  # the ratio to the generator, directly
-    return A.cispo_loss(logp, b.behav_logp, adv, b.mask, eps_high=a.clip_high, eps_low=a.clip_low,
-                        agg=a.loss_agg, denom=denom)
+def _cispo(a, logp, old, adv, b, denom):  # the ratio to the generator, directly; no lower clip (MiniMax-M1)
+    return A.cispo_loss(logp, b.behav_logp, adv, b.mask, eps_high=a.clip_high, agg=a.loss_agg, denom=denom)
 
 
-def _ipa_loss(a, logp, old, adv, b, denom):  # chunk ratios (ipa.ratio_low/high)
-    return C.ipa_loss(logp, b.behav_logp, adv, b.mask, ratio_low=a.ipa.ratio_low, ratio_high=a.ipa.ratio_high,
-                      clip_low=a.clip_low, clip_high=a.clip_high, agg=a.loss_agg, denom=denom)
+def _ipa_loss(a, logp, old, adv, b, denom):  # Eq 9 on chunk ratios to pi_old, Eq 8's mask (ipa.mask_threshold)
+    return C.ipa_loss(logp, old, b.behav_logp, adv, b.mask, threshold=a.ipa.mask_threshold, agg=a.loss_agg,
+                      denom=denom)
 
 
 def _sft(a, logp, old, adv, b, denom):  # maximum likelihood, no ratio (raft)
@@ -126,8 +127,8 @@ def _sft(a, logp, old, adv, b, denom):  # maximum likelihood, no ratio (raft)
 LOSSES: dict[str, Part] = {p.name: p for p in (
     Part("ppo_clip", _ppo_clip, ("clip_low", "clip_high", "dual_clip", "tis_cap")),
     Part("topr", _topr),
-    Part("cispo", _cispo, ("clip_low", "clip_high")),
-    Part("ipa", _ipa_loss, ("clip_low", "clip_high")),
+    Part("cispo", _cispo, ("clip_high",)),
+    Part("ipa", _ipa_loss),
     Part("sft", _sft),
 )}
 

@@ -4,13 +4,23 @@
 heads on the policy): before the policy's update it annotates each state with the critics'
 mean value (``values``, GAE's baseline) and their spread (``value_std``, which
 :func:`~rockroll.trainer.algorithms.pg.uncertainty_masks` turns into the loss reconstruction); after it, each
-critic trains with its own optimizer on a disjoint prompt-level shard of the step: the step's
-groups (one prompt each) are dealt out among the critics, so no two critics see the same
-prompt, which keeps them diverse although they start alike.
+critic trains with its own optimizer on a disjoint shard of the step's responses, dealt out
+*within* each prompt (the paper's group-level non-overlapping division, section 4.1): response
+i of every group goes to critic i mod M, so every critic sees every prompt (they stay in
+"perceptual synchrony" and their disagreement measures value uncertainty, not which prompts
+each happened to see) while no two critics see the same response, which keeps them diverse
+although they may start from one checkpoint. A group with fewer responses than critics leaves
+the last critics without a share of it.
+
+The critics are small *pretrained* models in the paper (M = 2, 0.6B-4B of the policy's
+family): ``algorithm.critics.name_or_path`` loads one. The default (null) is a tiny
+random-initialised Llama of ``algorithm.critics.*`` dims, so that tests and CPU runs need no
+download; it learns values from scratch and is no stand-in for the paper's critics.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -23,7 +33,7 @@ from ..models import build_model
 from ..rollout.types import Group
 from .update import Batch, collate
 
-__all__ = ["Critic", "CriticsRole", "shards"]
+__all__ = ["Critic", "CriticsRole", "shard_of_rows", "shards"]
 
 
 class Critic(nn.Module):
@@ -41,18 +51,31 @@ class Critic(nn.Module):
 
 
 def shards(groups: list[Group], count: int) -> list[list[Group]]:
-    """The step's groups dealt out among ``count`` critics, round robin: disjoint, and as even
-    as the number of groups allows (a group is one prompt, whose samples stay together)."""
-    return [groups[i::count] for i in range(count)]
+    """Each group's responses dealt out among ``count`` critics (AsyPPO, arXiv 2510.01656,
+    section 4.1): critic i gets responses i, i + count, ... of every group, so every critic
+    sees every prompt and no two see the same response. A group with no response for a critic
+    is left out of its shard."""
+    return [[dataclasses.replace(g, samples=g.samples[i::count]) for g in groups if g.samples[i::count]]
+            for i in range(count)]
+
+
+def shard_of_rows(groups: list[Group], count: int) -> torch.Tensor:
+    """(B,) long: the critic whose shard each row of ``collate(groups)`` is in (every row of an
+    episode split into rows goes with its response), as :func:`shards` deals them."""
+    return torch.tensor([j % count for g in groups for j, s in enumerate(g.samples) for _ in s.rows()],
+                        dtype=torch.long)
 
 
 class CriticsRole(Offloadable):
     """:class:`~.base.BatchRole`: AsyPPO's mini-critics. ``annotate`` -> ``values`` (their
     mean) and ``value_std`` (their population std), (B, T) on predicted tokens; ``train``:
-    each critic one optimizer step on its shard, regressing the GAE returns of the step (from
-    the annotated mean value, the baseline the policy used) with a squared error over the
-    response tokens. ``lm`` (the policy's copy) is not used: the critics are models of their own.
-    A checkpoint keeps the critics, their optimizers and the shards they last trained on."""
+    each critic one optimizer step on its shard (:func:`shards`), regressing the returns R_t of
+    the step, L_m = mean (V_m(s_t) - R_t)^2 over its response tokens (the paper's critic loss).
+    R_t is the lambda-return of GAE from the annotated mean value (the baseline the policy
+    used); with ``algorithm.lam: 1`` and ``gamma: 1`` it is the Monte-Carlo return, the
+    outcome reward. ``lm`` (the policy's copy) is not used: the critics are models of their own.
+    A checkpoint keeps the critics, their optimizers and the responses they last trained on
+    (``seen``: [group id, response index] pairs per critic)."""
 
     trains = True  # train() steps the critics' optimizers (BatchRole.trains)
 
@@ -66,7 +89,8 @@ class CriticsRole(Offloadable):
         # a seed each: tiny critics built from scratch would otherwise start identical
         self.critics = [Critic(build_model(dims, tokenizer, cfg.seed + 1 + i)).to(device) for i in range(c.count)]
         self.optimizers = [torch.optim.AdamW(m.parameters(), lr=c.lr) for m in self.critics]
-        self.seen: list[list[int]] = [[] for _ in self.critics]  # group ids each critic trained on, last step
+        # [group id, response index] of the responses each critic trained on, last step
+        self.seen: list[list[list[int]]] = [[] for _ in self.critics]
 
     def _values(self, critic: Critic, batch: Batch) -> torch.Tensor:
         """V per predicted token (B, T) on the critic's device: the value of the state before
@@ -90,11 +114,11 @@ class CriticsRole(Offloadable):
         r_tok = A.outcome_on_last_token(batch.rewards, batch.mask)
         _, returns = A.gae(r_tok, aux["values"].cpu(), batch.mask, gamma=a.gamma, lam=a.lam)
         metrics, losses = {}, []
-        parts = shards(groups, len(self.critics))
-        for i, (critic, opt, shard) in enumerate(zip(self.critics, self.optimizers, parts)):
-            gids = [g.group_id for g in shard]
-            self.seen[i] = gids
-            rows = torch.isin(batch.group_ids, torch.tensor(gids, dtype=batch.group_ids.dtype)).nonzero().squeeze(-1)
+        count = len(self.critics)
+        owner = shard_of_rows(groups, count)
+        for i, (critic, opt) in enumerate(zip(self.critics, self.optimizers)):
+            self.seen[i] = [[g.group_id, j] for g in groups for j in range(i, len(g.samples), count)]
+            rows = (owner == i).nonzero().squeeze(-1)
             if not len(rows):
                 continue
             mb = batch.select(rows)
@@ -117,7 +141,7 @@ class CriticsRole(Offloadable):
     def state_dict(self) -> dict[str, Any]:
         return cpu_copy({"critics": [c.state_dict() for c in self.critics],
                          "optimizers": [o.state_dict() for o in self.optimizers],
-                         "seen": [list(s) for s in self.seen]})
+                         "seen": [[list(x) for x in s] for s in self.seen]})
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if len(state["critics"]) != len(self.critics):
@@ -126,7 +150,7 @@ class CriticsRole(Offloadable):
         for critic, opt, c, o in zip(self.critics, self.optimizers, state["critics"], state["optimizers"]):
             critic.load_state_dict(c)
             opt.load_state_dict(o)  # its state follows the parameters' device
-        self.seen = [list(s) for s in state["seen"]]
+        self.seen = [[list(x) for x in s] for s in state["seen"]]
 
     def resident_state(self):
         return list(self.critics), list(self.optimizers)

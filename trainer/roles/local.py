@@ -133,8 +133,10 @@ class AttentionRole(BatchRole, Offloadable):
     """:class:`BatchRole`: attention-rhythm credit (:mod:`rockroll.trainer.algorithms.rhythm`).
     An eager-attention copy of the policy (SDPA and flash kernels never materialise the
     attention maps), loaded with the policy's weights at every sync, forwards each sampled
-    sequence once; the maps of ``algorithm.rhythm.layers`` layers of the middle third, averaged
-    over layers and heads, give each response token's WAAD and FAI, and the configured scheme
+    sequence once; of the heads of ``algorithm.rhythm.layers`` layers of the middle third, the
+    ``head_fraction`` that look least far back over the response (local) give each response
+    token's WAAD and the ``head_fraction`` that look farthest (global) its FAI (per sequence,
+    :func:`~rockroll.trainer.algorithms.rhythm.split_heads`), and the configured scheme
     turns them into ``credit_scale`` (B, T), which multiplies the advantages (1 off the
     response). No checkpoint state: its weights and version are the policy's, loaded at the
     first sync after a resume."""
@@ -147,9 +149,9 @@ class AttentionRole(BatchRole, Offloadable):
         self.version, self._metrics = 0, {}
 
     def _attention(self, ids, attn) -> torch.Tensor:
-        """(b, n, n): the read layers' attention maps, averaged over layers and heads."""
+        """(b, layers x heads, n, n): every head of the read layers."""
         maps = self.model(input_ids=ids, attention_mask=attn, output_attentions=True, use_cache=False).attentions
-        return torch.stack([maps[i] for i in self.layers]).float().mean((0, 2))
+        return torch.cat([maps[i].float() for i in self.layers], 1)
 
     def annotate(self, groups: list[Group]) -> dict[str, torch.Tensor]:
         batch, rc = collate(groups, self.pad_id), self.rc
@@ -162,11 +164,14 @@ class AttentionRole(BatchRole, Offloadable):
                 mb = batch.select(idx).to(device)
                 n = int(mb.attention_mask.sum(-1).max())  # left-aligned: later columns are padding
                 mask = mb.mask[:, : n - 1]
-                w, f = R.action_signals(self._attention(mb.input_ids[:, :n], mb.attention_mask[:, :n]), mask,
-                                        rc.window)
+                heads = self._attention(mb.input_ids[:, :n], mb.attention_mask[:, :n])
+                local, glob = R.split_heads(heads, torch.nn.functional.pad(mask, (1, 0)), rc.head_fraction)
+                w, f = R.action_signals(local, glob, mask, rc.window, fai_lo=rc.fai_window_low,
+                                        fai_hi=rc.fai_window_high)
                 scale[idx, : n - 1] = R.credit_scale(
                     w, f, mask, scheme=rc.scheme, top_k=rc.top_k, amplify_preplan=rc.amplify_preplan,
-                    amplify_anchor=rc.amplify_anchor, pass_fraction=rc.pass_fraction).cpu()
+                    amplify_anchor=rc.amplify_anchor, pass_fraction=rc.pass_fraction,
+                    couple_within=rc.couple_within, couple_waad_max=rc.couple_waad_max).cpu()
                 picked["preplan"] += float(R.preplan_tokens(w, mask, rc.top_k).sum())
                 picked["anchor"] += float(R.anchor_tokens(f, mask, rc.top_k).sum())
         tokens = max(float(batch.mask.sum()), 1.0)
