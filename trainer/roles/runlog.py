@@ -17,16 +17,17 @@ from typing import Any
 class RunLogger:
     def __init__(self, folder: str | Path, *, tensorboard: bool, plot: bool, transcripts: int,
                  progress: bool, total_steps: int, start_step: int, plot_every: int = 10,
-                 reevaluate_start: bool = True):
+                 reevaluate_start: bool = True, curve_keys: tuple[str, str] = ("rollout/reward", "rollout/success")):
         """``start_step``: the step a resumed run starts at (0: a fresh run, whose old logs are
         removed). ``reevaluate_start``: whether this run evaluates version ``start_step`` again
         (then an earlier row of that version is replaced; otherwise it is the checkpoint's own
-        evaluation and stays, as when a finished run is started again)."""
+        evaluation and stays, as when a finished run is started again). ``curve_keys``: the two
+        metrics ``curve.png`` draws (their ``eval/`` namesakes as points)."""
         self.dir = Path(folder)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.dir / "metrics.jsonl"
         self.eval_path = self.dir / "eval.jsonl"
-        self.n_transcripts, self.plot, self.plot_every = transcripts, plot, plot_every
+        self.n_transcripts, self.plot, self.plot_every, self.curve_keys = transcripts, plot, plot_every, curve_keys
         # A metrics row of step s is the update from version s to s + 1, redone from s =
         # start_step on; an eval row's step is the version evaluated, whose weights the
         # checkpoint of start_step holds up to and including start_step.
@@ -74,8 +75,7 @@ class RunLogger:
             for k, v in metrics.items():
                 self.tb.add_scalar(k, v, version)
         if self.bar is not None:
-            self.bar.write(f"eval at version {version}: success {metrics.get('eval/success', 0):.3f}, "
-                           f"reward {metrics.get('eval/reward', 0):.3f}")
+            self.bar.write(eval_line(version, metrics))
 
     def transcripts(self, step: int, groups: list, tokenizer: Any) -> None:
         if not self.n_transcripts:
@@ -108,7 +108,7 @@ class RunLogger:
 
         steps = [r["step"] for r in rows]
         fig, ax = plt.subplots(1, 2, figsize=(10, 3.5))
-        for i, key in enumerate(("rollout/reward", "rollout/success")):
+        for i, key in enumerate(self.curve_keys):
             ys = [r.get(key, float("nan")) for r in rows]
             ax[i].plot(steps, ys, alpha=0.35, label="per step")
             k = max(1, len(ys) // 10)
@@ -134,3 +134,13 @@ class RunLogger:
             self.tb.close()
         if self.bar is not None:
             self.bar.close()
+
+
+def eval_line(version: int, metrics: dict[str, float]) -> str:
+    """The console line of one evaluation: success with its 95 % interval, over how many
+    episodes, on which seed."""
+    m = metrics.get
+    return (f"eval at version {version}: success {m('eval/success', 0):.3f} "
+            f"[{m('eval/success_lo', 0):.2f}, {m('eval/success_hi', 1):.2f}] "
+            f"({int(m('eval/episodes', 0))} episodes, seed {int(m('eval/seed', 0))}), "
+            f"reward {m('eval/reward', 0):.3f}")
