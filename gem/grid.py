@@ -37,6 +37,7 @@ __all__ = [
     "generate_frozenlake",
     "generate_sokoban",
     "parse_moves",
+    "shortest_path",
 ]
 
 DIRECTIONS: dict[str, tuple[int, int]] = {"Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1)}
@@ -196,6 +197,7 @@ class _GridEnv(GemEnv):
 
     title: ClassVar[str] = ""
     rules: ClassVar[str] = ""
+    action_words: ClassVar[tuple[str, ...]] = tuple(DIRECTIONS)  # the moves a noisy expert draws from
     legend: ClassVar[str] = ""
 
     def __init__(
@@ -359,19 +361,30 @@ class SokobanEnv(_GridEnv):
 
 
 # ---- FrozenLake ----------------------------------------------------------------------------
-def _reachable(grid: list[str], start: Cell, goal: Cell) -> bool:
+def shortest_path(grid: list[str], start: Cell, goal: Cell) -> list[str] | None:
+    """The moves of a shortest path from ``start`` to ``goal`` around the holes (H) of a
+    FrozenLake map (breadth-first; ties by Up, Down, Left, Right), or None without one."""
     n = len(grid)
-    seen, queue = {start}, deque([start])
+    came: dict[Cell, tuple[Cell, str] | None] = {start: None}
+    queue = deque([start])
     while queue:
         cell = queue.popleft()
         if cell == goal:
-            return True
-        for d in DIRECTIONS.values():
+            moves = []
+            while came[cell] is not None:
+                cell, name = came[cell]
+                moves.append(name)
+            return moves[::-1]
+        for name, d in DIRECTIONS.items():
             y, x = _add(cell, d)
-            if 0 <= y < n and 0 <= x < n and grid[y][x] != "H" and (y, x) not in seen:
-                seen.add((y, x))
+            if 0 <= y < n and 0 <= x < n and grid[y][x] != "H" and (y, x) not in came:
+                came[(y, x)] = (cell, name)
                 queue.append((y, x))
-    return False
+    return None
+
+
+def _reachable(grid: list[str], start: Cell, goal: Cell) -> bool:
+    return shortest_path(grid, start, goal) is not None
 
 
 def generate_frozenlake(rng: np.random.Generator, size: int = 4, p: float = 0.8) -> list[str]:
@@ -453,6 +466,16 @@ class FrozenLakeEnv(_GridEnv):
             self.success = True
             return 1.0, True, slip + "You reached the goal!"
         return 0.0, False, slip.strip()
+
+    def expert_action(self) -> str:
+        """The first move of a shortest path from the player to the goal around the holes
+        (:func:`shortest_path`): the expert of the trainer's SFT data
+        (:mod:`rockroll.trainer.rollout.sft_data`). ``ValueError`` once the episode is over."""
+        y, x = self.player
+        path = None if self.grid[y][x] in "HG" else shortest_path(self.grid, (y, x), (self.size - 1, self.size - 1))
+        if not path:
+            raise ValueError("no expert move: the episode is over")
+        return path[0]
 
     def _board(self) -> str:
         rows = []

@@ -585,6 +585,34 @@ def envs_build_agent(agent, version, hub_url, s3_endpoint):
                f"image hub:{pub.ref}")
 
 
+def _trainer_config(config_path, overrides, values):
+    """The trainer's config of CONFIG.yaml with the ``--set`` overrides and ``values`` (shortcut
+    options), its env ids resolved; a one-line ``error:`` and exit 2 on a bad key."""
+    try:
+        import yaml
+
+        from rockroll.trainer.config import ConfigError, load_config
+        from rockroll.trainer.envs import resolve_envs
+    except ImportError as e:
+        click.echo(f"error: the trainer needs the train extra: pip install 'rockroll[train]' ({e})", err=True)
+        sys.exit(2)
+    values = dict(values)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--set")
+        values[key.strip()] = yaml.safe_load(raw)
+    try:
+        cfg = load_config(config_path, values)
+        resolve_envs(cfg)  # every env id found (and its hub registered) before anything is built
+    except ConfigError as e:
+        # an override's fault is named as the override, not as the file's
+        where = next((f"--set {k}" for k in values if e.key == k or e.key.startswith(k + ".")), config_path)
+        click.echo(f"error: {where}: {e}", err=True)
+        sys.exit(2)
+    return cfg
+
+
 @main.command("train")
 @click.argument("config_path", metavar="CONFIG.yaml", type=click.Path(exists=True, dir_okay=False))
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
@@ -598,30 +626,7 @@ def train_cmd(config_path, overrides, steps, fresh):
     \b
     Example:  rockroll train examples/frozenlake_cpu.yaml --set steps=20
     """
-    try:
-        import yaml
-
-        from rockroll.trainer.config import ConfigError, load_config
-        from rockroll.trainer.envs import resolve_envs
-    except ImportError as e:
-        click.echo(f"error: the trainer needs the train extra: pip install 'rockroll[train]' ({e})", err=True)
-        sys.exit(2)
-    values = {}
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep:
-            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--set")
-        values[key.strip()] = yaml.safe_load(raw)
-    if steps is not None:
-        values["steps"] = steps
-    try:
-        cfg = load_config(config_path, values)
-        resolve_envs(cfg)  # every env id found (and its hub registered) before anything is built
-    except ConfigError as e:
-        # an override's fault is named as the override, not as the file's
-        where = next((f"--set {k}" for k in values if e.key == k or e.key.startswith(k + ".")), config_path)
-        click.echo(f"error: {where}: {e}", err=True)
-        sys.exit(2)
+    cfg = _trainer_config(config_path, overrides, {} if steps is None else {"steps": steps})
     from rockroll.trainer.controller import train
 
     if fresh:
@@ -642,6 +647,42 @@ def train_cmd(config_path, overrides, steps, fresh):
         click.echo(f"steps {out['start_step']}..{out['steps']}: reward {first.get('rollout/reward', 0):.3f} -> "
                    f"{last.get('rollout/reward', 0):.3f}, success {first.get('rollout/success', 0):.3f} -> "
                    f"{last.get('rollout/success', 0):.3f}; logs in {out['run_dir']}")
+
+
+@main.command("sft")
+@click.argument("config_path", metavar="CONFIG.yaml", type=click.Path(exists=True, dir_okay=False))
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a config key, e.g. --set sft.steps=50 (YAML value; repeatable).")
+@click.option("--steps", type=click.IntRange(min=0), default=None, help="Shortcut for --set sft.steps=N.")
+@click.option("--fresh", is_flag=True,
+              help="Start over: delete the SFT stage's checkpoints and logs first (else it resumes).")
+def sft_cmd(config_path, overrides, steps, fresh):
+    """Warm-start the policy of CONFIG.yaml by SFT on trajectories (its sft section: expert
+    episodes, model-service records, chat transcripts); writes a model folder that
+    `rockroll train` starts from with model.init_from (docs/trainer.md, "SFT").
+
+    \b
+    Example:  rockroll sft examples/frozenlake_sft_cpu.yaml
+              rockroll train examples/frozenlake_sft_cpu.yaml --set model.init_from=runs/frozenlake_sft_cpu/sft/model
+    """
+    cfg = _trainer_config(config_path, overrides, {} if steps is None else {"sft.steps": steps})
+    from pathlib import Path
+
+    from rockroll.trainer.sft import sft
+
+    if fresh:
+        import shutil
+
+        for d in {cfg.checkpoint.dir, cfg.logging.dir} - {None, ""}:
+            shutil.rmtree(Path(d) / "sft", ignore_errors=True)
+    out = sft(cfg)
+    hist, evals = out["history"], out["evals"]
+    line = f"sft steps {out['start_step']}..{out['steps']}"
+    if hist:
+        line += f": loss {hist[0]['sft/loss']:.3f} -> {hist[-1]['sft/loss']:.3f}"
+    if len(evals) > 1 and "eval/success" in evals[-1]:
+        line += f", eval success {evals[0]['eval/success']:.3f} -> {evals[-1]['eval/success']:.3f}"
+    click.echo(f"{line}; model in {out['model_dir']} (model.init_from), logs in {out['run_dir']}")
 
 
 def _bench_dir():
