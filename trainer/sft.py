@@ -152,7 +152,7 @@ def sft(config: TrainConfig | dict | str | Path, *,
     pad, budget = tokenizer.pad_token_id, s.tokens_per_micro_batch
     log = RunLogger(run_dir, tensorboard=cfg.logging.tensorboard, plot=cfg.logging.plot, transcripts=0,
                     progress=cfg.logging.progress, total_steps=s.steps, start_step=start,
-                    plot_every=cfg.logging.plot_every, curve_keys=("sft/loss", "eval/success"),
+                    plot_every=cfg.logging.plot_every, curve_keys=("sft/loss", "eval/success"), desc="sft",
                     reevaluate_start=bool(cfg.eval.every) and start < s.steps and start % cfg.eval.every == 0)
     history, evals = [], []
 

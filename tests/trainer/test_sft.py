@@ -9,6 +9,7 @@ import torch
 
 from rockroll.gem.grid import FrozenLakeEnv, shortest_path
 from rockroll.trainer.config import ConfigError, EnvConfig, load_config
+from rockroll.trainer.controller import train
 from rockroll.trainer.envs import make_env
 from rockroll.trainer.models import build_model, load_tokenizer
 from rockroll.trainer.rollout.manager import PromptTemplate, RolloutManager, request_ids
@@ -229,3 +230,12 @@ def test_sft_lowers_held_out_nll_and_raises_held_out_success(tmp_path):
     assert last["eval/success_lo"] > first["eval/success_hi"]  # the intervals do not overlap
     rows = [json.loads(line) for line in (tmp_path / "run" / "sft" / "eval.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 60] and rows[-1]["eval/seed"] == 1_000_003
+    # RL starts from it (model.init_from): its version 0 plays as the SFT model's last evaluation
+    # (the same weights and episodes; training rollouts share the generator's batches, so a
+    # sample may differ by a float rounding: a 64-episode rate within 3 episodes)
+    rl = train({**cfg, "steps": 1, "model": {"init_from": out["model_dir"]}, "tokenizer": {},
+                "rollout": {**cfg["rollout"], "group_size": 4, "batch_groups": 1},
+                "eval": {**cfg["eval"], "every": 1}, "logging": {**cfg["logging"], "dir": str(tmp_path / "rl")}})
+    rl_evals = [json.loads(line) for line in (tmp_path / "rl" / "eval.jsonl").read_text().splitlines()]
+    assert rl_evals[0]["step"] == 0 and abs(rl_evals[0]["eval/success"] - last["eval/success"]) <= 3 / 64
+    assert rl["tokenizer"].get_vocab() == out["tokenizer"].get_vocab()

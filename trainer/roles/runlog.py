@@ -17,12 +17,14 @@ from typing import Any
 class RunLogger:
     def __init__(self, folder: str | Path, *, tensorboard: bool, plot: bool, transcripts: int,
                  progress: bool, total_steps: int, start_step: int, plot_every: int = 10,
-                 reevaluate_start: bool = True, curve_keys: tuple[str, str] = ("rollout/reward", "rollout/success")):
+                 reevaluate_start: bool = True, curve_keys: tuple[str, str] = ("rollout/reward", "rollout/success"),
+                 desc: str = "train"):
         """``start_step``: the step a resumed run starts at (0: a fresh run, whose old logs are
         removed). ``reevaluate_start``: whether this run evaluates version ``start_step`` again
         (then an earlier row of that version is replaced; otherwise it is the checkpoint's own
         evaluation and stays, as when a finished run is started again). ``curve_keys``: the two
-        metrics ``curve.png`` draws (their ``eval/`` namesakes as points)."""
+        metrics ``curve.png`` draws (their ``eval/`` namesakes as points) and the progress bar
+        shows (``desc``: its label)."""
         self.dir = Path(folder)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.dir / "metrics.jsonl"
@@ -51,7 +53,8 @@ class RunLogger:
         if progress:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=max(total_steps, start_step), initial=start_step, desc="train", file=sys.stderr, dynamic_ncols=True)
+            self.bar = tqdm(total=max(total_steps, start_step), initial=start_step, desc=desc, file=sys.stderr,
+                            dynamic_ncols=True)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         row = {"step": step, **metrics}
@@ -63,8 +66,7 @@ class RunLogger:
                     self.tb.add_scalar(k, v, step)
         if self.bar is not None:
             self.bar.update(1)
-            self.bar.set_postfix(reward=f"{metrics.get('rollout/reward', 0):.2f}",
-                                 success=f"{metrics.get('rollout/success', 0):.2f}")
+            self.bar.set_postfix({k.split("/")[-1]: f"{metrics[k]:.2f}" for k in self.curve_keys if k in metrics})
         if self.plot and (step + 1) % self.plot_every == 0:
             self.plot_curve()
 
