@@ -409,6 +409,11 @@ class FrozenLakeEnv(_GridEnv):
     Maps are ``size`` x ``size`` with frozen probability ``p``, regenerated until the goal
     is reachable. ``difficulty`` (:data:`FROZENLAKE_DIFFICULTIES`) sets the knobs not given;
     without it they default to size 4, ``p=0.8``.
+
+    ``turn_budget``: None, ``max_turns`` turns for every map; an int ``k``, each map's turns
+    are those of its shortest path (:func:`shortest_path`, ``max_actions_per_turn`` moves a
+    turn) plus ``k``, told in the intro: with 0 only a policy that reads the board wins (one
+    that ignores it must guess the one route), on random maps where a fixed route fails.
     """
 
     title = "FrozenLake."
@@ -432,6 +437,7 @@ class FrozenLakeEnv(_GridEnv):
         max_actions_per_turn: int = 3,
         format_penalty: float = -0.1,
         render_mode: str | None = None,
+        turn_budget: int | None = None,
     ):
         super().__init__(
             max_turns=max_turns,
@@ -439,6 +445,9 @@ class FrozenLakeEnv(_GridEnv):
             format_penalty=format_penalty,
             render_mode=render_mode,
         )
+        if turn_budget is not None and turn_budget < 0:
+            raise ValueError(f"turn_budget must be >= 0 or None, got {turn_budget}")
+        self.turn_budget = turn_budget
         knobs = _knobs(FROZENLAKE_DIFFICULTIES, difficulty, _FROZENLAKE_DEFAULTS, size=size, p=p)
         self.difficulty = difficulty
         self.size, self.p, self.is_slippery = int(knobs["size"]), float(knobs["p"]), bool(is_slippery)
@@ -448,7 +457,11 @@ class FrozenLakeEnv(_GridEnv):
     def _reset(self, task_id: Any | None, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         self.grid = generate_frozenlake(self._task_rng(task_id), self.size, self.p)
         self.player, self.success = [0, 0], False
-        return self._intro(), {"success": False}
+        if self.turn_budget is None:
+            return self._intro(), {"success": False}
+        moves = len(shortest_path(self.grid, (0, 0), (self.size - 1, self.size - 1)) or [])
+        self.max_turns = -(-moves // self.max_actions_per_turn) + self.turn_budget
+        return f"{self._intro()}\nYou have {self.max_turns} turns.", {"success": False, "max_turns": self.max_turns}
 
     def _move(self, name: str) -> tuple[float, bool, str]:
         actual = name
@@ -490,8 +503,10 @@ class FrozenLakeEnv(_GridEnv):
         return "\n".join(rows)
 
     def _get_state(self) -> dict[str, Any]:
-        return {"grid": list(self.grid), "player": list(self.player), "success": self.success}
+        return {"grid": list(self.grid), "player": list(self.player), "success": self.success,
+                "max_turns": self.max_turns}
 
     def _set_state(self, state: dict[str, Any]) -> None:
         self.grid, self.player = list(state["grid"]), list(state["player"])
         self.success = bool(state["success"])
+        self.max_turns = int(state.get("max_turns", self.max_turns))  # a map's own budget (turn_budget)
