@@ -613,13 +613,24 @@ def _trainer_config(config_path, overrides, values):
     return cfg
 
 
-@main.command("train")
-@click.argument("config_path", metavar="CONFIG.yaml", type=click.Path(exists=True, dir_okay=False))
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="Override a config key, e.g. --set rollout.group_size=4 (YAML value; repeatable).")
-@click.option("--steps", type=click.IntRange(min=0), default=None, help="Shortcut for --set steps=N.")
-@click.option("--fresh", is_flag=True,
-              help="Start over: delete the run's checkpoint dir and logging dir first (else it resumes).")
+def _trainer_command(name: str, example: str, steps_key: str, fresh: str):
+    """The options ``rockroll train`` and ``rockroll sft`` share: CONFIG.yaml, ``--set``,
+    ``--steps`` (for ``steps_key``) and ``--fresh`` (``fresh``: what it deletes)."""
+    def wrap(f):
+        for option in reversed([
+            click.argument("config_path", metavar="CONFIG.yaml", type=click.Path(exists=True, dir_okay=False)),
+            click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+                         help=f"Override a config key, e.g. --set {example} (YAML value; repeatable)."),
+            click.option("--steps", type=click.IntRange(min=0), default=None,
+                         help=f"Shortcut for --set {steps_key}=N."),
+            click.option("--fresh", is_flag=True, help=f"Start over: delete {fresh} first (else it resumes)."),
+        ]):
+            f = option(f)
+        return main.command(name)(f)
+    return wrap
+
+
+@_trainer_command("train", "rollout.group_size=4", "steps", "the run's checkpoint dir and logging dir")
 def train_cmd(config_path, overrides, steps, fresh):
     """Train a policy with RL as CONFIG.yaml says (resumes from its checkpoint dir).
 
@@ -649,13 +660,7 @@ def train_cmd(config_path, overrides, steps, fresh):
                    f"{last.get('rollout/success', 0):.3f}; logs in {out['run_dir']}")
 
 
-@main.command("sft")
-@click.argument("config_path", metavar="CONFIG.yaml", type=click.Path(exists=True, dir_okay=False))
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="Override a config key, e.g. --set sft.steps=50 (YAML value; repeatable).")
-@click.option("--steps", type=click.IntRange(min=0), default=None, help="Shortcut for --set sft.steps=N.")
-@click.option("--fresh", is_flag=True,
-              help="Start over: delete the SFT stage's checkpoints and logs first (else it resumes).")
+@_trainer_command("sft", "sft.steps=50", "sft.steps", "the SFT stage's checkpoints and logs")
 def sft_cmd(config_path, overrides, steps, fresh):
     """Warm-start the policy of CONFIG.yaml by SFT on trajectories (its sft section: expert
     episodes, model-service records, chat transcripts); writes a model folder that

@@ -10,7 +10,7 @@ from rockroll.trainer.envs import make_env
 from rockroll.trainer.models import load_tokenizer
 from rockroll.trainer.roles.runlog import eval_line
 from rockroll.trainer.rollout.manager import PromptTemplate, RolloutManager
-from _scripted import ScriptEngine
+from _scripted import ScriptEngine, recording_resets
 
 
 @pytest.mark.parametrize("k, n, lo, hi", [
@@ -53,15 +53,7 @@ def test_evaluation_plays_the_held_out_tasks_and_reports_the_interval(tmp_path):
     seen = []
 
     def factory(spec):
-        env = make_env(spec)
-        reset = env.reset
-
-        def recording_reset(*, seed=None, options=None):
-            seen.append(options)
-            return reset(seed=seed, options=options)
-
-        env.reset = recording_reset
-        return env
+        return recording_resets(make_env(spec), seen)
 
     cfg = load_config({"seed": 1, "generation": {"max_new_tokens": 2},
                        "rollout": {"group_size": 2, "batch_groups": 1, "max_turns": 3, "batch_wait_ms": 10_000},

@@ -18,7 +18,7 @@ from rockroll.trainer.rollout.manager import (
 )
 from rockroll.trainer.envs import make_env
 from _synthetic import LatencyEnv
-from _scripted import RecordingEngine, ScriptEngine, first_batch
+from _scripted import RecordingEngine, ScriptEngine, first_batch, recording_resets
 from rockroll.trainer.roles.update import collate, token_logp
 
 LAT = "_synthetic:LatencyEnv"
@@ -308,15 +308,7 @@ def test_evaluate_plays_the_same_fresh_episodes_each_time(tok):
     def factory(spec):
         if spec.id == LAT:
             return LatencyEnv(infra_error_rate=1.0 if next(fail) else 0.0, max_turns=3)
-        env = make_env(spec)
-        reset = env.reset
-
-        def recording_reset(*, seed=None, options=None):
-            seen.append(options)
-            return reset(seed=seed, options=options)
-
-        env.reset = recording_reset
-        return env
+        return recording_resets(make_env(spec), seen)
 
     data = {**_cfg(group_size=2, batch_groups=1),
             "envs": [{"id": LAT}, {"id": "rock/FrozenLake-v0", "kwargs": {"max_actions_per_turn": 1},
