@@ -332,6 +332,40 @@ class SokobanEnv(_GridEnv):
             return reward + 10.0, True, "All boxes are on targets: solved!"
         return reward, False, note
 
+    def expert_action(self, max_states: int = 200_000) -> str:
+        """The first move of a shortest solution from the current state (breadth-first over
+        player and box positions, at most ``max_states`` states; ties by Up, Down, Left,
+        Right): the expert of the trainer's SFT data. ``ValueError`` when the episode is over
+        or no solution is found (a box pushed into a corner)."""
+        floor = {tuple(c) for c in self.room["floor"]}
+        targets = {tuple(c) for c in self.room["targets"]}
+        start = (tuple(self.room["player"]), frozenset(tuple(b) for b in self.room["boxes"]))
+        if start[1] <= targets:
+            raise ValueError("no expert move: the episode is over")
+        first: dict[Any, str | None] = {start: None}
+        queue = deque([start])
+        while queue and len(first) < max_states:
+            state = queue.popleft()
+            player, boxes = state
+            for name, d in DIRECTIONS.items():
+                nxt = _add(player, d)
+                if nxt not in floor:
+                    continue
+                moved = boxes
+                if nxt in boxes:
+                    beyond = _add(nxt, d)
+                    if beyond not in floor or beyond in boxes:
+                        continue
+                    moved = (boxes - {nxt}) | {beyond}
+                child = (nxt, moved)
+                if child in first:
+                    continue
+                first[child] = first[state] or name
+                if moved <= targets:
+                    return first[child]
+                queue.append(child)
+        raise ValueError("no expert move: no solution found from this state")
+
     def _board(self) -> str:
         h, w = self.room["size"]
         floor = {tuple(c) for c in self.room["floor"]}

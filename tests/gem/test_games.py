@@ -278,6 +278,21 @@ def test_frozenlake_hole_terminates_without_reward():
     assert "hole" in obs and "X" in obs
 
 
+def test_sokoban_expert_solves_rooms_in_at_most_the_optimal_moves():
+    for task in range(8):
+        env = SokobanEnv(num_boxes=1 + task % 2, max_turns=40, max_actions_per_turn=1)
+        _, info = env.reset(options={"task_id": task})
+        moves = 0
+        while True:
+            *_, term, trunc, step_info = env.step(env.expert_action())
+            moves += 1
+            if term or trunc:
+                break
+        assert step_info["success"] and moves <= info["optimal_moves"], task
+        with pytest.raises(ValueError, match="episode is over"):
+            env.expert_action()
+
+
 def test_frozenlake_turn_budget_is_the_shortest_path():
     """``turn_budget=0``: each map allows exactly its shortest path's turns (said in the intro);
     the expert wins in them, one wasted move loses, and a saved state keeps its map's budget."""
