@@ -87,3 +87,25 @@ def test_word_tokenizer_drops_unseen_text_that_bpe_keeps(tmp_path):
     bpe = load_tokenizer(cfg, envs, tmp_path / "bpe")
     assert bpe.decode(bpe.encode(UNSEEN[0], add_special_tokens=False)) == UNSEEN[0]
     assert len(bpe.encode("\\boxed{7}", add_special_tokens=False)) == 1  # add_tokens: kept whole as with word
+
+
+def test_a_run_trains_with_a_built_bpe_and_reads_its_feedback(tmp_path):
+    """``tokenizer.kind: bpe`` end to end: one GRPO step and an evaluation on FrozenLake with
+    free-text replies; every token of every transcript decodes back (no ``<|unk|>``)."""
+    import json
+
+    from rockroll.trainer.controller import train
+
+    out = train({"steps": 1, "seed": 0, "deterministic": True,
+                 "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 1, "intermediate_size": 64},
+                 "tokenizer": {"kind": "bpe", "vocab_size": 512, "build_dir": str(tmp_path / "tok")},
+                 "envs": [{"id": "rock/FrozenLake-v0", "kwargs": {"max_actions_per_turn": 1}, "task_ids": [0, 1]}],
+                 "rollout": {"group_size": 2, "batch_groups": 1, "max_turns": 2, "batch_wait_ms": 10_000},
+                 "generation": {"max_new_tokens": 3}, "eval": {"every": 1, "episodes": 2, "task_ids": [5]},
+                 "logging": {"dir": str(tmp_path / "run"), "progress": False, "tensorboard": False, "plot": False,
+                             "transcripts": 2}})
+    tok = out["tokenizer"]
+    assert len(tok) >= 512 and tok.unk_token_id is not None  # the BPE (its <|unk|> exists, never produced)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "transcripts" / "step_000000.jsonl").read_text().splitlines()]
+    assert rows and all("<|unk|>" not in r["text"] for r in rows)
+    assert all(obs in r["text"] for r in rows for role, obs in r["transcript"] if role == "env")
