@@ -193,7 +193,7 @@ def test_the_loss_is_on_the_assistant_tokens_only(tmp_path, template):
     assert last < len(ex.token_ids)
 
 
-def test_cli_sft_errors_are_one_line(tmp_path):
+def test_cli_sft_runs_resumes_and_errors_in_one_line(tmp_path):
     import subprocess
     import sys
 
@@ -204,6 +204,13 @@ def test_cli_sft_errors_are_one_line(tmp_path):
     out = subprocess.run([sys.executable, "-m", "rockroll.cli", "sft", str(path)], capture_output=True, text=True)
     assert out.returncode == 2
     assert out.stderr.strip() == f"error: {path}: sft.sources[0].path: kind records needs the JSONL file"
+    path.write_text(yaml.safe_dump(_sft_cfg(tmp_path)))
+    run = [sys.executable, "-m", "rockroll.cli", "sft", str(path), "--steps", "2"]
+    first = subprocess.run(run, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.startswith("sft steps 0..2: loss ") and f"model in {tmp_path / 'run' / 'sft' / 'model'}" in first.stdout
+    again = subprocess.run(run + ["--set", "sft.steps=3"], capture_output=True, text=True)  # --set wins: resumes at 2
+    assert "rockroll: sft resumed from" in again.stdout and "\nsft steps 2..3: loss " in again.stdout, again.stderr
 
 
 def test_sft_lowers_held_out_nll_and_raises_held_out_success(tmp_path):
