@@ -37,6 +37,7 @@ __all__ = [
     "generate_frozenlake",
     "generate_sokoban",
     "parse_moves",
+    "shortest_path",
 ]
 
 DIRECTIONS: dict[str, tuple[int, int]] = {"Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1)}
@@ -196,6 +197,7 @@ class _GridEnv(GemEnv):
 
     title: ClassVar[str] = ""
     rules: ClassVar[str] = ""
+    action_words: ClassVar[tuple[str, ...]] = tuple(DIRECTIONS)  # the moves a noisy expert draws from
     legend: ClassVar[str] = ""
 
     def __init__(
@@ -330,6 +332,40 @@ class SokobanEnv(_GridEnv):
             return reward + 10.0, True, "All boxes are on targets: solved!"
         return reward, False, note
 
+    def expert_action(self, max_states: int = 200_000) -> str:
+        """The first move of a shortest solution from the current state (breadth-first over
+        player and box positions, at most ``max_states`` states; ties by Up, Down, Left,
+        Right): the expert of the trainer's SFT data. ``ValueError`` when the episode is over
+        or no solution is found (a box pushed into a corner)."""
+        floor = {tuple(c) for c in self.room["floor"]}
+        targets = {tuple(c) for c in self.room["targets"]}
+        start = (tuple(self.room["player"]), frozenset(tuple(b) for b in self.room["boxes"]))
+        if start[1] <= targets:
+            raise ValueError("no expert move: the episode is over")
+        first: dict[Any, str | None] = {start: None}
+        queue = deque([start])
+        while queue and len(first) < max_states:
+            state = queue.popleft()
+            player, boxes = state
+            for name, d in DIRECTIONS.items():
+                nxt = _add(player, d)
+                if nxt not in floor:
+                    continue
+                moved = boxes
+                if nxt in boxes:
+                    beyond = _add(nxt, d)
+                    if beyond not in floor or beyond in boxes:
+                        continue
+                    moved = (boxes - {nxt}) | {beyond}
+                child = (nxt, moved)
+                if child in first:
+                    continue
+                first[child] = first[state] or name
+                if moved <= targets:
+                    return first[child]
+                queue.append(child)
+        raise ValueError("no expert move: no solution found from this state")
+
     def _board(self) -> str:
         h, w = self.room["size"]
         floor = {tuple(c) for c in self.room["floor"]}
@@ -359,19 +395,30 @@ class SokobanEnv(_GridEnv):
 
 
 # ---- FrozenLake ----------------------------------------------------------------------------
-def _reachable(grid: list[str], start: Cell, goal: Cell) -> bool:
+def shortest_path(grid: list[str], start: Cell, goal: Cell) -> list[str] | None:
+    """The moves of a shortest path from ``start`` to ``goal`` around the holes (H) of a
+    FrozenLake map (breadth-first; ties by Up, Down, Left, Right), or None without one."""
     n = len(grid)
-    seen, queue = {start}, deque([start])
+    came: dict[Cell, tuple[Cell, str] | None] = {start: None}
+    queue = deque([start])
     while queue:
         cell = queue.popleft()
         if cell == goal:
-            return True
-        for d in DIRECTIONS.values():
+            moves = []
+            while came[cell] is not None:
+                cell, name = came[cell]
+                moves.append(name)
+            return moves[::-1]
+        for name, d in DIRECTIONS.items():
             y, x = _add(cell, d)
-            if 0 <= y < n and 0 <= x < n and grid[y][x] != "H" and (y, x) not in seen:
-                seen.add((y, x))
+            if 0 <= y < n and 0 <= x < n and grid[y][x] != "H" and (y, x) not in came:
+                came[(y, x)] = (cell, name)
                 queue.append((y, x))
-    return False
+    return None
+
+
+def _reachable(grid: list[str], start: Cell, goal: Cell) -> bool:
+    return shortest_path(grid, start, goal) is not None
 
 
 def generate_frozenlake(rng: np.random.Generator, size: int = 4, p: float = 0.8) -> list[str]:
@@ -396,6 +443,11 @@ class FrozenLakeEnv(_GridEnv):
     Maps are ``size`` x ``size`` with frozen probability ``p``, regenerated until the goal
     is reachable. ``difficulty`` (:data:`FROZENLAKE_DIFFICULTIES`) sets the knobs not given;
     without it they default to size 4, ``p=0.8``.
+
+    ``turn_budget``: None, ``max_turns`` turns for every map; an int ``k``, each map's turns
+    are those of its shortest path (:func:`shortest_path`, ``max_actions_per_turn`` moves a
+    turn) plus ``k``, told in the intro: with 0 only a policy that reads the board wins (one
+    that ignores it must guess the one route), on random maps where a fixed route fails.
     """
 
     title = "FrozenLake."
@@ -419,6 +471,7 @@ class FrozenLakeEnv(_GridEnv):
         max_actions_per_turn: int = 3,
         format_penalty: float = -0.1,
         render_mode: str | None = None,
+        turn_budget: int | None = None,
     ):
         super().__init__(
             max_turns=max_turns,
@@ -426,6 +479,9 @@ class FrozenLakeEnv(_GridEnv):
             format_penalty=format_penalty,
             render_mode=render_mode,
         )
+        if turn_budget is not None and turn_budget < 0:
+            raise ValueError(f"turn_budget must be >= 0 or None, got {turn_budget}")
+        self.turn_budget = turn_budget
         knobs = _knobs(FROZENLAKE_DIFFICULTIES, difficulty, _FROZENLAKE_DEFAULTS, size=size, p=p)
         self.difficulty = difficulty
         self.size, self.p, self.is_slippery = int(knobs["size"]), float(knobs["p"]), bool(is_slippery)
@@ -435,7 +491,11 @@ class FrozenLakeEnv(_GridEnv):
     def _reset(self, task_id: Any | None, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         self.grid = generate_frozenlake(self._task_rng(task_id), self.size, self.p)
         self.player, self.success = [0, 0], False
-        return self._intro(), {"success": False}
+        if self.turn_budget is None:
+            return self._intro(), {"success": False}
+        moves = len(shortest_path(self.grid, (0, 0), (self.size - 1, self.size - 1)) or [])
+        self.max_turns = -(-moves // self.max_actions_per_turn) + self.turn_budget
+        return f"{self._intro()}\nYou have {self.max_turns} turns.", {"success": False, "max_turns": self.max_turns}
 
     def _move(self, name: str) -> tuple[float, bool, str]:
         actual = name
@@ -454,6 +514,16 @@ class FrozenLakeEnv(_GridEnv):
             return 1.0, True, slip + "You reached the goal!"
         return 0.0, False, slip.strip()
 
+    def expert_action(self) -> str:
+        """The first move of a shortest path from the player to the goal around the holes
+        (:func:`shortest_path`): the expert of the trainer's SFT data
+        (:mod:`rockroll.trainer.rollout.sft_data`). ``ValueError`` once the episode is over."""
+        y, x = self.player
+        path = None if self.grid[y][x] in "HG" else shortest_path(self.grid, (y, x), (self.size - 1, self.size - 1))
+        if not path:
+            raise ValueError("no expert move: the episode is over")
+        return path[0]
+
     def _board(self) -> str:
         rows = []
         for y, line in enumerate(self.grid):
@@ -467,8 +537,10 @@ class FrozenLakeEnv(_GridEnv):
         return "\n".join(rows)
 
     def _get_state(self) -> dict[str, Any]:
-        return {"grid": list(self.grid), "player": list(self.player), "success": self.success}
+        return {"grid": list(self.grid), "player": list(self.player), "success": self.success,
+                "max_turns": self.max_turns}
 
     def _set_state(self, state: dict[str, Any]) -> None:
         self.grid, self.player = list(state["grid"]), list(state["player"])
         self.success = bool(state["success"])
+        self.max_turns = int(state.get("max_turns", self.max_turns))  # a map's own budget (turn_budget)

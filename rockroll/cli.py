@@ -585,19 +585,9 @@ def envs_build_agent(agent, version, hub_url, s3_endpoint):
                f"image hub:{pub.ref}")
 
 
-@main.command("train")
-@click.argument("config_path", metavar="CONFIG.yaml", type=click.Path(exists=True, dir_okay=False))
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="Override a config key, e.g. --set rollout.group_size=4 (YAML value; repeatable).")
-@click.option("--steps", type=click.IntRange(min=0), default=None, help="Shortcut for --set steps=N.")
-@click.option("--fresh", is_flag=True,
-              help="Start over: delete the run's checkpoint dir and logging dir first (else it resumes).")
-def train_cmd(config_path, overrides, steps, fresh):
-    """Train a policy with RL as CONFIG.yaml says (resumes from its checkpoint dir).
-
-    \b
-    Example:  rockroll train examples/frozenlake_cpu.yaml --set steps=20
-    """
+def _trainer_config(config_path, overrides, values):
+    """The trainer's config of CONFIG.yaml with the ``--set`` overrides and ``values`` (shortcut
+    options), its env ids resolved; a one-line ``error:`` and exit 2 on a bad key."""
     try:
         import yaml
 
@@ -606,14 +596,12 @@ def train_cmd(config_path, overrides, steps, fresh):
     except ImportError as e:
         click.echo(f"error: the trainer needs the train extra: pip install 'rockroll[train]' ({e})", err=True)
         sys.exit(2)
-    values = {}
+    values = dict(values)
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep:
             raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--set")
         values[key.strip()] = yaml.safe_load(raw)
-    if steps is not None:
-        values["steps"] = steps
     try:
         cfg = load_config(config_path, values)
         resolve_envs(cfg)  # every env id found (and its hub registered) before anything is built
@@ -622,6 +610,34 @@ def train_cmd(config_path, overrides, steps, fresh):
         where = next((f"--set {k}" for k in values if e.key == k or e.key.startswith(k + ".")), config_path)
         click.echo(f"error: {where}: {e}", err=True)
         sys.exit(2)
+    return cfg
+
+
+def _trainer_command(name: str, example: str, steps_key: str, fresh: str):
+    """The options ``rockroll train`` and ``rockroll sft`` share: CONFIG.yaml, ``--set``,
+    ``--steps`` (for ``steps_key``) and ``--fresh`` (``fresh``: what it deletes)."""
+    def wrap(f):
+        for option in reversed([
+            click.argument("config_path", metavar="CONFIG.yaml", type=click.Path(exists=True, dir_okay=False)),
+            click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+                         help=f"Override a config key, e.g. --set {example} (YAML value; repeatable)."),
+            click.option("--steps", type=click.IntRange(min=0), default=None,
+                         help=f"Shortcut for --set {steps_key}=N."),
+            click.option("--fresh", is_flag=True, help=f"Start over: delete {fresh} first (else it resumes)."),
+        ]):
+            f = option(f)
+        return main.command(name)(f)
+    return wrap
+
+
+@_trainer_command("train", "rollout.group_size=4", "steps", "the run's checkpoint dir and logging dir")
+def train_cmd(config_path, overrides, steps, fresh):
+    """Train a policy with RL as CONFIG.yaml says (resumes from its checkpoint dir).
+
+    \b
+    Example:  rockroll train examples/frozenlake_cpu.yaml --set steps=20
+    """
+    cfg = _trainer_config(config_path, overrides, {} if steps is None else {"steps": steps})
     from rockroll.trainer.controller import train
 
     if fresh:
@@ -642,6 +658,36 @@ def train_cmd(config_path, overrides, steps, fresh):
         click.echo(f"steps {out['start_step']}..{out['steps']}: reward {first.get('rollout/reward', 0):.3f} -> "
                    f"{last.get('rollout/reward', 0):.3f}, success {first.get('rollout/success', 0):.3f} -> "
                    f"{last.get('rollout/success', 0):.3f}; logs in {out['run_dir']}")
+
+
+@_trainer_command("sft", "sft.steps=50", "sft.steps", "the SFT stage's checkpoints and logs")
+def sft_cmd(config_path, overrides, steps, fresh):
+    """Warm-start the policy of CONFIG.yaml by SFT on trajectories (its sft section: expert
+    episodes, model-service records, chat transcripts); writes a model folder that
+    `rockroll train` starts from with model.init_from (docs/trainer.md, "SFT").
+
+    \b
+    Example:  rockroll sft examples/frozenlake_sft_cpu.yaml
+              rockroll train examples/frozenlake_sft_cpu.yaml --set model.init_from=runs/frozenlake_sft_cpu/sft/model
+    """
+    cfg = _trainer_config(config_path, overrides, {} if steps is None else {"sft.steps": steps})
+    from pathlib import Path
+
+    from rockroll.trainer.sft import sft
+
+    if fresh:
+        import shutil
+
+        for d in {cfg.checkpoint.dir, cfg.logging.dir} - {None, ""}:
+            shutil.rmtree(Path(d) / "sft", ignore_errors=True)
+    out = sft(cfg)
+    hist, evals = out["history"], out["evals"]
+    line = f"sft steps {out['start_step']}..{out['steps']}"
+    if hist:
+        line += f": loss {hist[0]['sft/loss']:.3f} -> {hist[-1]['sft/loss']:.3f}"
+    if len(evals) > 1 and "eval/success" in evals[-1]:
+        line += f", eval success {evals[0]['eval/success']:.3f} -> {evals[-1]['eval/success']:.3f}"
+    click.echo(f"{line}; model in {out['model_dir']} (model.init_from), logs in {out['run_dir']}")
 
 
 def _bench_dir():

@@ -273,7 +273,7 @@ TRAINER_ROOMS = [
     {"rockroll.trainer.engines"},
     {"rockroll.trainer.rollout"},
     {"rockroll.trainer.roles"},
-    {"rockroll.trainer.loop", "rockroll.trainer.controller", "rockroll.trainer"},
+    {"rockroll.trainer.loop", "rockroll.trainer.controller", "rockroll.trainer.sft", "rockroll.trainer"},
 ]
 
 

@@ -9,6 +9,7 @@ default.
 from __future__ import annotations
 
 import dataclasses
+import json
 import types
 import typing
 from dataclasses import dataclass, field
@@ -43,9 +44,13 @@ def _check(cond: bool, key: str, problem: str) -> None:
 @dataclass
 class ModelConfig:
     """The policy. ``name_or_path`` loads a Hugging Face checkpoint (``from_pretrained``);
-    without it a tiny Llama is built from the dims below (CPU runs, tests)."""
+    without it a tiny Llama is built from the dims below (CPU runs, tests). ``init_from``: the
+    model folder ``rockroll sft`` wrote (a warm start): its weights and its tokenizer, as
+    ``name_or_path`` and ``tokenizer.name_or_path`` would load them."""
 
     name_or_path: str | None = None  # a Hugging Face checkpoint folder or hub id (null: a tiny Llama of the dims below)
+    # the model folder an SFT stage wrote (weights and tokenizer; null: name_or_path or a fresh tiny Llama)
+    init_from: str | None = None
     hidden_size: int = 128  # tiny model (no name_or_path): width
     num_layers: int = 2  # tiny model: decoder layers
     num_heads: int = 2          # tiny model: attention heads; head dim = hidden_size / num_heads (64: what vLLM
@@ -62,13 +67,18 @@ class ModelConfig:
         _check(self.hidden_size % self.num_heads == 0, f"{p}.num_heads", "must divide hidden_size")
         _check(self.dtype in ("float32", "bfloat16", "float16"), f"{p}.dtype",
                "must be one of float32, bfloat16, float16")
+        _check(not (self.init_from and self.name_or_path), f"{p}.init_from",
+               "a warm start replaces name_or_path: set one of them")
 
 
 @dataclass
 class TokenizerConfig:
-    """``name_or_path`` loads a tokenizer folder/hub id; without it a word-level tokenizer is
-    built over the environments' vocabulary and saved to ``build_dir``, with a Jinja chat
-    template of its own (``models.WORD_CHAT_TEMPLATE``).
+    """``name_or_path`` loads a tokenizer folder/hub id; without it one is built over the
+    environments' texts and saved to ``build_dir``, with a Jinja chat template of its own
+    (``models.WORD_CHAT_TEMPLATE``): ``kind: bpe``, a byte-level BPE of ``vocab_size`` tokens
+    (any text encodes, none becomes ``<|unk|>``), or ``kind: word``, one token per word the envs
+    printed while it was built (each move one token: what the tiny CPU examples' constrained
+    decoding and their measured learning bounds rest on; a word seen only later is ``<|unk|>``).
 
     How turns are framed (``rollout.PromptTemplate``): ``template: chat`` renders the
     conversation with the tokenizer's own chat template (``apply_chat_template``, with the
@@ -77,30 +87,36 @@ class TokenizerConfig:
     ``user_prefix``, ``user_suffix`` and ``assistant_prefix`` around each observation by hand
     (``system`` then is raw text before the first turn); those keys are read only then. The
     policy's replies end with ``stop``, the template's end-of-turn token.
-    ``add_tokens``: strings a built word tokenizer keeps whole, one token each (a whole answer
+    ``add_tokens``: strings a built tokenizer keeps whole, one token each (a whole answer
     such as ``\\boxed{7}``, so ``generation.allowed_tokens`` can name it)."""
 
-    # a pretrained tokenizer (folder or hub id); null: a word tokenizer built over the envs' texts
+    # a pretrained tokenizer (folder or hub id); null: a tokenizer built over the envs' texts
     name_or_path: str | None = None
-    build_dir: str | None = None  # where the built word tokenizer is saved and reused (null: <logging.dir>/tokenizer)
+    # the built tokenizer: word (one token per word seen: one-token moves; unseen words are <|unk|>)
+    # or bpe (byte-level BPE: every text encodes, nothing is unknown)
+    kind: str = "word"
+    vocab_size: int = 1024  # kind bpe: the BPE's vocabulary size (special tokens and the 256 bytes included)
+    build_dir: str | None = None  # where the built tokenizer is saved and reused (null: <logging.dir>/tokenizer)
     template: str = "chat"  # chat: the tokenizer's chat template frames the turns; prefixes: the three keys below do
     system: str = ""  # the system message (chat; none when empty), or raw text before the first turn (prefixes)
     user_prefix: str = "<|user|>"  # prefixes only: text before each observation
     user_suffix: str = "<|end|>"  # prefixes only: text after each observation
     assistant_prefix: str = "<|assistant|>"  # prefixes only: text before each reply (the generation prompt)
     stop: str = "<|end|>"  # the end-of-turn token a reply ends with (must end an assistant turn of the chat template)
-    # built word tokenizer only: strings kept whole, one token each (e.g. \boxed{7})
+    # built tokenizer only: strings kept whole, one token each (e.g. \boxed{7})
     add_tokens: list[str] = field(default_factory=list)
 
     def validate(self, p: str) -> None:
         _check(self.template in ("chat", "prefixes"), f"{p}.template", "must be chat or prefixes")
+        _check(self.kind in ("word", "bpe"), f"{p}.kind", "must be word or bpe")
+        _check(self.vocab_size >= 512, f"{p}.vocab_size", "must be >= 512 (the 256 bytes and the merges)")
         for key in ("user_prefix", "user_suffix", "assistant_prefix"):  # the chat template frames turns
             _check(self.template == "prefixes" or getattr(self, key) == getattr(TokenizerConfig, key), f"{p}.{key}",
                    "read only with template: prefixes (a tokenizer without a chat template); "
                    "with template: chat the tokenizer's chat template frames the turns: remove it")
         _check(bool(self.stop), f"{p}.stop", "must be a non-empty token")
         _check(not (self.add_tokens and self.name_or_path), f"{p}.add_tokens",
-               "only for a built word tokenizer (a pretrained model's embeddings have no rows for them)")
+               "only for a built tokenizer (a pretrained model's embeddings have no rows for them)")
         _check(all(isinstance(t, str) and t for t in self.add_tokens), f"{p}.add_tokens", "must be non-empty strings")
 
 
@@ -520,15 +536,78 @@ class LoggingConfig:
 class EvalConfig:
     """Evaluation with the current weights every ``every`` steps (0: never), before step 0 and
     after the last step: ``episodes`` per env from each task's first observation, on a fixed
-    list of seeds, at the generation temperature. Written to ``<logging.dir>/eval.jsonl``."""
+    list of seeds, at the generation temperature. Written to ``<logging.dir>/eval.jsonl`` with
+    the success rate's 95 % Wilson interval (``eval/success_lo``, ``eval/success_hi``), the
+    episode count and the seed.
+
+    ``task_ids``: held-out tasks the evaluation cycles through for every env, disjoint from
+    each env's training ``envs[].task_ids`` (a ConfigError names the overlap), so its number
+    measures generalisation, not memory; null: each env's own ``task_ids`` (or, without them,
+    the tasks its seeds draw: then training may meet them too)."""
 
     every: int = 0  # steps between evaluations (0: none at all)
     episodes: int = 32  # episodes per env at each evaluation
     seed: int = 1_000_003  # the env and sampling seeds of the evaluation episodes (the same at every evaluation)
+    # held-out tasks to evaluate every env on, disjoint from envs[].task_ids (null: the envs' own task_ids)
+    task_ids: list[Any] | None = None
 
     def validate(self, p: str) -> None:
         _check(self.every >= 0, f"{p}.every", "must be >= 0")
         _check(self.episodes >= 1, f"{p}.episodes", "must be >= 1")
+        _check(self.task_ids is None or len(self.task_ids) > 0, f"{p}.task_ids", "must not be empty")
+
+
+SFT_SOURCES = ("expert", "records", "messages")
+
+
+@dataclass
+class SFTSource:
+    """One source of SFT data (``sft.sources``): ``kind: expert`` plays ``episodes`` episodes
+    of every env whose env has an expert (``expert_action()``, :mod:`rockroll.trainer.rollout.sft_data`)
+    on the env's training ``task_ids``, a fraction ``epsilon`` of the moves random
+    (``action_words``) so the data is imperfect; ``kind: records``, the model service's
+    ``records.jsonl`` at ``path``; ``kind: messages``, chat transcripts in the OpenAI ``messages``
+    JSONL format at ``path``."""
+
+    kind: str = "expert"  # expert (episodes played by the envs' experts), records (records.jsonl) or messages
+    path: str | None = None  # records, messages: the JSONL file
+    episodes: int = 64  # expert: episodes per env
+    epsilon: float = 0.0  # expert: the fraction of moves taken at random instead of the expert's
+    keep_failed: bool = True  # expert: keep episodes that failed (with epsilon > 0 some do), else drop them
+
+    def validate(self, p: str) -> None:
+        _check(self.kind in SFT_SOURCES, f"{p}.kind", f"must be one of {', '.join(SFT_SOURCES)}")
+        _check(self.kind == "expert" or bool(self.path), f"{p}.path", f"kind {self.kind} needs the JSONL file")
+        _check(self.episodes >= 1, f"{p}.episodes", "must be >= 1")
+        _check(0.0 <= self.epsilon <= 1.0, f"{p}.epsilon", "must be in [0, 1]")
+
+
+@dataclass
+class SFTConfig:
+    """The supervised warm start, ``rockroll sft CONFIG`` (:mod:`rockroll.trainer.sft`): the
+    policy of this config (model, tokenizer, engine) trained for ``steps`` steps on the
+    ``sources``' trajectories, the loss the mean negative log-likelihood of the assistant's
+    tokens only; each step takes ``batch_size`` sequences, run in micro-batches packed up to
+    ``tokens_per_micro_batch`` tokens (length-sorted, so little padding). It evaluates as
+    ``eval`` says (success on the envs, and the NLL of expert episodes on ``eval.task_ids``),
+    checkpoints in ``<checkpoint.dir>/sft`` and resumes from there, logs in ``<logging.dir>/sft``,
+    and writes the model and tokenizer to ``output_dir``, which ``model.init_from`` names."""
+
+    sources: list[SFTSource] = field(default_factory=lambda: [SFTSource()])  # where the trajectories come from
+    steps: int = 100  # optimizer steps of SFT
+    batch_size: int = 16  # sequences per optimizer step
+    tokens_per_micro_batch: int = 4096  # micro-batches are packed up to this many tokens (padding included)
+    lr: float | None = None  # the learning rate of SFT (null: engine.lr)
+    output_dir: str | None = None  # where the warm-start model folder goes (null: <logging.dir>/sft/model)
+
+    def validate(self, p: str) -> None:
+        _check(len(self.sources) >= 1, f"{p}.sources", "needs at least one source")
+        for i, src in enumerate(self.sources):
+            src.validate(f"{p}.sources[{i}]")
+        _check(self.steps >= 0, f"{p}.steps", "must be >= 0")
+        _check(self.batch_size >= 1, f"{p}.batch_size", "must be >= 1")
+        _check(self.tokens_per_micro_batch >= 1, f"{p}.tokens_per_micro_batch", "must be >= 1")
+        _check(self.lr is None or self.lr > 0, f"{p}.lr", "must be > 0")
 
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -750,6 +829,7 @@ class TrainConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     hubs: list[str] = field(default_factory=list)  # env hubs (folder, s3://...) the env ids are read from,
     #                                                 after the built-in ids and $ROCKROLL_HUB's
+    sft: SFTConfig = field(default_factory=SFTConfig)  # the supervised warm start (rockroll sft; train ignores it)
 
     def validate(self, p: str = "") -> None:
         _check(self.steps >= 0, "steps", "must be >= 0")
@@ -758,7 +838,7 @@ class TrainConfig:
         for i, env in enumerate(self.envs):
             env.validate(f"envs[{i}]")
         for name in ("model", "tokenizer", "rollout", "algorithm", "engine", "generation",
-                     "checkpoint", "logging", "eval", "ray", "reward"):
+                     "checkpoint", "logging", "eval", "ray", "reward", "sft"):
             getattr(self, name).validate(name)
         if self.ray.enabled:  # every env worker fills its share of a step's groups
             _check(self.ray.num_env_workers <= self.rollout.batch_groups, "ray.num_env_workers",
@@ -776,10 +856,21 @@ class TrainConfig:
         if self.ray.roles.get("trainer", RoleResources()).offload:  # the torch engine's module and optimizer
             _check(self.engine.kind == "torch", "ray.roles.trainer.offload",
                    "needs engine.kind: torch (DeepSpeed places its own state: its zero_optimization offload)")
+        _check(not (self.model.init_from and self.tokenizer.name_or_path), "tokenizer.name_or_path",
+               "model.init_from brings its own tokenizer (the one SFT trained with): remove it")
+        for i, env in enumerate(self.envs):  # held-out: no evaluation task is trained on
+            shared = _task_keys(self.eval.task_ids) & _task_keys(env.task_ids)
+            _check(not shared, "eval.task_ids", f"must be disjoint from envs[{i}].task_ids (held-out tasks), "
+                   f"both list {sorted(shared)}")
         if self.rollout.curriculum.enabled:  # a saved trajectory belongs to one task of one env
             key = "rollout.curriculum.enabled"
             _check(any(e.task_ids for e in self.envs), key, "needs an env with task_ids")
             _check(len({e.id for e in self.envs}) == len(self.envs), key, "needs distinct env ids")
+
+
+def _task_keys(task_ids: list[Any] | None) -> set[str]:
+    """Task ids as comparable keys (ids may be ints, names or lists)."""
+    return {json.dumps(t, sort_keys=True, default=str) for t in task_ids or []}
 
 
 # ----------------------------------------------------------------------------- loading

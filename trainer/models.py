@@ -1,8 +1,10 @@
 """Policy model and tokenizer: Hugging Face checkpoints, or tiny ones built from a config.
 
 No weights can be downloaded on the CPU machines, so a run without ``model.name_or_path``
-gets a tiny Llama (random init) and a word-level tokenizer built over the words the
-environments print. Both are ordinary Hugging Face objects saved to folders, so the same
+gets a tiny Llama (random init) and a tokenizer built over the text the environments print:
+a byte-level BPE (``tokenizer.kind: bpe``: every string encodes, nothing becomes unknown) or
+a word-level one (``kind: word``: each move one token, the small action spaces of the CPU
+examples; a word it never saw becomes ``<|unk|>``). Both are ordinary Hugging Face objects saved to folders, so the same
 ``from_pretrained(folder)`` path serves tiny CPU runs and real checkpoints on GPU.
 """
 
@@ -23,8 +25,12 @@ SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|end|>", "<|user|>", "<|assistant|>", 
 PRETOKENIZE = r"<\|[a-z]+\|>|[a-z]+|[A-Z][a-z]+|[\s\S]"
 
 
-def _env_texts(envs: list[EnvConfig], episodes: int = 8) -> list[str]:
-    """Text the envs print: a few episodes of each, stepped with every direction and garbage."""
+PROBE_ACTIONS = ["Right", "Down", "blah", "Left", "Up", "Down", "Right", "Down", "Right"]
+
+
+def _env_texts(envs: list[EnvConfig], episodes: int = 8, actions: Any = None) -> list[str]:
+    """Text the envs print: a few episodes of each, stepped with every direction and garbage
+    (``actions(env, i, turn)``: the action of episode ``i``'s ``turn`` instead, None ends it)."""
     texts = []
     for spec in envs:
         env = make_env(spec)
@@ -35,7 +41,10 @@ def _env_texts(envs: list[EnvConfig], episodes: int = 8) -> list[str]:
             texts.append(obs)
             if info.get("tools"):  # what the chat template writes of them: their schemas, its framing
                 texts += [json.dumps(t) for t in info["tools"]] + [TOOLS_HEADER, "<tool_response></tool_response>"]
-            for action in ["Right", "Down", "blah", "Left", "Up", "Down", "Right", "Down", "Right"]:
+            for turn in range(len(PROBE_ACTIONS) if actions is None else 32):
+                action = PROBE_ACTIONS[turn] if actions is None else actions(env, i, turn)
+                if action is None:
+                    break
                 try:
                     obs, _, term, trunc, _ = env.step(action)
                 except Exception:  # noqa: BLE001  (ResetNeeded after the end)
@@ -57,12 +66,49 @@ def build_word_tokenizer(envs: list[EnvConfig], folder: str | Path) -> Any:
     return save_word_tokenizer(words, folder)
 
 
+BPE_EPISODES = 24  # episodes per env the BPE is trained over: more text than the word list needs
+
+
+def _probe_action(env: Any, i: int, turn: int) -> str | None:
+    """Episode ``i``'s action at ``turn`` for the BPE's texts: the env's expert move when it
+    has one (``expert_action``: feedback that only valid moves bring), else a direction or
+    garbage, by a fixed RNG, so observations after valid and invalid replies are both read."""
+    import random
+
+    rng = random.Random(i * 1000 + turn)
+    expert = getattr(env.unwrapped if hasattr(env, "unwrapped") else env, "expert_action", None)
+    if expert is not None and i % 2 == 0:
+        try:
+            return expert()
+        except Exception:  # noqa: BLE001  (no expert move from this state)
+            pass
+    return rng.choice(PROBE_ACTIONS + ["\\boxed{%d}" % rng.randint(0, 99), "".join(rng.choices(string.printable, k=8))])
+
+
+def build_bpe_tokenizer(envs: list[EnvConfig], folder: str | Path, vocab_size: int = 1024) -> Any:
+    """Build, save to ``folder`` and return a byte-level BPE ``PreTrainedTokenizerFast``
+    trained over the envs' texts (resets, and observations after expert, random and garbage
+    replies), with :data:`SPECIAL_TOKENS` kept whole and :data:`WORD_CHAT_TEMPLATE`. Every
+    byte is in its vocabulary, so any text encodes and decodes back unchanged: none becomes
+    ``<|unk|>`` (the token exists, for templates that name it, but is never produced)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    texts = _env_texts(envs, episodes=BPE_EPISODES, actions=_probe_action)
+    texts += PROBE_ACTIONS + [TOOLS_HEADER, "<tool_call></tool_call>", "<tool_response></tool_response>", string.printable]
+    tok.train_from_iterator(texts, trainer=trainer)
+    return _save_fast(tok, folder)
+
+
 def save_word_tokenizer(words: Any, folder: str | Path) -> Any:
     """A word-level ``PreTrainedTokenizerFast`` over :data:`SPECIAL_TOKENS` and ``words`` (each a
     piece of :data:`PRETOKENIZE`: a word or one character), saved to ``folder``. A small word
     list makes a small action space (the learning tests' policies choose among a dozen tokens)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
 
     vocab: dict[str, int] = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
     for w in sorted(words):
@@ -70,6 +116,14 @@ def save_word_tokenizer(words: Any, folder: str | Path) -> Any:
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|unk|>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(PRETOKENIZE), behavior="isolated")
     tok.decoder = decoders.Fuse()
+    return _save_fast(tok, folder)
+
+
+def _save_fast(tok: Any, folder: str | Path) -> Any:
+    """``tok`` (a ``tokenizers.Tokenizer`` over :data:`SPECIAL_TOKENS`) as a Hugging Face
+    tokenizer folder with :data:`WORD_CHAT_TEMPLATE`, which ``AutoTokenizer`` loads."""
+    from transformers import PreTrainedTokenizerFast
+
     hf = PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token="<|pad|>", bos_token="<|bos|>", eos_token="<|end|>",
         unk_token="<|unk|>", additional_special_tokens=["<|user|>", "<|assistant|>"],
@@ -104,15 +158,28 @@ WORD_CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}<|assistant|>{% endif %}")
 
 
-def load_tokenizer(cfg: TokenizerConfig, envs: list[EnvConfig], default_dir: str | Path) -> Any:
+def load_tokenizer(cfg: TokenizerConfig, envs: list[EnvConfig], default_dir: str | Path,
+                   init_from: str | None = None) -> Any:
+    """The tokenizer: ``cfg.name_or_path``'s, the one saved with a warm start (``init_from``,
+    ``model.init_from``: ``add_tokens`` must be tokens of it already, as SFT built it), or one
+    built over ``envs``' texts into ``cfg.build_dir`` (else ``default_dir``) and reused."""
     from transformers import AutoTokenizer
 
     if cfg.name_or_path:
         tok = AutoTokenizer.from_pretrained(cfg.name_or_path)
+    elif init_from:
+        tok = AutoTokenizer.from_pretrained(init_from)
+        missing = [t for t in cfg.add_tokens if len(tok.encode(t, add_special_tokens=False)) != 1]
+        if missing:
+            raise ConfigError("tokenizer.add_tokens", f"{missing} are not tokens of the warm start's tokenizer "
+                              f"({init_from}): the model has no embeddings for them; add them to the SFT run")
     else:
         folder = Path(cfg.build_dir or default_dir)
         if not (folder / "tokenizer.json").is_file():
-            build_word_tokenizer(envs, folder)
+            if cfg.kind == "bpe":
+                build_bpe_tokenizer(envs, folder, cfg.vocab_size)
+            else:
+                build_word_tokenizer(envs, folder)
         tok = AutoTokenizer.from_pretrained(folder)  # with its chat template (WORD_CHAT_TEMPLATE)
         tok.add_tokens(list(cfg.add_tokens))  # matched before the word split: each one token
     if tok.pad_token_id is None:
@@ -146,8 +213,8 @@ def build_model(cfg: ModelConfig, tokenizer: Any, seed: int) -> Any:
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-    if cfg.name_or_path:
-        model = AutoModelForCausalLM.from_pretrained(cfg.name_or_path, dtype=_dtype(cfg.dtype))
+    if cfg.name_or_path or cfg.init_from:
+        model = AutoModelForCausalLM.from_pretrained(cfg.name_or_path or cfg.init_from, dtype=_dtype(cfg.dtype))
     else:
         torch.manual_seed(seed)
         mc = LlamaConfig(

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 from rockroll.gem import FrozenLakeEnv, MathEnv, SokobanEnv
-from rockroll.gem.grid import DIRECTIONS, generate_frozenlake, generate_sokoban, parse_moves
+from rockroll.gem.grid import DIRECTIONS, generate_frozenlake, generate_sokoban, parse_moves, shortest_path
 from rockroll.gem.mathenv import PROBLEM_TYPES, check_answer, generate_problem, parse_value
 from rockroll.registry.builtin import BUILTIN_ENVS, register_builtin
 
@@ -62,23 +62,7 @@ def solve_sokoban(room: dict) -> list[str] | None:
 
 
 def solve_frozenlake(grid: list[str]) -> list[str] | None:
-    n = len(grid)
-    parent = {(0, 0): None}
-    queue = deque([(0, 0)])
-    while queue:
-        cell = queue.popleft()
-        if grid[cell[0]][cell[1]] == "G":
-            path = []
-            while parent[cell] is not None:
-                cell, move = parent[cell]
-                path.append(move)
-            return path[::-1]
-        for name, (dy, dx) in DIRECTIONS.items():
-            y, x = cell[0] + dy, cell[1] + dx
-            if 0 <= y < n and 0 <= x < n and grid[y][x] != "H" and (y, x) not in parent:
-                parent[(y, x)] = (cell, name)
-                queue.append((y, x))
-    return None
+    return shortest_path(grid, (0, 0), (len(grid) - 1, len(grid) - 1))
 
 
 def play(env, moves: list[str], per_turn: int):
@@ -292,6 +276,54 @@ def test_frozenlake_hole_terminates_without_reward():
     obs, reward, terminated, truncated, info = env.step("Right || Down")
     assert (reward, terminated, info["success"], info["moves"]) == (0.0, True, False, ["Right"])
     assert "hole" in obs and "X" in obs
+
+
+def test_sokoban_expert_solves_rooms_in_at_most_the_optimal_moves():
+    for task in range(8):
+        env = SokobanEnv(num_boxes=1 + task % 2, max_turns=40, max_actions_per_turn=1)
+        _, info = env.reset(options={"task_id": task})
+        moves = 0
+        while True:
+            *_, term, trunc, step_info = env.step(env.expert_action())
+            moves += 1
+            if term or trunc:
+                break
+        assert step_info["success"] and moves <= info["optimal_moves"], task
+        with pytest.raises(ValueError, match="episode is over"):
+            env.expert_action()
+
+
+def test_frozenlake_turn_budget_is_the_shortest_path():
+    """``turn_budget=0``: each map allows exactly its shortest path's turns (said in the intro);
+    the expert wins in them, one wasted move loses, and a saved state keeps its map's budget."""
+    for task in range(16):
+        env = FrozenLakeEnv(size=4, p=0.7, max_actions_per_turn=1, turn_budget=0)
+        obs, info = env.reset(options={"task_id": task})
+        best = len(solve_frozenlake(env.grid))
+        assert env.max_turns == info["max_turns"] == best and f"You have {best} turns." in obs
+        while True:
+            *_, term, trunc, info = env.step(env.expert_action())
+            if term or trunc:
+                break
+        assert term and info["success"]
+        env.reset(options={"task_id": task})
+        wasted = env.step("Up")  # into the wall at the start: a turn spent, no progress
+        assert not wasted[2]
+        state = env.save_state()
+        other = FrozenLakeEnv(size=4, p=0.7, max_actions_per_turn=1, turn_budget=0)
+        other.reset(options={"task_id": task + 100})
+        other.reset(options={"state": state})
+        for env_ in (env, other):
+            while True:
+                *_, term, trunc, info = env_.step(env_.expert_action())
+                if term or trunc:
+                    break
+            assert trunc and not info["success"]
+    with pytest.raises(ValueError, match="turn_budget"):
+        FrozenLakeEnv(turn_budget=-1)
+    two = FrozenLakeEnv(size=4, max_actions_per_turn=2, turn_budget=1)
+    two.reset(options={"task_id": 0})
+    assert two.max_turns == -(-len(solve_frozenlake(two.grid)) // 2) + 1
 
 
 @pytest.mark.parametrize("cls", [SokobanEnv, FrozenLakeEnv])

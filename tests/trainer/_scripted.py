@@ -151,3 +151,16 @@ def first_batch(manager: Any, timeout: float = 120) -> list:
     finally:
         manager.close()
     return groups
+
+
+def recording_resets(env: Any, seen: list) -> Any:
+    """``env`` whose every ``reset`` appends its ``options`` to ``seen`` (which tasks and
+    states an evaluation or a rollout started from)."""
+    reset = env.reset
+
+    def recording_reset(*, seed=None, options=None):
+        seen.append(options)
+        return reset(seed=seed, options=options)
+
+    env.reset = recording_reset
+    return env

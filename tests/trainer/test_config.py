@@ -79,7 +79,7 @@ def test_defaults_and_nested():
     ({"algorithm": {"dynamic_sampling": True, "dynamic_sampling_max_batches": 0}},
      "algorithm.dynamic_sampling_max_batches: must be >= 1"),
     ({"tokenizer": {"name_or_path": "some/model", "add_tokens": ["\\boxed{1}"]}},
-     "tokenizer.add_tokens: only for a built word tokenizer"),
+     "tokenizer.add_tokens: only for a built tokenizer"),
     ({"tokenizer": {"add_tokens": [""]}}, "tokenizer.add_tokens: must be non-empty strings"),
 ])
 def test_errors_name_the_key(data, key):

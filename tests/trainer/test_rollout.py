@@ -18,7 +18,7 @@ from rockroll.trainer.rollout.manager import (
 )
 from rockroll.trainer.envs import make_env
 from _synthetic import LatencyEnv
-from _scripted import RecordingEngine, ScriptEngine, first_batch
+from _scripted import RecordingEngine, ScriptEngine, first_batch, recording_resets
 from rockroll.trainer.roles.update import collate, token_logp
 
 LAT = "_synthetic:LatencyEnv"
@@ -359,15 +359,7 @@ def test_evaluate_plays_the_same_fresh_episodes_each_time(tok):
     def factory(spec):
         if spec.id == LAT:
             return LatencyEnv(infra_error_rate=1.0 if next(fail) else 0.0, max_turns=3)
-        env = make_env(spec)
-        reset = env.reset
-
-        def recording_reset(*, seed=None, options=None):
-            seen.append(options)
-            return reset(seed=seed, options=options)
-
-        env.reset = recording_reset
-        return env
+        return recording_resets(make_env(spec), seen)
 
     data = {**_cfg(group_size=2, batch_groups=1),
             "envs": [{"id": LAT}, {"id": "rock/FrozenLake-v0", "kwargs": {"max_actions_per_turn": 1},
@@ -383,7 +375,8 @@ def test_evaluate_plays_the_same_fresh_episodes_each_time(tok):
     finally:
         mgr.close()
     assert len(engine.calls) > calls
-    assert first == second and first != other
+    assert first == second and first["eval/seed"] == 7 and other["eval/seed"] == 8
+    assert {k: v for k, v in first.items() if k != "eval/seed"} != {k: v for k, v in other.items() if k != "eval/seed"}
     assert first["eval/infra_errors"] == 2 and first["eval/episodes"] == 14  # 2 of the 8 LatencyEnvs failed
     assert {f"eval/{LAT}/success", "eval/rock/FrozenLake-v0/success", "eval/success"} <= set(first)
     # the FrozenLake evaluation episodes cycled through task_ids 0, 1, 2 and started fresh

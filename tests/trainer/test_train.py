@@ -174,9 +174,10 @@ def test_the_eval_line_says_how_many_episodes_played():
     assert eval_line(3, {"eval/episodes": 0.0, "eval/infra_errors": 4.0}) == (
         "eval at version 3: no episode played, 4 left out for infrastructure errors")
     assert eval_line(5, {"eval/episodes": 6.0, "eval/infra_errors": 2.0, "eval/success": 0.5, "eval/reward": 0.25}) == (
-        "eval at version 5: success 0.500, reward 0.250 over 6 episodes, 2 left out for infrastructure errors")
-    assert eval_line(5, {"eval/episodes": 8.0, "eval/infra_errors": 0.0, "eval/success": 1.0, "eval/reward": 1.0}) == (
-        "eval at version 5: success 1.000, reward 1.000 over 8 episodes")
+        "eval at version 5: success 0.500 (6 episodes, 2 left out for infrastructure errors), reward 0.250")
+    assert eval_line(5, {"eval/episodes": 8.0, "eval/infra_errors": 0.0, "eval/success": 1.0, "eval/reward": 1.0,
+                         "eval/success_lo": 0.68, "eval/success_hi": 1.0, "eval/seed": 7.0}) == (
+        "eval at version 5: success 1.000 [0.68, 1.00] (8 episodes, seed 7), reward 1.000")
 
 
 # --------------------------------------------------------------------------- off-policy ratios

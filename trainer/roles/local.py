@@ -51,7 +51,7 @@ def seed_everything(seed: int, deterministic: bool) -> None:
 def make_generator(cfg: TrainConfig, lm, tokenizer):
     """The generation engine over a copy of ``lm`` (vLLM or Transformers)."""
     if cfg.generation.backend == "vllm":
-        path = cfg.model.name_or_path
+        path = cfg.model.name_or_path or cfg.model.init_from
         if not path:  # a tiny model built from the config: vLLM loads models from a folder
             path = str(Path(cfg.logging.dir) / "generator_model")
             lm.save_pretrained(path)
@@ -274,7 +274,7 @@ class LocalRoles(Roles):
 
     def __init__(self, cfg: TrainConfig, env_factory: Callable[[EnvConfig], Any] | None = None):
         seed_everything(cfg.seed, cfg.deterministic)
-        self.tokenizer = load_tokenizer(cfg.tokenizer, cfg.envs, Path(cfg.logging.dir) / "tokenizer")
+        self.tokenizer = load_tokenizer(cfg.tokenizer, cfg.envs, Path(cfg.logging.dir) / "tokenizer", cfg.model.init_from)
         lm = build_model(cfg.model, self.tokenizer, cfg.seed)
         self.generator = make_generator(cfg, lm, self.tokenizer)  # copies of lm, taken before the engine wraps it
         self.batch_roles = batch_roles(cfg, lm, self.tokenizer)

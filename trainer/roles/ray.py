@@ -447,7 +447,7 @@ class RayRoles(Roles):
         ``ray.address`` is null (or joins that cluster); :meth:`close` shuts down what it started."""
         import ray
 
-        tokenizer = load_tokenizer(cfg.tokenizer, cfg.envs, Path(cfg.logging.dir) / "tokenizer")
+        tokenizer = load_tokenizer(cfg.tokenizer, cfg.envs, Path(cfg.logging.dir) / "tokenizer", cfg.model.init_from)
         owns_ray = not ray.is_initialized()
         if owns_ray and cfg.ray.address:
             from rockroll.sandbox.deployment.ray import connect

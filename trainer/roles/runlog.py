@@ -15,29 +15,36 @@ from typing import Any
 
 
 def eval_line(version: int, metrics: dict[str, float]) -> str:
-    """The console's line for an evaluation: its success over the episodes that played, and
-    the episodes left out for infrastructure errors (a success over none is no number)."""
-    played, left_out = int(metrics.get("eval/episodes", 0)), int(metrics.get("eval/infra_errors", 0))
+    """The console line of one evaluation: success with its 95 % interval, over how many
+    episodes, on which seed, and the episodes left out for infrastructure errors (a success
+    over none is no number)."""
+    m = metrics.get
+    played, left_out = int(m("eval/episodes", 0)), int(m("eval/infra_errors", 0))
     errors = f", {left_out} left out for infrastructure errors" if left_out else ""
     if not played:
         return f"eval at version {version}: no episode played{errors}"
-    return (f"eval at version {version}: success {metrics['eval/success']:.3f}, reward {metrics['eval/reward']:.3f} "
-            f"over {played} episodes{errors}")
+    interval = f" [{m('eval/success_lo'):.2f}, {m('eval/success_hi'):.2f}]" if "eval/success_lo" in metrics else ""
+    seed = f", seed {int(m('eval/seed'))}" if "eval/seed" in metrics else ""
+    return (f"eval at version {version}: success {m('eval/success'):.3f}{interval} ({played} episodes{seed}{errors}), "
+            f"reward {m('eval/reward'):.3f}")
 
 
 class RunLogger:
     def __init__(self, folder: str | Path, *, tensorboard: bool, plot: bool, transcripts: int,
                  progress: bool, total_steps: int, start_step: int, plot_every: int = 10,
-                 reevaluate_start: bool = True):
+                 reevaluate_start: bool = True, curve_keys: tuple[str, str] = ("rollout/reward", "rollout/success"),
+                 desc: str = "train"):
         """``start_step``: the step a resumed run starts at (0: a fresh run, whose old logs are
         removed). ``reevaluate_start``: whether this run evaluates version ``start_step`` again
         (then an earlier row of that version is replaced; otherwise it is the checkpoint's own
-        evaluation and stays, as when a finished run is started again)."""
+        evaluation and stays, as when a finished run is started again). ``curve_keys``: the two
+        metrics ``curve.png`` draws (their ``eval/`` namesakes as points) and the progress bar
+        shows (``desc``: its label)."""
         self.dir = Path(folder)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.dir / "metrics.jsonl"
         self.eval_path = self.dir / "eval.jsonl"
-        self.n_transcripts, self.plot, self.plot_every = transcripts, plot, plot_every
+        self.n_transcripts, self.plot, self.plot_every, self.curve_keys = transcripts, plot, plot_every, curve_keys
         # A metrics row of step s is the update from version s to s + 1, redone from s =
         # start_step on; an eval row's step is the version evaluated, whose weights the
         # checkpoint of start_step holds up to and including start_step.
@@ -62,7 +69,8 @@ class RunLogger:
         if progress:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=max(total_steps, start_step), initial=start_step, desc="train", file=sys.stderr, dynamic_ncols=True)
+            self.bar = tqdm(total=max(total_steps, start_step), initial=start_step, desc=desc, file=sys.stderr,
+                            dynamic_ncols=True)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         row = {"step": step, **metrics}
@@ -76,8 +84,7 @@ class RunLogger:
             self.bar.update(1)
             self.infra_total += int(metrics.get("rollout/infra_samples_dropped", 0))
             self.crash_total += int(metrics.get("rollout/agent_crashes", 0))
-            self.bar.set_postfix(reward=f"{metrics.get('rollout/reward', 0):.2f}",
-                                 success=f"{metrics.get('rollout/success', 0):.2f}",
+            self.bar.set_postfix({k.split("/")[-1]: f"{metrics[k]:.2f}" for k in self.curve_keys if k in metrics},
                                  **({"infra_errors": self.infra_total} if self.infra_total else {}),
                                  **({"agent_crashes": self.crash_total} if self.crash_total else {}))
         if self.plot and (step + 1) % self.plot_every == 0:
@@ -123,7 +130,7 @@ class RunLogger:
 
         steps = [r["step"] for r in rows]
         fig, ax = plt.subplots(1, 2, figsize=(10, 3.5))
-        for i, key in enumerate(("rollout/reward", "rollout/success")):
+        for i, key in enumerate(self.curve_keys):
             ys = [r.get(key, float("nan")) for r in rows]
             ax[i].plot(steps, ys, alpha=0.35, label="per step")
             k = max(1, len(ys) // 10)

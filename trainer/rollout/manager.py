@@ -37,6 +37,7 @@ from typing import Any, Callable
 
 from rockroll.gem.core import TokenReply
 
+from ..algorithms.stats import wilson_interval
 from ..config import EnvConfig, TokenizerConfig, TrainConfig
 from ..engines.sampling import GenOutput, SamplingParams
 from ..envs import make_env
@@ -80,13 +81,13 @@ class PromptTemplate:
                 raise ValueError("tokenizer.template: chat, but the tokenizer has no chat template "
                                  "(set tokenizer.template: prefixes and the prefix strings)")
             self._system = [{"role": "system", "content": cfg.system}] if cfg.system else []
-            self._base = self._render(self._system + self._BASE, generation=False)
+            self._base = self.render(self._system + self._BASE, generation=False)
             if self.stop_id not in self._base:
                 raise ValueError(f"tokenizer.stop: the chat template does not end an assistant turn with {cfg.stop!r}")
             last = len(self._base) - 1 - self._base[::-1].index(self.stop_id)
             self._after_stop = self._base[last + 1:]  # e.g. ChatML's "\n" after <|im_end|>
 
-    def _render(self, messages: list[dict], generation: bool, tools: list[dict] | None = None) -> list[int]:
+    def render(self, messages: list[dict], generation: bool, tools: list[dict] | None = None) -> list[int]:
         ids = self.tok.apply_chat_template(messages, tools=tools or None, tokenize=True,
                                            add_generation_prompt=generation)
         return list(ids if isinstance(ids, list) else ids["input_ids"])  # a BatchEncoding in newer transformers
@@ -99,7 +100,7 @@ class PromptTemplate:
         ``info["tools"]``) go to the chat template, which shows them as it was made to."""
         c = self.cfg
         if c.template == "chat":
-            return self._render(self._system + [{"role": "user", "content": obs}], generation=True, tools=tools)
+            return self.render(self._system + [{"role": "user", "content": obs}], generation=True, tools=tools)
         if tools:
             raise ValueError("tokenizer.template: prefixes cannot show the tools the env offers "
                              "(use a tokenizer with a chat template and template: chat)")
@@ -109,7 +110,7 @@ class PromptTemplate:
         c = self.cfg
         head = [] if reply_stopped else [self.stop_id]
         if c.template == "chat":
-            full = self._render(self._system + self._BASE + [{"role": "user", "content": obs}], generation=True)
+            full = self.render(self._system + self._BASE + [{"role": "user", "content": obs}], generation=True)
             if full[: len(self._base)] != self._base:
                 raise ValueError("tokenizer.template: chat, but the chat template does not render a new turn "
                                  "as a suffix of the conversation so far (use tokenizer.template: prefixes)")
@@ -583,7 +584,7 @@ class RolloutManager:
         return ``eval/...`` metrics (per env too when there are several).
 
         Every episode starts at its task's first observation (never at a curriculum state),
-        tasks cycle through the env's ``task_ids``, and the env and sampling seeds come from
+        tasks cycle through ``eval.task_ids`` (held-out) or else the env's ``task_ids``, and the env and sampling seeds come from
         ``seed`` alone: evaluations at different steps play the same episodes, so their success
         rates compare. Training rollouts keep running meanwhile and share the generator's
         batches; the reward role scores them as it scores training episodes; episodes that hit
@@ -597,8 +598,9 @@ class RolloutManager:
 
         async def episode(spec: EnvConfig, j: int) -> Sample:
             env = self._make_env(spec)
+            tasks = cfg.eval.task_ids or spec.task_ids
             try:
-                task = spec.task_ids[j % len(spec.task_ids)] if spec.task_ids else None
+                task = tasks[j % len(tasks)] if tasks else None
                 s = await run_episode(
                     env, self.template, self.gen, seed=_mix(seed, j), task_id=task, sample_seed=_mix(seed + 1, j),
                     max_turns=cfg.rollout.max_turns, max_seq_len=cfg.rollout.max_seq_len,
@@ -616,11 +618,11 @@ class RolloutManager:
             if s.infra_error:
                 log.warning("eval %s task %r: episode left out, infrastructure error: %s", s.env_id, s.task_id,
                             s.infra_error)
-        out = {**(sample_means(valid, "eval") if valid else {}), "eval/episodes": float(len(valid)),
-               "eval/infra_errors": float(len(done) - len(valid))}
+        out = {**(eval_means(valid, "eval") if valid else {"eval/episodes": 0.0}),
+               "eval/infra_errors": float(len(done) - len(valid)), "eval/seed": float(seed)}
         if len(cfg.envs) > 1:
             for spec in cfg.envs:
-                out.update(sample_means([s for s in valid if s.env_id == spec.id], f"eval/{spec.id}"))
+                out.update(eval_means([s for s in valid if s.env_id == spec.id], f"eval/{spec.id}"))
         return out
 
     # ------------------------------------------------------------------ rollout thread
@@ -842,6 +844,14 @@ def batch_metrics(groups: list[Group], step: int) -> dict[str, float]:
         for part in sorted({k for s in ss for k in s.reward_parts}):  # the reward role's, by source
             out[f"reward/{part}"] = sum(s.reward_parts.get(part, 0.0) for s in ss) / len(ss)
     return out
+
+
+def eval_means(samples: list[Sample], prefix: str) -> dict[str, float]:
+    """:func:`sample_means` with the episode count and the success rate's 95 % Wilson
+    interval (``prefix/success_lo``, ``prefix/success_hi``)."""
+    lo, hi = wilson_interval(sum(float(s.success) for s in samples), len(samples))
+    return {**sample_means(samples, prefix), f"{prefix}/episodes": float(len(samples)),
+            f"{prefix}/success_lo": lo, f"{prefix}/success_hi": hi}
 
 
 def sample_means(samples: list[Sample], prefix: str) -> dict[str, float]:
