@@ -70,10 +70,12 @@ def build(folder: str | Path, *, cache: LocalCache | None = None, hub: str | Non
                 return BuildResult(old, record, True, time.perf_counter() - t0)
         except HubError:
             pass  # unreadable record: build again
-    if pkg.entry_point:  # an image only has none
-        check_entry_point(pkg)
-    base, system, base_layers, image = _base(pkg, cache, hub)
     say = log or (lambda msg: None)
+    if pkg.entry_point:  # an image only has none
+        warning = check_entry_point(pkg)
+        if warning:
+            say(warning)
+    base, system, base_layers, image = _base(pkg, cache, hub)
     throwaway: list[Snapshot] = []
     env_layer: LayerRef | None = None
     snapshots: dict[str, tuple[LayerRef, ...]] = {}
@@ -147,21 +149,26 @@ module, _, attr = entry.partition(":")
 cls = getattr(importlib.import_module(module), attr)
 try:
     env = cls(**args)
-except Exception as e:
+except TypeError as e:  # the call itself: a keyword the class (or its bases) does not take
     print(f"{type(e).__name__}: {e}", file=sys.stderr)
     sys.exit(3)
+except Exception as e:  # the constructor's own work (a hub, a service) may need what only make time has
+    print(f"{type(e).__name__}: {e}", file=sys.stderr)
+    sys.exit(4)
 getattr(env, "close", lambda: None)()
 """
 
 
-def check_entry_point(pkg: Package) -> None:
+def check_entry_point(pkg: Package) -> str | None:
     """The entry point must import and construct as ``gymnasium.make`` will: imported from the
     package's ``python`` folder (put on ``sys.path`` then) or from what is installed, never
     from the folder the build happens to run in, and called once with the keyword arguments
     make passes (``entry_kwargs``: the manifest's kwargs, ``image``, ``tasks_file``,
     ``private_dir``), then closed. Checked before the build, in a fresh interpreter run from
     an empty folder, so a missing ``python`` key or a class that does not take ``image=``
-    fails here, not at make time."""
+    (a ``TypeError`` of the call) fails here, not at make time. Any other error of the
+    constructor is returned as a warning: its work may need what only make time has (the
+    image published, a hub's tasks)."""
     import json
     import subprocess
     import sys
@@ -182,6 +189,9 @@ def check_entry_point(pkg: Package) -> None:
                          f"and that failed: {why}. An env class must accept its [env] kwargs and image= (the "
                          "package's sandbox image), and tasks_file= / private_dir= when the package has tasks / "
                          "private files (docs/env-contract.md)")
+    if r.returncode == 4:
+        return (f"warning: constructing {pkg.entry_point} as gymnasium.make will failed here ({why}); "
+                "if it needs only what make time brings (the published image, a hub), this is expected")
     if r.returncode:
         module = pkg.entry_point.partition(":")[0]
         where = (f"the package's python folder {pkg.python!r} or the installed packages" if pkg.python else
@@ -189,6 +199,7 @@ def check_entry_point(pkg: Package) -> None:
                  "in rockenv.toml")
         raise BuildError(f"{pkg.name}@{pkg.version}: entry_point {pkg.entry_point!r} does not import from {where}: "
                          f"{why}")
+    return None
 
 
 def _base(pkg: Package, cache: LocalCache, hub: str | None) -> tuple[str, str, tuple[LayerRef, ...], str]:

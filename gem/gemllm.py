@@ -102,7 +102,7 @@ def check_gem_llm_id(gem_id: str) -> None:
         close = difflib.get_close_matches(gem_id, list(registry), n=3)
         raise NameNotFound(f"{gem_id!r} is not an id of gem-llm's registry (gem.envs.registration.ENV_REGISTRY, "
                            f"{len(registry)} ids; `rockroll envs --gem-llm` lists them)"
-                           + (f"; close: {', '.join(GEM_PREFIX + c for c in close)}" if close else ""))
+                           + (f"; close: {', '.join(close)}" if close else ""))
 
 
 def gem_llm_ids() -> list[tuple[str, str | None]]:

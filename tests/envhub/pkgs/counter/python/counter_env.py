@@ -10,9 +10,9 @@ from rockroll.sandbox import SandboxSpec, open_sandbox
 class CounterEnv(GemEnv):
     """Answer with the number of lines in /opt/counter/data.txt."""
 
-    def __init__(self, *, image: str, tasks_file: str | None = None, **kwargs):
-        super().__init__(**kwargs)
-        self.image, self.tasks_file = image, tasks_file
+    def __init__(self, *, image: str, tasks_file: str | None = None, private_dir: str | None = None, **kwargs):
+        super().__init__(**kwargs)  # private_dir: what a package with `private` files is given
+        self.image, self.tasks_file, self.private_dir = image, tasks_file, private_dir
         self.tasks = [json.loads(l) for l in open(tasks_file)] if tasks_file else []
         self.answer = None
 
