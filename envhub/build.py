@@ -34,7 +34,7 @@ from rockroll.sandbox import SandboxError, SandboxSpec, Snapshot, open_sandbox
 from rockroll.sandbox.storage.layers import pack_layer, read_meta
 
 from .bases import debian_base_layer, docker_base_layer
-from .cache import LocalCache, _write_atomic
+from .cache import LocalCache, write_atomic
 from .errors import BuildError, HubError
 from .manifest import EnvManifest, LayerRef
 from .package import Package, entry_kwargs, load_package
@@ -127,7 +127,7 @@ def build(folder: str | Path, *, cache: LocalCache | None = None, hub: str | Non
         base=base, system=system, layers=(*base_layers, env_layer), entry_point=pkg.entry_point,
         kwargs=pkg.kwargs, gym_id=pkg.gym_id, tasks=pkg.tasks_dest, python=pkg.python_dest,
         snapshots=snapshots, source_digest=source, private=private)
-    _write_atomic(record, manifest.to_json())
+    write_atomic(record, manifest.to_json())
     return BuildResult(manifest, record, False, time.perf_counter() - t0)
 
 

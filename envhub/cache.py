@@ -34,7 +34,7 @@ def hub_id(url: str) -> str:
     return hashlib.sha256(url.encode()).hexdigest()[:16]
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(temp_name("write"))
     tmp.write_bytes(data)
@@ -51,7 +51,7 @@ class LocalCache:
     def hub_dir(self, url: str) -> Path:
         d = self.root / hub_id(url)
         if not (d / "url").exists():
-            _write_atomic(d / "url", url.encode())
+            write_atomic(d / "url", url.encode())
         return d
 
     def manifest_file(self, url: str, name: str, version: str) -> Path:
@@ -59,7 +59,7 @@ class LocalCache:
 
     def save_manifest(self, url: str, manifest: EnvManifest) -> None:
         self.hub_dir(url)
-        _write_atomic(self.manifest_file(url, manifest.name, manifest.version), manifest.to_json())
+        write_atomic(self.manifest_file(url, manifest.name, manifest.version), manifest.to_json())
 
     def load_manifest(self, url: str, name: str, version: str) -> EnvManifest | None:
         path = self.manifest_file(url, name, version)
@@ -70,7 +70,7 @@ class LocalCache:
         return EnvManifest.from_json(raw, str(path))
 
     def save_listing(self, url: str, listing: dict[str, dict[str, bool]]) -> None:
-        _write_atomic(self.hub_dir(url) / "listing.json", json.dumps(listing, sort_keys=True).encode())
+        write_atomic(self.hub_dir(url) / "listing.json", json.dumps(listing, sort_keys=True).encode())
 
     def load_listing(self, url: str) -> dict[str, dict[str, bool]]:
         """The last listing seen, plus every cached manifest (so an env pulled by exact

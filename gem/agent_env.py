@@ -58,7 +58,7 @@ from rockroll.sandbox.sync import run_sync
 from .actions import Action
 from .agents import AgentSpec, agent_spec
 from .core import InfraError, TokenReply, truncate_observation
-from .tools import MAX_WARM_POOLS, SandboxToolEnv, _on_engine_loop
+from .tools import MAX_WARM_POOLS, SandboxToolEnv, on_engine_loop
 
 __all__ = ["TASK_SETS", "AgentEnv", "render_chatml", "shared_model_service"]
 
@@ -373,7 +373,7 @@ class AgentEnv(SandboxToolEnv):
         await self._lease.give_back()
 
     async def aclose(self) -> None:
-        await _on_engine_loop(self._close())
+        await on_engine_loop(self._close())
 
     def close(self) -> None:
         run_sync(self._close())

@@ -64,7 +64,7 @@ from rockroll.sandbox import AsyncSandbox, SandboxSpec
 
 from .actions import TOOL_FORMATS, Action
 from .core import truncate_observation
-from .tools import ENV_DIR, Evaluation, SandboxToolEnv, _release_quietly, select_tasks
+from .tools import ENV_DIR, Evaluation, SandboxToolEnv, release_quietly, select_tasks
 
 __all__ = ["ENTRY_POINT", "PLUGIN", "REPORT_PLUGIN", "SWEEnv", "SWETask", "hub_swe_tasks", "load_swe_tasks",
            "grading_command", "pytest_command", "arm_report", "fetch_report", "read_report", "task_from_record",
@@ -507,7 +507,7 @@ class SWEEnv(SandboxToolEnv):
         try:
             return await self._grade(grader, task, patch, dropped, ignore)
         finally:
-            await _release_quietly(self._lease.pool, grader)
+            await release_quietly(self._lease.pool, grader)
 
     async def _grade(self, sb: AsyncSandbox, task: SWETask, patch: str, dropped: list[str], ignore: set[str]
                      ) -> Evaluation:

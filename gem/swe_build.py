@@ -50,7 +50,7 @@ from typing import Callable, Sequence
 from rockroll.sandbox import AsyncSandbox, SandboxSpec
 
 from .agents import AgentSpec
-from .swe import (TASKS_FILE, SWETask, agent_tasks, agent_variant, arm_report, fetch_report, is_graded_path,
+from .swe import (TASKS_FILE, agent_tasks, agent_variant, arm_report, fetch_report, is_graded_path,
                   load_swe_tasks, pull_agent_tasks, pytest_command)
 from .swe_mutate import KINDS, Mutation, find_mutations, unified_diff
 

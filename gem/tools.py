@@ -155,7 +155,7 @@ async def close_pools() -> None:
     await asyncio.gather(*(pool.close() for pool in pools), *list(_CLOSING), return_exceptions=True)
 
 
-async def _on_engine_loop(coro: Coroutine[Any, Any, T]) -> T:
+async def on_engine_loop(coro: Coroutine[Any, Any, T]) -> T:
     """Await ``coro`` on the engine's loop, hopping there if we run on another loop."""
     loop = background_loop()
     if asyncio.get_running_loop() is loop:
@@ -163,7 +163,7 @@ async def _on_engine_loop(coro: Coroutine[Any, Any, T]) -> T:
     return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
 
 
-async def _release_quietly(pool: AsyncSandboxPool, sb: AsyncSandbox) -> None:
+async def release_quietly(pool: AsyncSandboxPool, sb: AsyncSandbox) -> None:
     # A sandbox that cannot even be closed is the engine's business (its atexit reaps it);
     # a finalizer or a reset must not fail because of it.
     with contextlib.suppress(SandboxError):
@@ -187,7 +187,7 @@ class _Lease:
         pool, sb = self.pool, self.sandbox
         self.sandbox = None
         if pool is not None and sb is not None:
-            await _release_quietly(pool, sb)
+            await release_quietly(pool, sb)
 
     def give_back_soon(self) -> None:
         """From a finalizer, on any thread (the engine's own included): schedule, never block."""
@@ -197,7 +197,7 @@ class _Lease:
             return
         loop = background_loop()
         with contextlib.suppress(RuntimeError):  # loop closed at interpreter exit: atexit reaps
-            loop.call_soon_threadsafe(lambda: loop.create_task(_release_quietly(pool, sb)))
+            loop.call_soon_threadsafe(lambda: loop.create_task(release_quietly(pool, sb)))
 
 
 # ---- results -----------------------------------------------------------------------------
@@ -377,19 +377,19 @@ class SandboxToolEnv(GemEnv):
     # ---- the async core --------------------------------------------------------------------
     async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
         """Async ``reset`` (same contract)."""
-        return await _on_engine_loop(self._areset(seed, options))
+        return await on_engine_loop(self._areset(seed, options))
 
     async def astep(self, action: str) -> tuple[str, float, bool, bool, dict]:
         """Async ``step`` (same contract)."""
-        return await _on_engine_loop(self._astep(action))
+        return await on_engine_loop(self._astep(action))
 
     async def asave_state(self) -> dict[str, Any]:
         """Async ``save_state`` (same contract)."""
-        return await _on_engine_loop(self._asave_state())
+        return await on_engine_loop(self._asave_state())
 
     async def aclose(self) -> None:
         """Async ``close``: give the sandbox back to the pool. Idempotent."""
-        await _on_engine_loop(self._lease.give_back())
+        await on_engine_loop(self._lease.give_back())
 
     async def _capture(self, coro: Coroutine[Any, Any, Any]) -> Any:
         """Await ``coro``; an infra failure becomes the value, for the base to report."""

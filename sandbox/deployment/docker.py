@@ -44,7 +44,6 @@ import hashlib
 import importlib.util
 import os
 import shutil
-import subprocess
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING

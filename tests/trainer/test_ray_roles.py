@@ -107,7 +107,7 @@ def test_train_dispatches_to_ray_and_resumes(tmp_path, local_ray):
 def test_two_workers_two_generators_collective_sync(tmp_path, local_ray):
     ray = local_ray
     from rockroll.trainer.roles.ray import GROUP_ID_BLOCK, merge_rollout_metrics, start_roles, worker_config
-    from rockroll.trainer.rollout.manager import _mix
+    from rockroll.trainer.rollout.manager import mix_seeds
 
     cfg = run_config(tmp_path, ray={"enabled": True, "num_env_workers": 2, "num_generators": 2,
                                     "weight_sync": "collective"})
@@ -132,7 +132,7 @@ def test_two_workers_two_generators_collective_sync(tmp_path, local_ray):
         for i, (groups, _) in enumerate(results):
             wseed = worker_config(cfg, i).seed
             for g in groups:
-                first_turns = {_mix(_mix(wseed, g.group_id, k), 0) for k in range(3)}
+                first_turns = {mix_seeds(mix_seeds(wseed, g.group_id, k), 0) for k in range(3)}
                 assert all(first_turns & s for s in served), (g.group_id, served)
         merged = merge_rollout_metrics(results, 0)
         assert merged["rollout/samples"] == 6 and merged["rollout/groups_done"] == 2

@@ -81,7 +81,7 @@ class TorchPolicy:
         self.optimizer.load_state_dict(state["optimizer"])
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -99,7 +99,7 @@ class DeepSpeedPolicy:
         except ImportError as e:
             raise RuntimeError("engine.kind=deepspeed needs the train extra: pip install 'rockroll[train]'") from e
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
         os.environ.setdefault("RANK", "0")
         os.environ.setdefault("LOCAL_RANK", "0")
         os.environ.setdefault("WORLD_SIZE", "1")

@@ -50,7 +50,7 @@ from ..engines.sampling import SamplingParams
 from ..engines.weight_sync import Manifest, WeightGroup, checksum, manifest
 from ..models import build_model, load_tokenizer
 from ..rollout.curriculum import initialized_metrics
-from ..rollout.manager import _mix, batch_metrics
+from ..rollout.manager import mix_seeds, batch_metrics
 from ..rollout.reward import RemoteReward, RewardRole
 from ..rollout.types import Group
 from .base import Roles
@@ -91,7 +91,7 @@ def worker_config(cfg: TrainConfig, index: int) -> TrainConfig:
     and sampling seeds. Worker 0 keeps ``cfg.seed``: one worker draws what the local loop does."""
     n, bg = cfg.ray.num_env_workers, cfg.rollout.batch_groups
     share = bg // n + (index < bg % n)
-    return dataclasses.replace(cfg, seed=cfg.seed if index == 0 else _mix(cfg.seed, index),
+    return dataclasses.replace(cfg, seed=cfg.seed if index == 0 else mix_seeds(cfg.seed, index),
                                rollout=dataclasses.replace(cfg.rollout, batch_groups=share))
 
 
@@ -111,9 +111,9 @@ class _Placed:
 
 def _master_address() -> tuple[str, int]:
     """A free port on this node: rank 0's rendezvous for a data-parallel trainer."""
-    from ..engines.policy import _free_port
+    from ..engines.policy import free_port
 
-    return _node_ip(), _free_port()
+    return _node_ip(), free_port()
 
 
 class _Generator(_Placed):
@@ -360,9 +360,9 @@ class RayTrainer:
 def merge_rank_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
     """One step's metrics over the data-parallel ranks: the losses are each rank's share of
     the batch's (summed), the rest (grad norm, ratios' statistics) averaged."""
-    from .update import _ADDITIVE, _combine
+    from .update import ADDITIVE_METRICS, combine_metrics
 
-    return _combine(parts, _ADDITIVE)
+    return combine_metrics(parts, ADDITIVE_METRICS)
 
 
 class Remote:

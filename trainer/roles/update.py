@@ -229,10 +229,10 @@ def compute_loss(a: AlgorithmConfig, logp, old_logp, adv, batch: Batch, ref_logp
 
 
 # Each micro-batch's loss is its share of the mini-batch's: these add up, other metrics average.
-_ADDITIVE = ("loss/pg", "loss/kl", "loss/value", "loss/total", "loss/entropy", "loss/entropy_bonus")
+ADDITIVE_METRICS = ("loss/pg", "loss/kl", "loss/value", "loss/total", "loss/entropy", "loss/entropy_bonus")
 
 
-def _combine(parts: list[dict[str, float]], additive=()) -> dict[str, float]:
+def combine_metrics(parts: list[dict[str, float]], additive=()) -> dict[str, float]:
     return {k: sum(p[k] for p in parts) / (1 if k in additive else len(parts)) for k in parts[0]}
 
 
@@ -313,8 +313,8 @@ def update_policy(policy, a: AlgorithmConfig, batch: Batch, temperature: float,
                                          entropy_mask=None if disagree is None else mb.mask & ~disagree[idx])
                 policy.backward(loss * world, last=i == len(parts) - 1)
                 micro_metrics.append(met)
-            steps.append({**_combine(micro_metrics, _ADDITIVE), "grad_norm": policy.step()})
-    metrics = _combine(steps)
+            steps.append({**combine_metrics(micro_metrics, ADDITIVE_METRICS), "grad_norm": policy.step()})
+    metrics = combine_metrics(steps)
     if agree is not None:
         metrics["asyppo/adv_masked_frac"] = A.masked_mean(agree.float(), batch.mask).item()
         metrics["asyppo/entropy_excluded_frac"] = A.masked_mean(disagree.float(), batch.mask).item()

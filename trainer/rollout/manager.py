@@ -145,7 +145,7 @@ def request_ids(tokenizer: Any, kind: str, messages: list[dict] | None, tools: l
     return list(ids if isinstance(ids, list) else ids["input_ids"])  # a BatchEncoding in newer transformers
 
 
-def _mix(*xs: int) -> int:
+def mix_seeds(*xs: int) -> int:
     """A 62-bit seed from integers (stable across processes, unlike hash())."""
     h = 0x9E3779B97F4A7C15
     for x in xs:
@@ -308,7 +308,7 @@ async def run_episode(env: Any, template: PromptTemplate, gen: BatchingGenerator
                 trace.append((state, len(s.token_ids), len(s.transcript)))
             gen.active -= 1  # waiting on generation counts as "not about to send a request"
             try:
-                out, version = await gen.generate(s.token_ids, _mix(sample_seed, turn))
+                out, version = await gen.generate(s.token_ids, mix_seeds(sample_seed, turn))
             finally:
                 gen.active += 1
             s.versions.append(version)
@@ -426,7 +426,7 @@ class RolloutManager:
         # ("first") or on a random batch_groups of them once all are in ("quorum", no length bias)
         self.spare, self.quorum = r.spare_groups, r.spare_selection == "quorum"
         self.max_groups = r.max_concurrent_groups or self.bg * (self.alpha + 1) + self.spare
-        self._pick_rng = random.Random(_mix(cfg.seed, 0x5BA7E))  # quorum's pick; self.rng draws tasks
+        self._pick_rng = random.Random(mix_seeds(cfg.seed, 0x5BA7E))  # quorum's pick; self.rng draws tasks
         self.finished = [0, 0.0, 0.0]  # groups finished (trained or not), sums of their mean turns and reward
         fp = cfg.algorithm.format_penalty
         self.env_factory = env_factory or (lambda spec: make_env(spec, fp))
@@ -602,7 +602,7 @@ class RolloutManager:
             try:
                 task = tasks[j % len(tasks)] if tasks else None
                 s = await run_episode(
-                    env, self.template, self.gen, seed=_mix(seed, j), task_id=task, sample_seed=_mix(seed + 1, j),
+                    env, self.template, self.gen, seed=mix_seeds(seed, j), task_id=task, sample_seed=mix_seeds(seed + 1, j),
                     max_turns=cfg.rollout.max_turns, max_seq_len=cfg.rollout.max_seq_len,
                     max_new_tokens=cfg.generation.max_new_tokens, executor=self._env_exec)
                 s.env_id = spec.id
@@ -720,7 +720,7 @@ class RolloutManager:
         async def episode(i: int, env: Any) -> tuple[Sample, list | None]:
             turns = [] if trace else None
             s = await run_episode(
-                env, self.template, self.gen, seed=seed, task_id=task, sample_seed=_mix(cfg.seed, gid, i),
+                env, self.template, self.gen, seed=seed, task_id=task, sample_seed=mix_seeds(cfg.seed, gid, i),
                 max_turns=cfg.rollout.max_turns, max_seq_len=cfg.rollout.max_seq_len,
                 max_new_tokens=cfg.generation.max_new_tokens, executor=self._env_exec, start=start, trace=turns)
             s.env_id = spec.id

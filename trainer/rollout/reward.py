@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 from ..config import ConfigError, JudgeConfig, TrainConfig
 from ..engines.sampling import SamplingParams
-from .manager import BatchingGenerator, _mix, request_ids
+from .manager import BatchingGenerator, mix_seeds, request_ids
 from .types import Sample
 
 __all__ = ["RemoteReward", "RewardRole", "episode_fields", "parse_score"]
@@ -204,7 +204,7 @@ class RewardRole:
         if self._sem is None:
             self._sem = asyncio.Semaphore(j.max_concurrency)
         self._calls += 1
-        seed = _mix(self.seed, self._calls)
+        seed = mix_seeds(self.seed, self._calls)
         async with self._sem:
             self.counters["judge_calls"] += 1
             try:
