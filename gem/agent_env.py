@@ -239,6 +239,7 @@ class AgentEnv(SandboxToolEnv):
     def record_calls(self, path: str | os.PathLike) -> None:
         """Append the record of every model call this env's service answers to ``path`` (JSONL,
         the schema of docs/modelservice.md): ``rockroll train`` names ``<logging.dir>/model_calls.jsonl``."""
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
         self.service.recorder.path = Path(path)
 
     # ---- where and how tasks run: the task set's ------------------------------------------

@@ -234,7 +234,7 @@ class EnvWorker:
         if reward is None and cfg.reward.active:
             reward = RewardRole(cfg, tokenizer)
         self.mgr = RolloutManager(cfg, engine, PromptTemplate(tokenizer, cfg.tokenizer), env_factory=env_factory,
-                                  reward=reward)
+                                  reward=reward, call_records=Path(cfg.logging.dir) / "model_calls.jsonl")
         self.mgr.next_gid = first_group_id
 
     def start(self, version: int, state: dict[str, Any] | None = None) -> None:

@@ -418,8 +418,10 @@ class RolloutManager:
     """
 
     def __init__(self, cfg: TrainConfig, engine: Any, template: PromptTemplate, *,
-                 env_factory: Callable[[EnvConfig], Any] | None = None, reward: Any = None):
+                 env_factory: Callable[[EnvConfig], Any] | None = None, reward: Any = None,
+                 call_records: str | Path | None = None):
         self.cfg, self.engine, self.template = cfg, engine, template
+        self.call_records = call_records  # where an agent env's model calls are recorded (a training run's)
         r = cfg.rollout
         self.G, self.r, self.alpha, self.bg = r.group_size, r.redundant, r.async_ratio, r.batch_groups
         # spare groups: started beyond what a step needs; a step trains on the first to finish
@@ -805,10 +807,10 @@ class RolloutManager:
 
     def _make_env(self, spec: EnvConfig) -> Any:
         """An env for ``spec``; one that answers model calls (an agent env) records them in
-        the run's folder, ``<logging.dir>/model_calls.jsonl``."""
+        ``call_records`` (a training run's: ``<logging.dir>/model_calls.jsonl``)."""
         env = self.env_factory(spec)
-        if hasattr(env, "record_calls"):
-            env.record_calls(Path(self.cfg.logging.dir) / "model_calls.jsonl")
+        if self.call_records is not None and hasattr(env, "record_calls"):
+            env.record_calls(self.call_records)
         return env
 
     def _infra_dropped(self, spec: EnvConfig, task: Any, error: str) -> None:
