@@ -28,7 +28,14 @@ from _common import print_table, sigterm_as_exit, stats, write_json  # noqa: E40
 from _services import MotoServer  # noqa: E402
 
 BUCKET = "rockroll-bench"
-ENV_ID = "rock/Math-v0"  # the package names this built-in env's entry point
+# The throw-away package's env: a GEM env that takes the image gymnasium.make passes
+BENCH_ENV = """from rockroll.gem.mathenv import MathEnv
+
+
+class BenchEnv(MathEnv):
+    def __init__(self, *, image=None, **kwargs):
+        super().__init__(**kwargs)
+"""
 HUB_IMAGE = "hub:bench@1.0.0"
 # What bench/results/hub.json holds (tests/test_bench_smoke.py checks every run against it):
 # a list's rows by their first column, in order (a row's label starts with its name); a
@@ -68,7 +75,6 @@ def main() -> None:
     import rockroll  # noqa: F401 - installs the hub image scheme
     from rockroll.envhub import HubStore, LocalCache, build, publish, pull
     from rockroll.envhub.pull import forget
-    from rockroll.registry.builtin import BUILTIN_ENVS
     from rockroll.sandbox import SandboxSpec, open_sandbox
 
     moto = MotoServer()
@@ -78,11 +84,16 @@ def main() -> None:
         s3.create_bucket(Bucket=BUCKET)
         pkg = work / "pkg"
         pkg.mkdir()
+        # the package ships its entry point, as a user's does (the build constructs it as
+        # gymnasium.make will: it takes image=)
+        (pkg / "python").mkdir()
+        (pkg / "python" / "bench_env.py").write_text(BENCH_ENV)
         (pkg / "rockenv.toml").write_text(f'''name = "bench"
 version = "1.0.0"
 setup = ["head -c {args.mb}M /dev/urandom > /opt/blob"]
+python = "python"
 [env]
-entry_point = "{BUILTIN_ENVS[ENV_ID]}"
+entry_point = "bench_env:BenchEnv"
 ''')
         print(f"building a {args.mb} MiB env...", file=sys.stderr)
         t = time.perf_counter()

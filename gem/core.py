@@ -107,6 +107,10 @@ class TokenReply(str):
         reply.logprobs, reply.version = list(logprobs), version
         return reply
 
+    def __getnewargs_ex__(self) -> tuple[tuple[str], dict]:  # pickle and deepcopy keep the tokens
+        return (str(self),), {"prompt_ids": self.prompt_ids, "completion_ids": self.completion_ids,
+                              "logprobs": self.logprobs, "version": self.version}
+
 
 def truncate_observation(text: str, max_chars: int) -> str:
     """Return ``text`` cut to at most ``max_chars`` characters, keeping its head and tail.

@@ -53,7 +53,7 @@ def _config(tmp_path: Path, hub: str, env_id: str, steps: int) -> Path:
         "steps": steps, "seed": 0, "hubs": [hub],
         "model": {"hidden_size": 64, "num_layers": 1, "num_heads": 1, "intermediate_size": 64},
         "tokenizer": {"build_dir": str(tmp_path / "tok")},
-        "envs": [{"id": env_id, "kwargs": {"task_set": "corridor", "call_timeout": 120, "pool_size": 2},
+        "envs": [{"id": env_id, "kwargs": {"task_set": "corridor", "call_timeout": 30, "pool_size": 2},
                   "task_ids": ["right-1", "right-3"]}],
         "rollout": {"group_size": 2, "batch_groups": 1, "max_turns": 5, "batch_wait_ms": 50},
         "algorithm": {"name": "grpo", "dynamic_sampling": False},

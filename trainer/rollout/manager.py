@@ -319,7 +319,7 @@ async def run_episode(env: Any, template: PromptTemplate, gen: BatchingGenerator
             if agent:  # the model call is answered with the tokens the sample trains on
                 reply = TokenReply(reply, prompt_ids=s.token_ids[:len(s.token_ids) - len(out.token_ids)],
                                    completion_ids=out.token_ids, logprobs=out.logprobs, version=version)
-            s.transcript.append(["agent", reply])
+            s.transcript.append(["agent", str(reply)])  # the transcript holds plain text
             obs, reward, terminated, truncated, info = await _env_call(env, "step", executor, reply)
             s.transcript.append(["env", obs])
             s.num_turns += 1
