@@ -116,8 +116,11 @@ def test_a_silent_agent_stops_the_run_with_what_it_printed(tmp_path):
 def test_a_run_killed_with_live_sandboxes_leaves_none(tmp_path, sig):
     hub = _publish(tmp_path, "mover", "python3 /opt/mover/mover.py {task}")
     home = tmp_path / "home"
+    # SIGINT as a terminal's Ctrl-C finds it: handled (a suite started in the background, as by
+    # `nohup ... &`, hands its children SIGINT ignored, and Python then keeps it ignored)
     proc = subprocess.Popen([str(BIN / "rockroll"), "train", str(_config(tmp_path, hub, "rock/agent-mover-v1", 1000))],
-                            cwd=tmp_path, env=_env(home), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            cwd=tmp_path, env=_env(home), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 300
         while not _sandboxes(home):

@@ -136,8 +136,10 @@ def test_sigterm_and_ctrl_c_clean_up():
     for sig in (signal.SIGTERM, signal.SIGINT):
         script = ("import time\nfrom rockroll.sandbox import open_sandbox\nfrom rockroll.sandbox.deployment.reaper import current_run\n"
                   "sb = open_sandbox()\nprint(current_run().run_id, flush=True)\ntime.sleep(100)\n")
+        # SIGINT default, as a terminal's Ctrl-C finds it (a suite started in the background hands
+        # its children SIGINT ignored, and Python keeps it so)
         proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=os.environ)
+                                text=True, env=os.environ, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         run_id = proc.stdout.readline().strip()
         proc.send_signal(sig)
         # a bound on a hang, not a timing: full-suite runs on a busy 2-core host took over 30 s
