@@ -69,15 +69,19 @@ class LatencyEnv(GemEnv):
 
 class TwoStepEnv(GemEnv):
     """Turn 1 asks for ``first``, turn 2 for ``second``; each right answer earns 0.5 (the episode
-    always plays both turns: truncated after the second). Success: both right."""
+    always plays both turns: truncated after the second). Success: both right. A task id
+    ``"First-Second"`` (e.g. ``"Left-Up"``) names the two words instead, so that a policy
+    trained on some pairs can be evaluated on pairs it never saw (it must read the word off
+    each turn's observation)."""
 
     def __init__(self, *, first: str = "Up", second: str = "Down", format_penalty: float = 0.0):
         super().__init__(max_turns=2, format_penalty=format_penalty)
-        self.targets = (first, second)
+        self.default = self.targets = (first, second)
         self.right = 0
 
     def _reset(self, task_id, options):
         self.right = 0
+        self.targets = tuple(str(task_id).split("-", 1)) if task_id is not None else self.default
         return f"Say {self.targets[0]}.", {"success": False}
 
     def _step(self, action: str):
