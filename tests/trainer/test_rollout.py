@@ -17,7 +17,7 @@ from rockroll.trainer.rollout.manager import (
     InfraErrorStreak, PromptTemplate, RolloutManager, ZeroAdvantageError, filter_stale, zero_advantage,
 )
 from rockroll.trainer.envs import make_env
-from _synthetic import LatencyEnv
+from _synthetic import LatencyEnv, TwoStepEnv
 from _scripted import RecordingEngine, ScriptEngine, first_batch, recording_resets
 from rockroll.trainer.roles.update import collate, token_logp
 
@@ -312,6 +312,19 @@ def test_dynamic_sampling_with_per_turn_credit_keeps_groups_whose_turns_differ(t
     turns = [[tuple(s.turn_rewards) for s in g.samples] for g in groups]
     assert all(len(set(t)) > 1 for t in turns), turns  # no kept group has zero advantage
     assert any(len({s.reward for s in g.samples}) == 1 for g in groups), turns  # some tie on the sum
+
+
+def test_two_step_env_task_names_its_two_words():
+    """A task id "First-Second" sets the words each turn asks for (scripts/compare_credit.py trains
+    on some pairs and evaluates on held-out ones); without one, the constructor's pair."""
+    env = TwoStepEnv(first="Up", second="Down")
+    obs, _ = env.reset(options={"task_id": "Left-Up"})
+    assert obs == "Say Left."
+    obs, r, *_ = env.step("Left")
+    assert (obs, r) == ("Now say Up.", 0.5)
+    *_, info = env.step("Down")  # the constructor's second word is not this task's
+    assert info["success"] is False
+    assert env.reset()[0] == "Say Up." and env.step("Up")[:2] == ("Now say Down.", 0.5)
 
 
 def test_zero_advantage_with_per_turn_credit_compares_every_turn():
