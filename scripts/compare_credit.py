@@ -65,8 +65,8 @@ def run(algorithm: dict, seed: int, steps: int, every: int, episodes: int) -> li
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=80)
-    ap.add_argument("--every", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--every", type=int, default=15)
     ap.add_argument("--episodes", type=int, default=128, help="eval episodes per evaluation (32 per held-out task)")
     ap.add_argument("--only", nargs="*", default=None,
                     help="run only these names of RUNS, keeping the others' results already in PATH.json")
@@ -108,13 +108,16 @@ def main() -> None:
         for name in (n for n in names if n in results):
             pts = results[name]["points"]
             x = [p["step"] for p in pts]
-            ax.plot(x, [p["success"] for p in pts], marker="o", label=name)
-            ax.fill_between(x, [p["wilson95"][0] for p in pts], [p["wilson95"][1] for p in pts], alpha=0.2)
-        ax.set_title(f"{title} ({args.seeds} seeds, eval success, Wilson 95 %)")
+            line, = ax.plot(x, [p["success"] for p in pts], marker="o", label=name)
+            ax.fill_between(x, [p["wilson95"][0] for p in pts], [p["wilson95"][1] for p in pts], alpha=0.2,
+                            color=line.get_color())
+            for i in range(len(pts[0]["success_per_seed"])):  # each seed, thin: the spread the band does not show
+                ax.plot(x, [p["success_per_seed"][i] for p in pts], lw=0.8, alpha=0.35, color=line.get_color())
+        ax.set_title(f"{title}: held-out tasks, {args.seeds} seeds", fontsize=10)
         ax.set_xlabel("step")
         ax.set_ylim(-0.02, 1.02)
         ax.legend(fontsize=8, loc="lower right")
-    axes[0].set_ylabel("eval success rate (both turns right)")
+    axes[0].set_ylabel("eval success (both turns right): pooled, Wilson 95 %; thin: per seed", fontsize=8)
     fig.tight_layout()
     fig.savefig(out.with_suffix(".png"), dpi=110)
 
