@@ -150,7 +150,9 @@ def ipa_mask(old_logp: Tensor, behav_logp: Tensor, mask: Tensor, threshold: floa
     One-sided, and on the *proximal* policy pi_old against the generator mu (``behav_logp``),
     never on the moving pi_theta: a turn the generator sampled far less likely than the trainer's
     policy would (a stale async sample or a generator/trainer mismatch) is dropped whole.
-    ROLL's IPA example uses H = 5.
+    H = 5 by default, the value issue #40 quotes from ROLL's IPA example. ROLL's code
+    (``train_infer_corrections``) filters the same segment-level geometric mean two-sided,
+    ``ratio_low <= . <= ratio_high``; this is its ``ratio_low: 0``.
     """
     m = mask.bool()
     gap = chunk_ratios(old_logp.detach(), behav_logp.detach(), m)
@@ -204,6 +206,12 @@ def ipa_loss(logp: Tensor, old_logp: Tensor, behav_logp: Tensor, returns: Tensor
     with ``agg``: a masked chunk still counts in the denominator (zero loss, like a PPO token
     whose clipped branch carries no gradient). Metrics: chunk_mask_frac (response tokens
     masked), neg_weight_mean (sg(clip(rho, 0, 1)) over negative chunks' tokens), ratio_mean.
+
+    ROLL's agentic actor with ``ratio_type: segment`` and ``pg_variant: topr`` computes the
+    same, except that it splits positive from negative by the episode score (> 0 / <= 0)
+    rather than by the sign of G_c: identical under :func:`ipa_returns` (gamma > 0, so
+    sign G_c = sign R; R = 0 gives zero loss either way), not under
+    :func:`ipa_group_returns`, whose G_c is an advantage.
     """
     m = mask.bool()
     rho = chunk_ratios(logp.detach(), old_logp.detach(), m)
