@@ -228,6 +228,52 @@ def test_ipa_end_to_end_from_logits():
     assert all(isinstance(v, float) and math.isfinite(v) for v in metrics.values())
 
 
+def test_ipa_matches_rolls_topr_on_segment_ratios():
+    """docs/trainer.md's line-by-line claim: with absolute returns, ``ipa_returns`` + ``ipa_loss``
+    give ROLL's agentic ``pg_variant: topr`` with ``ratio_type: segment`` (positive / negative by
+    the episode *score*, not the return's sign), the score on the last token discounted per
+    segment, segments whose geometric mean of pi_old / mu is outside [0, H] filtered, the loss
+    divided by the token count before the filter. ROLL's form is written out here token by
+    token: the gradients must agree on every token."""
+    gen = torch.Generator().manual_seed(1)
+    mask = t([[1, 1, 0, 1, 0, 1, 1], [0, 1, 1, 0, 1, 1, 0], [1, 0, 1, 1, 1, 0, 1]])
+    score, gamma, H = t([1.0, -1.0, 0.0]), 0.9, 1.3
+    logp = (0.3 * torch.randn(3, 7, generator=gen) - 1.0).requires_grad_()
+    old = logp.detach() + 0.3 * torch.randn(3, 7, generator=gen)
+    mu = old + 0.4 * torch.randn(3, 7, generator=gen)
+    # the negative episode: one chunk pi_theta rose on (ratio e^0.5, truncated to 1), one it fell on
+    old[1, 1:3], old[1, 4:6] = logp.detach()[1, 1:3] - 0.5, logp.detach()[1, 4:6] + 0.5
+    mu[1] = old[1]  # neither masked
+    loss, metrics = ipa_loss(logp, old, mu, ipa_returns(score, mask, gamma), mask, threshold=H)
+    loss.backward()
+    ours = logp.grad.clone()
+
+    lp = logp.detach().clone().requires_grad_()
+    m = mask.bool()
+    roll_loss = torch.zeros(())
+    for b in range(3):
+        segs, start = [], None  # runs of 1s, as compute_segment_masked_mean finds them
+        for i in range(8):
+            on = i < 7 and bool(m[b, i])
+            if on and start is None:
+                start = i
+            if not on and start is not None:
+                segs.append(range(start, i))
+                start = None
+        G = 0.0
+        for k, seg in reversed(list(enumerate(segs))):  # compute_agentic_reinforce_return
+            G = (float(score[b]) if k == len(segs) - 1 else 0.0) + gamma * G
+            idx = list(seg)
+            ratio = (lp[b, idx] - old[b, idx]).mean().exp()
+            if (old[b, idx] - mu[b, idx]).mean().exp() > H:  # the segment filter, ratio_low 0
+                continue
+            w = 1.0 if score[b] > 0 else ratio.clamp(0, 1).detach()
+            roll_loss = roll_loss - (w * G * lp[b, idx]).sum()
+    (roll_loss / m.sum()).backward()  # token-mean over the pre-filter response tokens
+    close(ours, lp.grad.tolist())
+    assert 0 < metrics["chunk_mask_frac"] < 1  # the filter acted on some chunk, not on all
+
+
 # --------------------------------------------------------------------------- boundaries
 # Each test below pins a boundary that a mutant of credit.py could move unnoticed
 # (docs/testing.md, "Mutation score").
