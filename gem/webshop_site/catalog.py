@@ -235,7 +235,7 @@ def make_goal(products: list[dict], task_id: int, seed: int = 0) -> dict:
     elif template == 2:
         text = f"find me {attrs} {product['query']}"
     else:
-        text = f"i want to buy a {noun} that is {attrs}"
+        text = f"i want {noun} with {attrs}"
     option_text = ", and ".join(f"{k}: {v}" for k, v in goal_options.items())
     text += f" with {option_text}" if option_text else ""
     if price_upper < 1_000_000:

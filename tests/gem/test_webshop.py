@@ -290,3 +290,43 @@ def test_64_envs_at_once_on_the_local_backend():
         assert done.all() and rewards.mean() >= 0.95, rewards
     finally:
         vec.close()
+
+
+def test_expert_makes_sft_data_through_the_sft_stages_protocol(tmp_path):
+    """``rockroll sft``'s expert source plays WebShop with its expert: every episode buys, and
+    the assistant's tokens are the expert's actions."""
+    from rockroll.trainer.config import EnvConfig, load_config
+    from rockroll.trainer.envs import make_env
+    from rockroll.trainer.models import load_tokenizer
+    from rockroll.trainer.rollout.manager import PromptTemplate
+    from rockroll.trainer.rollout.sft_data import expert_examples
+
+    spec = EnvConfig(id="rock/WebShop-v0", task_ids=[500, 501, 502])
+    tok = load_tokenizer(load_config({"tokenizer": {"kind": "bpe"}}).tokenizer, [spec], tmp_path)
+    template = PromptTemplate(tok, load_config({}).tokenizer)
+    examples = expert_examples(spec, template, make_env, episodes=3, epsilon=0.0, seed=0, max_turns=15)
+    assert [ex.success for ex in examples] == [True] * 3
+    said = tok.decode([t for t, m in zip(examples[0].token_ids, examples[0].mask) if m])
+    assert said.startswith("search[") and "click[Buy Now]" in said
+    noisy = expert_examples(spec, template, make_env, episodes=3, epsilon=0.3, seed=1, max_turns=15)
+    assert len(noisy) == 3
+
+
+def test_gem_llm_makes_it_as_rock_webshop():
+    import gem  # gem-llm (the test extra); rockroll registers its rock: ids on this import
+    from rockroll.gem.gemllm_plugin import RockEnv
+
+    env = gem.make("rock:WebShop-v0", split="test")
+    try:
+        assert isinstance(env, RockEnv)
+        obs, _ = env.reset(seed=0)
+        assert "[Search]" in obs and "Instruction:" in obs
+        core = env.env.unwrapped
+        reward = 0.0
+        for _ in range(15):
+            obs, reward, term, trunc, info = env.step(core.expert_action())
+            if term or trunc:
+                break
+        assert term and reward == 1.0 and "Thank you for shopping" in obs
+    finally:
+        env.close()
