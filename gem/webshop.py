@@ -53,29 +53,6 @@ ACCEPTED_FORMATS = [
 ]
 _ACTION = re.compile(r"\b(search|click)\[([^\[\]\n]+)\]", re.IGNORECASE)
 
-# Starts the shop unless it answers already, and waits until it does.
-_START_SH = r"""#!/bin/bash
-port=$1; shift
-ready() { (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null; }
-ready && exit 0
-cd /opt/webshop || exit 1
-setsid python3 -m webshop_site.server --port "$port" "$@" > /tmp/webshop-server.log 2>&1 < /dev/null &
-pid=$!
-for _ in $(seq 2400); do
-  ready && exit 0
-  kill -0 $pid 2>/dev/null || break
-  sleep 0.05
-done
-echo "the shop did not start:" >&2; cat /tmp/webshop-server.log >&2; exit 1
-"""
-# One HTTP/1.0 GET over bash's /dev/tcp: no curl needed in the image.
-_GET_SH = r"""#!/bin/bash
-exec 3<>/dev/tcp/127.0.0.1/$1 || exit 7
-printf 'GET %s HTTP/1.0\r\nHost: localhost\r\n\r\n' "$2" >&3
-cat <&3
-"""
-
-
 @dataclass(frozen=True)
 class WebShopTask:
     """A task: its integer id (the goal is drawn from it, :func:`.catalog.make_goal`)."""
@@ -201,9 +178,12 @@ _PREPARED: dict[str, str] = {}
 _PREPARING: dict[str, asyncio.Lock] = {}
 
 
+SITE_FILES = ("__init__.py", "catalog.py", "reward.py", "server.py", "start.sh", "get.sh")
+
+
 def _site_files() -> dict[str, str]:
     pkg = resources.files(__package__) / "webshop_site"
-    return {name: (pkg / name).read_text() for name in ("__init__.py", "catalog.py", "reward.py", "server.py")}
+    return {name: (pkg / name).read_text() for name in SITE_FILES}
 
 
 def _server_args(seed: int, num_products: int) -> str:
@@ -221,10 +201,8 @@ async def prepared_snapshot(spec: SandboxSpec, seed: int, num_products: int) -> 
         if key not in _PREPARED:
             sandbox = await AsyncSandbox.create(spec)
             try:
-                for name, text in _site_files().items():
+                for name, text in _site_files().items():  # (a hub image of this env has them already)
                     await sandbox.write_file(f"{SITE_DIR}/webshop_site/{name}", text)
-                await sandbox.write_file(f"{SITE_DIR}/start.sh", _START_SH, mode=0o755)
-                await sandbox.write_file(f"{SITE_DIR}/get.sh", _GET_SH, mode=0o755)
                 result = await sandbox.run(
                     f"cd {SITE_DIR} && python3 -m webshop_site.server {_server_args(seed, num_products)} --build-only",
                     timeout=600)
@@ -301,13 +279,13 @@ class WebShopEnv(SandboxToolEnv):
 
     async def _start_server(self, sandbox: AsyncSandbox) -> None:
         args = _server_args(self.catalog_seed, self.num_products)
-        result = await self._run(sandbox, f"bash {SITE_DIR}/start.sh {PORT} {args}", timeout=180, session=ENV_SESSION)
+        result = await self._run(sandbox, f"bash {SITE_DIR}/webshop_site/start.sh {PORT} {args}", timeout=180, session=ENV_SESSION)
         if not result.ok:
             raise InfraError(f"the shop did not start (exit {result.exit_code}): {result.stderr[-2000:]}")
 
     async def _get(self, url: str) -> Page:
         """GET ``url`` from the shop in the sandbox: a real HTTP request over its loopback."""
-        result = await self._run(self._lease.sandbox, f"bash {SITE_DIR}/get.sh {PORT} {shlex.quote(url)}",
+        result = await self._run(self._lease.sandbox, f"bash {SITE_DIR}/webshop_site/get.sh {PORT} {shlex.quote(url)}",
                                  timeout=self.step_timeout, session=ENV_SESSION)
         head, _, body = result.stdout.partition("\r\n\r\n")
         status = head.split(" ", 2)[1] if head.startswith("HTTP/") else ""

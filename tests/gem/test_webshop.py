@@ -330,3 +330,34 @@ def test_gem_llm_makes_it_as_rock_webshop():
         assert term and reward == 1.0 and "Thank you for shopping" in obs
     finally:
         env.close()
+
+
+def test_hub_package_ships_the_shop_with_its_database_built(tmp_path):
+    """gem/webshop_site is the hub package: its code in the image, the catalogue's database
+    built at build time, gymnasium.make('rock/webshop-v1') playing on that image."""
+    from importlib import resources
+
+    from rockroll.envhub.build import build
+    from rockroll.envhub.publish import publish
+    from rockroll.envhub.pull import pull
+    from rockroll.envhub.store import HubStore
+    from rockroll.registry.hub import register_hub
+    from rockroll.sandbox import SandboxSpec, open_sandbox
+
+    hub = f"file://{tmp_path / 'hub'}"
+    with resources.as_file(resources.files("rockroll.gem") / "webshop_site") as folder:
+        publish(build(folder, hub=hub).manifest, HubStore(hub))
+    assert "rock/webshop-v1" in register_hub(hub)
+    pull("webshop@1.0.0", hub=hub)  # the bare hub: ref below means this hub's env
+    with open_sandbox(SandboxSpec(image="hub:webshop@1.0.0")) as sb:
+        r = sb.run("cd /opt/webshop && ls webshop_site && python3 -c \"import sqlite3; "
+                   "print(sqlite3.connect('shop.db').execute('select count(*) from products').fetchone()[0])\"")
+        assert r.exit_code == 0 and {"server.py", "start.sh", "get.sh"} <= set(r.stdout.split()), r
+        assert r.stdout.split()[-1] == "3000"
+    env = gymnasium.make("rock/webshop-v1", split="test").unwrapped
+    try:
+        assert env.sandbox_spec.image == "hub:webshop@1.0.0"
+        reward, info = play(env, 42, lambda e, o: e.expert_action())
+        assert reward == 1.0 and env.sandbox.spec.image == "hub:webshop@1.0.0"
+    finally:
+        env.close()
