@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import numbers
 import re
 import shlex
 from dataclasses import dataclass
@@ -257,10 +258,13 @@ class WebShopEnv(SandboxToolEnv):
     # ---- tasks ------------------------------------------------------------------------------
     @staticmethod
     def _check_id(task_id: Any, field: str = "task_id") -> int:
-        if isinstance(task_id, bool) or not isinstance(task_id, int) or task_id < 0:
+        """``task_id`` as an int: ``TypeError`` for a non-integer, ``ValueError`` for a negative one."""
+        if isinstance(task_id, bool) or not isinstance(task_id, numbers.Integral):
             raise TypeError(f"{field}: a WebShop task id is an int >= 0 (ids 0..{TEST_TASKS - 1} are held out), "
-                            f"got {task_id!r}")
-        return task_id
+                            f"got a {type(task_id).__name__}: {task_id!r}")
+        if task_id < 0:
+            raise ValueError(f"{field}: a WebShop task id is an int >= 0, got {task_id}")
+        return int(task_id)
 
     @property
     def task_ids(self) -> list[int]:

@@ -260,6 +260,10 @@ def test_seeded_resets_draw_training_tasks_and_ids_are_checked():
         assert env.task.id == first
         with pytest.raises(TypeError, match="int >= 0"):
             env.reset(options={"task_id": "3"})
+        with pytest.raises(ValueError, match="int >= 0"):
+            env.reset(options={"task_id": -1})
+        env.reset(options={"task_id": np.int64(3)})
+        assert env.task.id == 3 and type(env.task.id) is int
     finally:
         env.close()
 
