@@ -283,7 +283,8 @@ class WebShopEnv(SandboxToolEnv):
 
     async def _start_server(self, sandbox: AsyncSandbox) -> None:
         args = _server_args(self.catalog_seed, self.num_products)
-        result = await self._run(sandbox, f"bash {SITE_DIR}/webshop_site/start.sh {PORT} {args}", timeout=180, session=ENV_SESSION)
+        result = await self._run(sandbox, f"bash {SITE_DIR}/webshop_site/start.sh {PORT} {args}", timeout=180,
+                                 session=ENV_SESSION)
         if not result.ok:
             raise InfraError(f"the shop did not start (exit {result.exit_code}): {result.stderr[-2000:]}")
 
@@ -343,13 +344,14 @@ class WebShopEnv(SandboxToolEnv):
             return self.page.text, 0.0, False, {"page": self.page.kind}
         reward, terms = self.grade(self.page.url)
         return self.page.text, reward, True, {"page": "done", "success": reward >= 1.0, "reward_terms": terms,
-                                              "purchased": self._purchase(self.page.url)[0]["asin"]}
+                                              "purchased": self._product_at(self.page.url)[0]["asin"]}
 
     def _invalid(self, why: str) -> tuple[str, float, bool, dict[str, Any]]:
         obs, reward, terminated, info = self._format_error(why, ACCEPTED_FORMATS)
         return f"{obs}\n\n{self.page.text}", reward, terminated, {**info, "page": self.page.kind}
 
-    def _purchase(self, url: str) -> tuple[dict, dict[str, str]]:
+    def _product_at(self, url: str) -> tuple[dict, dict[str, str]]:
+        """The product of an item or done page's url, and the options it carries."""
         parts = urlsplit(url)
         asin = parts.path.rstrip("/").rsplit("/", 1)[-1]
         opt = parse_qs(parts.query).get("opt", ["{}"])[-1]
@@ -357,7 +359,7 @@ class WebShopEnv(SandboxToolEnv):
 
     def grade(self, done_url: str) -> tuple[float, dict[str, Any]]:
         """WebShop's reward of the purchase a done page's url names, and its terms."""
-        product, options = self._purchase(done_url)
+        product, options = self._product_at(done_url)
         return get_reward(product, self.goal, product["price"], options)
 
     # ---- the expert -----------------------------------------------------------------------------
@@ -390,10 +392,9 @@ class WebShopEnv(SandboxToolEnv):
             if "next >" in page.clickables:
                 return "click[Next >]"
             return "click[Back to Search]"
-        product = self._purchase(page.url)[0]  # an item page
+        product, chosen = self._product_at(page.url)  # an item page: the product, the options chosen
         if product["asin"] != goal["asin"] and not self._fits(product):
             return "click[< Prev]"
-        _, chosen = self._purchase(page.url)
         for name, value in goal["goal_options"].items():
             if chosen.get(name) != value and value in product["options"].get(name, []):
                 return f"click[{value}]"
