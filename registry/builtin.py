@@ -22,6 +22,7 @@ BUILTIN_ENVS: dict[str, str] = {
     "rock/Terminal-v0": "rockroll.gem.terminal:TerminalEnv",
     "rock/Code-v0": "rockroll.gem.code:CodeEnv",
     "rock/Agent-v0": "rockroll.gem.agent_env:AgentEnv",
+    "rock/WebShop-v0": "rockroll.gem.webshop:WebShopEnv",
 }
 
 

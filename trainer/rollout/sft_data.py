@@ -7,7 +7,8 @@
   prompt, each reply and its stop token, each next turn), so SFT trains on the very token
   layout RL samples. ``epsilon``: the fraction of moves taken at random, so the data is
   imperfect as real data is. Experts: FrozenLake and Sokoban (shortest solutions,
-  :meth:`rockroll.gem.grid.FrozenLakeEnv.expert_action`, ``SokobanEnv.expert_action``).
+  :meth:`rockroll.gem.grid.FrozenLakeEnv.expert_action`, ``SokobanEnv.expert_action``) and
+  WebShop (:meth:`rockroll.gem.webshop.WebShopEnv.expert_action`).
 - **Model-service records** (:func:`record_examples`, ``records.jsonl``,
   docs/modelservice.md): token-exact, the recorded ``prompt_ids`` and ``completion_ids`` as
   they are when this tokenizer renders the recorded request to the same ``prompt_ids``;
