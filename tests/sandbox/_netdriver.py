@@ -1,0 +1,192 @@
+"""The host side of the network tests: run by ``_netlab.NetLab.run_host`` inside the lab's
+host namespace (never the machine's own). Makes sandboxes on the local backend, attacks
+from inside them as an agent would, and prints one JSON line of what happened and what
+was counted. ``python _netdriver.py LABDIR SCENARIO``."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import socket
+import sys
+import time
+from pathlib import Path
+
+from rockroll.sandbox import EgressPolicy, SandboxSpec, open_sandbox
+
+# Runs inside the sandbox (its python3): one probe per call, one line of result.
+PROBE = r'''
+import json, socket, ssl, sys, urllib.request
+kind, args = sys.argv[1], sys.argv[2:]
+def out(x): print(json.dumps(x)); sys.exit(0)
+try:
+    if kind == "resolve":
+        out(sorted({i[4][0] for i in socket.getaddrinfo(args[0], 80, socket.AF_INET, socket.SOCK_STREAM)}))
+    if kind == "http":  # url [Host header]
+        req = urllib.request.Request(args[0], headers={"Host": args[1]} if len(args) > 1 else {})
+        out(urllib.request.urlopen(req, timeout=5).read().decode())
+    if kind == "raw_http":  # ip port host: a request whose Host we choose, to an address we choose
+        s = socket.create_connection((args[0], int(args[1])), timeout=5)
+        s.sendall(f"GET / HTTP/1.0\r\nHost: {args[2]}\r\n\r\n".encode())
+        data = s.recv(4096)
+        out(data.decode(errors="replace") or "closed")
+    if kind == "tls":  # host (a name: resolved first) sni cafile
+        ctx = ssl.create_default_context(cafile=args[2])
+        if not args[1]: ctx.check_hostname = False
+        s = ctx.wrap_socket(socket.create_connection((args[0], 443), timeout=5), server_hostname=args[1] or None)
+        s.sendall(f"GET / HTTP/1.0\r\nHost: {args[1]}\r\n\r\n".encode())
+        data = b""
+        while chunk := s.recv(4096): data += chunk
+        out(data.decode(errors="replace").split("\r\n\r\n", 1)[-1])
+    if kind == "tcp":  # ip port: connect and read what comes back
+        s = socket.create_connection((args[0], int(args[1])), timeout=3)
+        s.sendall(b"hello\r\n\r\n")
+        out(s.recv(100).decode(errors="replace") or "closed")
+    if kind == "tcp6":
+        s = socket.create_connection((args[0], int(args[1])), timeout=3)
+        out("connected")
+    if kind == "udp":  # ip port: send, wait for a reply
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(2)
+        s.sendto(b"x", (args[0], int(args[1])))
+        out(s.recv(100).decode(errors="replace"))
+    if kind == "ping":
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP); s.settimeout(2)
+        s.sendto(b"\x08\x00\x00\x00\x00\x01\x00\x01pingdata", (args[0], 0))
+        out(s.recv(100).hex())
+    if kind == "raw":
+        socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP)
+        out("opened")
+    if kind == "listen":  # port: serve one line forever, in the background
+        import os
+        if os.fork() == 0:
+            os.setsid()
+            srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            srv.bind(("0.0.0.0", int(args[0]))); srv.listen()
+            while True:
+                c, _ = srv.accept(); c.sendall(b"from-the-sandbox"); c.close()
+        out("listening")
+except Exception as e:
+    out("error:" + type(e).__name__ + ":" + str(getattr(e, "errno", "") or ""))
+'''
+
+CA = "/workspace/ca.pem"
+
+
+def probe(sb, *args: str) -> object:
+    res = sb.run("python3 /workspace/probe.py " + " ".join(shlex.quote(a) for a in args), timeout=60)
+    try:
+        return json.loads(res.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return f"probe failed: {res.stdout} {res.stderr}"
+
+
+def prepare(sb, lab: Path) -> None:
+    sb.write_file("/workspace/probe.py", PROBE)
+    sb.write_file(CA, (lab / "ca.pem").read_bytes())
+
+
+def host_connect(ip: str, port: int) -> str:
+    try:
+        with socket.create_connection((ip, port), timeout=2) as s:
+            return s.recv(100).decode() or "closed"
+    except OSError as e:
+        return f"error:{type(e).__name__}"
+
+
+def restricted(lab: Path) -> dict:
+    """A sandbox with a host allow-list: what works, and each attack."""
+    policy = EgressPolicy(hosts=("allowed.test", "tls.test", "pypi.test", "rebind.test", "meta.test",
+                                 "hostaddr.test", "private.test", "*.wild.test"), ports=(80, 443))
+    r: dict = {}
+    with open_sandbox(SandboxSpec(network=True, egress=policy, memory_mb=512, timeout_s=60)) as sb:
+        prepare(sb, lab)
+        gw = sb.aio._deploy.link.gateway
+        r["resolv"] = sb.read_file("/etc/resolv.conf").decode()
+        r["allowed_http"] = probe(sb, "http", "http://allowed.test/")
+        r["wildcard_http"] = probe(sb, "http", "http://sub.wild.test/")
+        r["allowed_tls"] = probe(sb, "tls", "tls.test", "tls.test", CA)
+        pip = sb.run("python3 -m pip install -q --no-cache-dir --index-url http://pypi.test/simple/ "
+                     "--trusted-host pypi.test --target /workspace/site rrnetpkg && "
+                     "PYTHONPATH=/workspace/site python3 -c 'import rrnetpkg; print(rrnetpkg.VALUE)'", timeout=120)
+        r["pip"] = [pip.exit_code, pip.stdout.strip(), pip.stderr[-500:]]
+        steps = [  # (name, probe args, the reason it must be counted under)
+            ("dns_not_allowed", ("resolve", "other.test"), "dns"),
+            ("direct_ip", ("tcp", "203.0.113.20", "80"), "address"),
+            ("rebind_loopback", ("resolve", "rebind.test"), "rebinding"),
+            ("rebind_metadata", ("resolve", "meta.test"), "rebinding"),
+            ("rebind_host", ("resolve", "hostaddr.test"), "rebinding"),
+            ("rebind_private", ("resolve", "private.test"), "rebinding"),
+            ("host_header", ("raw_http", "allowed.test", "80", "other.test"), "http_host"),
+            ("sni", ("tls", "tls.test", "other.test", CA), "sni"),
+            ("no_sni", ("tls", "tls.test", "", CA), "sni"),
+            ("port", ("tcp", "203.0.113.10", "8080"), "port"),
+            ("metadata_ip", ("tcp", "169.254.169.254", "80"), "metadata"),
+            ("host_address", ("tcp", "198.51.100.1", "8111"), "host"),
+            ("gateway", ("tcp", gw, "8111"), "host"),
+            ("udp", ("udp", "203.0.113.10", "9999"), "udp"),
+            ("dns_bypass", ("udp", "198.51.100.2", "53"), "udp"),
+            ("icmp", ("ping", "203.0.113.10"), "icmp"),
+            ("ipv6", ("tcp6", "2001:db8::10", "80"), "ipv6"),
+        ]
+        r["attacks"] = {}
+        for name, args, reason in steps:
+            before = sb.network_stats()["denied"].get(reason, 0)
+            result = probe(sb, *args)
+            time.sleep(0.05)  # the proxy counts as it closes
+            after = sb.network_stats()["denied"].get(reason, 0)
+            r["attacks"][name] = {"result": result, "reason": reason, "counted": after - before}
+        r["raw_socket"] = probe(sb, "raw")
+        r["own_loopback"] = probe(sb, "tcp", "127.0.0.1", "8111")
+        r["stats"] = sb.network_stats()
+    return r
+
+
+def open_net(lab: Path) -> dict:
+    """``network=True`` alone: the public internet, nothing private; other sandboxes,
+    listeners and ``expose``."""
+    r: dict = {}
+    spec = SandboxSpec(network=True, memory_mb=256, timeout_s=60)
+    with open_sandbox(spec) as a, open_sandbox(spec) as b:
+        prepare(a, lab)
+        prepare(b, lab)
+        b_addr = b.aio._deploy.link.address
+        r["direct_public_ip"] = probe(a, "raw_http", "203.0.113.20", "80", "any.example")
+        r["any_name"] = probe(a, "http", "http://other.test/")
+        r["metadata"] = probe(a, "tcp", "169.254.169.254", "80")
+        r["private_name"] = probe(a, "resolve", "private.test")
+        r["rebind"] = probe(a, "resolve", "rebind.test")
+        r["listen"] = probe(b, "listen", "8000")
+        r["other_sandbox"] = probe(a, "tcp", b_addr, "8000")
+        r["host_before_expose"] = host_connect(b_addr, 8000)
+        host, port = b.expose(8000)
+        r["exposed"] = [host, host_connect(host, port)]
+        r["a_stats"], r["b_stats"] = a.network_stats(), b.network_stats()
+    return r
+
+
+def service(lab: Path) -> dict:
+    """The counters in the service's /metrics, for a sandbox made through the API."""
+    from fastapi.testclient import TestClient
+
+    from rockroll.sandbox.server.app import create_app
+
+    app = create_app(token="t")
+    auth = {"Authorization": "Bearer t"}
+    with TestClient(app) as client:
+        made = client.post("/v1/sandboxes", headers=auth, json={"spec": {
+            "network": True, "memory_mb": 256, "egress": {"hosts": ["allowed.test"]}}})
+        made.raise_for_status()
+        sid = made.json()["id"]
+        run = lambda cmd: client.post(f"/v1/sandboxes/{sid}/run", headers=auth, json={"cmd": cmd, "timeout": 30}).json()
+        ok = run("python3 -c \"import urllib.request; print(urllib.request.urlopen('http://allowed.test/', timeout=5).read().decode())\"")
+        denied = run("python3 -c \"import socket; socket.create_connection(('203.0.113.20', 80), timeout=3).recv(1)\"")
+        time.sleep(0.1)
+        metrics = client.get("/metrics", headers=auth).text
+        client.delete(f"/v1/sandboxes/{sid}", headers=auth)
+    return {"id": sid, "ok": ok, "denied": denied,
+            "metrics": [line for line in metrics.splitlines() if "network" in line and not line.startswith("#")]}
+
+
+if __name__ == "__main__":
+    lab, scenario = Path(sys.argv[1]), sys.argv[2]
+    print(json.dumps({"restricted": restricted, "open": open_net, "service": service}[scenario](lab)))
