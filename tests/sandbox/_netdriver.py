@@ -173,13 +173,13 @@ def service(lab: Path) -> dict:
     app = create_app(token="t")
     auth = {"Authorization": "Bearer t"}
     with TestClient(app) as client:
-        made = client.post("/v1/sandboxes", headers=auth, json={"spec": {
-            "network": True, "memory_mb": 256, "egress": {"hosts": ["allowed.test"]}}})
+        made = client.post("/v1/sandboxes", headers=auth, json={
+            "network": True, "memory_mb": 256, "egress": {"hosts": ["allowed.test"]}})
         made.raise_for_status()
         sid = made.json()["id"]
         run = lambda cmd: client.post(f"/v1/sandboxes/{sid}/run", headers=auth, json={"cmd": cmd, "timeout": 30}).json()
         ok = run("python3 -c \"import urllib.request; print(urllib.request.urlopen('http://allowed.test/', timeout=5).read().decode())\"")
-        denied = run("python3 -c \"import socket; socket.create_connection(('203.0.113.20', 80), timeout=3).recv(1)\"")
+        denied = run("python3 -c \"import socket; print(len(socket.create_connection(('203.0.113.20', 80), timeout=3).recv(1)))\"")
         time.sleep(0.1)
         metrics = client.get("/metrics", headers=auth).text
         client.delete(f"/v1/sandboxes/{sid}", headers=auth)
