@@ -26,6 +26,8 @@ AGENT_DIR = "/opt/rockroll/agents"
 AGENT_PYLIB = "/opt/rockroll/pylib"
 #: The openai client the tool agent is installed with (the version the tests run).
 OPENAI_CLIENT = "openai==3.57.0"
+#: The package index install steps reach by default (``rockroll hub build`` opens nothing else).
+PYPI_HOSTS = ("pypi.org", "files.pythonhosted.org")
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,7 @@ class AgentSpec:
     name: str
     command: str                 # run in the sandbox's workdir; {task} is replaced by the path of a file holding the task's instruction text
     install: tuple[str, ...] = ()  # setup steps (with network) that put the agent into an env image at build time
+    network: tuple[str, ...] = PYPI_HOSTS  # what install steps may reach (the build's egress allow-list)
     env: dict[str, str] = field(default_factory=dict)  # extra environment for the agent's session
 
 
@@ -105,6 +108,7 @@ def agent_spec(agent: str | AgentSpec | dict) -> AgentSpec:
     if isinstance(agent, dict):
         try:
             return AgentSpec(**{**agent, "install": tuple(agent.get("install", ())),
+                                "network": tuple(agent.get("network", PYPI_HOSTS)),
                                 "env": dict(agent.get("env", {}))})
         except TypeError as e:
             raise ValueError(f"agent: an AgentSpec needs name and command (and may have install, env): {e}") from None
@@ -122,7 +126,8 @@ def _agent_toml(spec: AgentSpec) -> str:
         return json.dumps(spec.name)
     env = ", ".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in spec.env.items())
     return (f"{{ name = {json.dumps(spec.name)}, command = {json.dumps(spec.command)}, "
-            f"install = [{', '.join(json.dumps(step) for step in spec.install)}], env = {{ {env} }} }}")
+            f"install = [{', '.join(json.dumps(step) for step in spec.install)}], "
+            f"network = [{', '.join(json.dumps(h) for h in spec.network)}], env = {{ {env} }} }}")
 
 
 def agent_package(agent: str | AgentSpec, folder: str | os.PathLike, *, name: str | None = None,
@@ -137,7 +142,8 @@ def agent_package(agent: str | AgentSpec, folder: str | os.PathLike, *, name: st
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     lines = [f"name = {json.dumps(name)}", f"version = {json.dumps(version)}", f"base = {json.dumps(base)}",
-             f"setup = [{', '.join(json.dumps(step) for step in spec.install)}]", "",
+             f"setup = [{', '.join(json.dumps(step) for step in spec.install)}]",
+             f"network = [{', '.join(json.dumps(h) for h in spec.network)}]", "",
              "[files]", *(f"{json.dumps(src)} = {json.dumps(dst)}" for src, dst in (files or {}).items()), "",
              "[env]", 'entry_point = "rockroll.gem.agent_env:AgentEnv"',
              f"kwargs = {{ agent = {_agent_toml(spec)} }}", ""]

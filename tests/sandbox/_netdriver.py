@@ -164,6 +164,33 @@ def open_net(lab: Path) -> dict:
     return r
 
 
+def etc(lab: Path) -> dict:
+    """The sandbox's name resolution: its gateway's, read-only, in no snapshot."""
+    from rockroll.sandbox.deployment.rootfs import NO_NETWORK_ETC
+
+    def files(sb):
+        return {name: sb.read_file(f"/etc/{name}").decode() for name in NO_NETWORK_ETC}
+
+    r: dict = {"no_network_etc": NO_NETWORK_ETC}
+    with open_sandbox(SandboxSpec(network=True, timeout_s=30)) as sb:
+        r["gateway"] = sb.aio._deploy.link.gateway
+        r["with_network"] = files(sb)
+        # overwrite, delete, unmount, remount read-write: each refused by the read-only bind
+        # and the dropped CAP_SYS_ADMIN (the files are read back after the attack)
+        r["attacks"] = [sb.run(cmd, timeout=10).exit_code for cmd in (
+            "echo 'nameserver 192.0.2.1' > /etc/resolv.conf", "rm -f /etc/hosts",
+            "umount /etc/resolv.conf", "mount -o remount,rw,bind /etc/hosts")]
+        r["after_attacks"] = files(sb)
+        sb.run("echo kept > /etc/rockroll-net-test", timeout=10)
+        snap = sb.snapshot()
+        sb.restore(snap)  # a new guest: a new namespace, wired again
+        r["after_restore"] = [files(sb), sb.aio._deploy.link.gateway,
+                              sb.run("python3 -c \"import socket; print(socket.gethostbyname('allowed.test'))\"").stdout.strip()]
+    with open_sandbox(SandboxSpec(timeout_s=30), snapshot=snap) as sb:
+        r["restored_without_network"] = [sb.read_file("/etc/rockroll-net-test").decode(), files(sb)]
+    return r
+
+
 def service(lab: Path) -> dict:
     """The counters in the service's /metrics, for a sandbox made through the API."""
     from fastapi.testclient import TestClient
@@ -189,4 +216,4 @@ def service(lab: Path) -> dict:
 
 if __name__ == "__main__":
     lab, scenario = Path(sys.argv[1]), sys.argv[2]
-    print(json.dumps({"restricted": restricted, "open": open_net, "service": service}[scenario](lab)))
+    print(json.dumps({"restricted": restricted, "open": open_net, "etc": etc, "service": service}[scenario](lab)))

@@ -68,6 +68,23 @@ def test_open_network_is_the_public_internet_only_and_inbound_needs_expose(lab):
 
 
 @needs_lab
+def test_name_resolution_is_the_gateways_read_only_and_in_no_snapshot(lab):
+    """A sandbox with network resolves through its gateway: a resolv.conf naming it (a
+    restore wires a new namespace and names the new one), bound read-only, out of the
+    snapshot; a sandbox without network, even one restored from that snapshot, knows
+    localhost only."""
+    r = lab.run_host("etc")
+    want = {**r["no_network_etc"], "resolv.conf": f"nameserver {r['gateway']}\noptions attempts:3 timeout:2\n"}
+    assert r["with_network"] == want
+    assert all(code != 0 for code in r["attacks"]), r["attacks"]
+    assert r["after_attacks"] == want
+    files, gateway, resolved = r["after_restore"]
+    assert files["resolv.conf"] == f"nameserver {gateway}\noptions attempts:3 timeout:2\n"
+    assert resolved == "203.0.113.10"
+    assert r["restored_without_network"] == ["kept\n", r["no_network_etc"]]
+
+
+@needs_lab
 def test_counters_reach_the_services_metrics(lab):
     r = lab.run_host("service")
     assert r["ok"]["stdout"].strip() == "allowed-site", r["ok"]
