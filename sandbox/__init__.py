@@ -5,8 +5,8 @@
         print(sb.run("echo hi").stdout)
 
 Layout, lowest floor first (no module imports a higher floor, ``tests/test_imports.py``):
-``errors.py``, ``egress.py``, ``lifecycle.py``, ``home.py`` and ``protocol/`` (the host <-> guest frames
-and config, the HTTP wire models, the model token) are the ground floor; ``spec.py``;
+``errors.py``, ``lifecycle.py``, ``home.py`` and ``protocol/`` (the host <-> guest frames
+and config, the HTTP wire models, the model token) are the ground floor; ``egress.py``; ``spec.py``;
 ``guest/`` is pid 1 of a sandbox (standard library only); ``storage/`` layers and
 snapshots; ``factory.py`` maps a backend name to its classes; ``base.py`` is the contract
 every backend implements; ``sync.py``, ``pool.py``; ``modelservice/``; ``deployment/``
