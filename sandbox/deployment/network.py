@@ -73,6 +73,11 @@ def _run(argv: list[str], stdin: str | None = None, check: bool = True) -> subpr
 
 def allocate() -> Link:
     """Take a free index: its veth pair, both ends here until ``plumb`` moves one."""
+    guard = os.environ.get("ROCKROLL_SANDBOX_NETWORK_GUARD")
+    if guard and guard == _netns_id():
+        # the test suite's guard (tests/conftest.py): tests wire sandboxes only in namespaces they made
+        raise SandboxStartError("sandbox network: refusing to add a veth and rules to this network namespace "
+                                "($ROCKROLL_SANDBOX_NETWORK_GUARD names it); run this in a namespace of its own")
     slots = SUBNET.num_addresses // 4
     start = random.randrange(1, slots)
     for attempt in range(64):
@@ -84,6 +89,11 @@ def allocate() -> Link:
         if "exists" not in made.stderr:
             raise SandboxStartError(f"sandbox network: cannot create a veth pair: {made.stderr.strip()}")
     raise SandboxStartError("sandbox network: no free index in $ROCKROLL_SANDBOX_SUBNET")
+
+
+def _netns_id() -> str:
+    """This process's network namespace, as ``ROCKROLL_SANDBOX_NETWORK_GUARD`` names one."""
+    return os.readlink("/proc/self/ns/net")
 
 
 def plumb(link: Link, init_pid: int, bandwidth_mbit: float | None = None) -> None:

@@ -135,3 +135,15 @@ def test_policy_needs_network_and_round_trips():
 ])
 def test_address_classes(ip, cls):
     assert address_class(ip) == cls
+
+
+@needs_lab
+def test_the_suite_never_wires_the_namespace_it_started_in():
+    """tests/conftest.py names the suite's own network namespace (the machine's) in
+    ``ROCKROLL_SANDBOX_NETWORK_GUARD``: a sandbox with network made there is refused before
+    any veth or rule is added; the lab's host namespace is another one."""
+    from rockroll.sandbox import SandboxStartError, open_sandbox
+
+    assert os.environ["ROCKROLL_SANDBOX_NETWORK_GUARD"] == os.readlink("/proc/self/ns/net")
+    with pytest.raises(SandboxStartError, match="ROCKROLL_SANDBOX_NETWORK_GUARD"):
+        open_sandbox(SandboxSpec(network=True, timeout_s=30))
