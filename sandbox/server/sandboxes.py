@@ -13,8 +13,8 @@ from fastapi.responses import StreamingResponse
 
 from ..errors import SandboxError, SpecError
 from ..protocol.tokens import admin_token
-from ..protocol.wire import (BatchIn, BatchItemOut, ForkIn, OkOut, RestoreIn, ResultOut, RunIn, SandboxOut, SnapshotOut,
-                   SpecIn, error_body, status_of)
+from ..protocol.wire import (BatchIn, BatchItemOut, ExposeIn, ExposeOut, ForkIn, OkOut, RestoreIn, ResultOut, RunIn,
+                             SandboxOut, SnapshotOut, SpecIn, error_body, status_of)
 from ..spec import SandboxSpec
 from .deps import Fleet, Store
 from .quota import token_key
@@ -133,6 +133,14 @@ async def delete_sandbox(sandbox_id: str, fleet: Fleet) -> Response:
 async def ping(sandbox_id: str, fleet: Fleet) -> OkOut:
     entry = fleet.get(sandbox_id)
     return OkOut(ok=await fleet.call(entry, entry.sb.ping()))
+
+
+@router.post("/sandboxes/{sandbox_id}/expose", response_model=ExposeOut)
+async def expose(body: ExposeIn, sandbox_id: str, fleet: Fleet) -> ExposeOut:
+    """Open the sandbox's TCP ``port`` on the service's host (127.0.0.1; ``AsyncSandbox.expose``)."""
+    entry = fleet.get(sandbox_id)
+    host, port = await fleet.call(entry, entry.sb.expose(body.port))
+    return ExposeOut(host=host, port=port)
 
 
 # commands -------------------------------------------------------------------

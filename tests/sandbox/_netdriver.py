@@ -207,10 +207,14 @@ def service(lab: Path) -> dict:
         run = lambda cmd: client.post(f"/v1/sandboxes/{sid}/run", headers=auth, json={"cmd": cmd, "timeout": 30}).json()
         ok = run("python3 -c \"import urllib.request; print(urllib.request.urlopen('http://allowed.test/', timeout=5).read().decode())\"")
         denied = run("python3 -c \"import socket; print(len(socket.create_connection(('203.0.113.20', 80), timeout=3).recv(1)))\"")
+        listening = run("python3 -c \"import os,socket\nif os.fork()==0:\n os.setsid(); s=socket.socket(); s.bind(('0.0.0.0',8000)); s.listen()\n while True: c,_=s.accept(); c.sendall(b'served'); c.close()\"")
+        exposed = client.post(f"/v1/sandboxes/{sid}/expose", headers=auth, json={"port": 8000}).json()
+        exposed = [exposed["host"], host_connect(exposed["host"], exposed["port"])]
         time.sleep(0.1)
         metrics = client.get("/metrics", headers=auth).text
         client.delete(f"/v1/sandboxes/{sid}", headers=auth)
-    return {"id": sid, "ok": ok, "denied": denied,
+    return {"id": sid, "ok": ok, "denied": denied, "listening": listening,
+            "exposed": exposed,
             "metrics": [line for line in metrics.splitlines() if "network" in line and not line.startswith("#")]}
 
 
