@@ -41,6 +41,19 @@ def page(body: bytes):
     return Page
 
 
+class Bulk(Quiet):
+    """GET /<megabytes>: that many MiB of zeros (throughput benchmarks)."""
+
+    def do_GET(self):
+        mib = int(self.path.strip("/") or 1)
+        self.send_response(200)
+        self.send_header("Content-Length", str(mib << 20))
+        self.end_headers()
+        chunk = bytes(1 << 20)
+        for _ in range(mib):
+            self.wfile.write(chunk)
+
+
 class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -68,6 +81,7 @@ def main(folder: Path) -> None:
     dns()
     servers = [Server((ip, 80), page(body)) for ip, body in BODIES.items()]
     servers.append(Server(("203.0.113.30", 80), partial(Quiet, directory=str(folder / "index"))))
+    servers.append(Server(("203.0.113.10", 8080), Bulk))
     tls = Server(("203.0.113.40", 443), page(b"tls-site"))
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(folder / "tls.pem", folder / "tls.key")

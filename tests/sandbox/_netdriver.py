@@ -164,6 +164,52 @@ def open_net(lab: Path) -> dict:
     return r
 
 
+# Runs on the host and in sandboxes alike: connect latency (connect, one request, its
+# answer) and download throughput to the lab's internet, one JSON line.
+MEASURE = r'''
+import json, socket, sys, time
+ip, n, mib = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+lat = []
+for _ in range(n):
+    t = time.perf_counter()
+    s = socket.create_connection((ip, 80), timeout=10)
+    s.sendall(b"GET / HTTP/1.0\r\nHost: allowed.test\r\n\r\n")
+    while s.recv(65536): pass
+    s.close()
+    lat.append(time.perf_counter() - t)
+t = time.perf_counter()
+s = socket.create_connection((ip, 8080), timeout=10)
+s.sendall(f"GET /{mib} HTTP/1.0\r\nHost: allowed.test\r\n\r\n".encode())
+got = 0
+while data := s.recv(1 << 20): got += len(data)
+dt = time.perf_counter() - t
+lat.sort()
+print(json.dumps({"connect_p50_ms": lat[len(lat) // 2] * 1e3, "connect_p90_ms": lat[int(len(lat) * 0.9)] * 1e3,
+                  "throughput_mib_s": got / dt / (1 << 20), "bytes": got}))
+'''
+
+
+def bench(lab: Path, n: str = "200", mib: str = "200") -> dict:
+    """The same measurement from the host itself and from sandboxes (open network, and an
+    allow-list that names the server), in this one run."""
+    import subprocess
+
+    script = lab / "measure.py"
+    script.write_text(MEASURE)
+    host = subprocess.run(["python3", str(script), "203.0.113.10", n, mib], capture_output=True, text=True, check=True)
+    r = {"host": json.loads(host.stdout)}
+    for name, egress in (("sandbox_open", None),
+                         ("sandbox_allow_list", EgressPolicy(hosts=("allowed.test",)))):
+        with open_sandbox(SandboxSpec(network=True, egress=egress, memory_mb=512, timeout_s=600)) as sb:
+            sb.write_file("/workspace/measure.py", MEASURE)
+            ip = "203.0.113.10"
+            if egress is not None:
+                ip = sb.run("python3 -c \"import socket; print(socket.gethostbyname('allowed.test'))\"").stdout.strip()
+            out = sb.run(f"python3 /workspace/measure.py {ip} {n} {mib}", timeout=600)
+            r[name] = json.loads(out.stdout) if out.exit_code == 0 else {"error": out.stderr[-500:]}
+    return r
+
+
 def etc(lab: Path) -> dict:
     """The sandbox's name resolution: its gateway's, read-only, in no snapshot."""
     from rockroll.sandbox.deployment.rootfs import NO_NETWORK_ETC
@@ -220,4 +266,5 @@ def service(lab: Path) -> dict:
 
 if __name__ == "__main__":
     lab, scenario = Path(sys.argv[1]), sys.argv[2]
-    print(json.dumps({"restricted": restricted, "open": open_net, "etc": etc, "service": service}[scenario](lab)))
+    print(json.dumps({"restricted": restricted, "open": open_net, "etc": etc, "service": service,
+                      "bench": bench}[scenario](lab, *sys.argv[3:])))
