@@ -35,8 +35,8 @@ class AgentSpec:
     name: str
     command: str                 # run in the sandbox's workdir; {task} is replaced by the path of a file holding the task's instruction text
     install: tuple[str, ...] = ()  # setup steps (with network) that put the agent into an env image at build time
-    network: tuple[str, ...] = PYPI_HOSTS  # what install steps may reach (the build's egress allow-list)
     env: dict[str, str] = field(default_factory=dict)  # extra environment for the agent's session
+    network: tuple[str, ...] = ()  # what install steps may reach (the build's egress allow-list); none: no network
 
 
 def script_step(name: str) -> str:
@@ -60,7 +60,7 @@ def _openai_agent(name: str, script: str, args: str) -> AgentSpec:
     return AgentSpec(name=name, command=f"python3 {AGENT_DIR}/{script} {args}",
                      install=(script_step(script),
                               f"python3 -m pip install --no-cache-dir --target {AGENT_PYLIB} '{OPENAI_CLIENT}'"),
-                     env={"PYTHONPATH": AGENT_PYLIB})
+                     env={"PYTHONPATH": AGENT_PYLIB}, network=PYPI_HOSTS)
 
 
 AGENTS: dict[str, AgentSpec] = {
@@ -96,6 +96,7 @@ AGENTS: dict[str, AgentSpec] = {
             "MSWEA_COST_TRACKING": "ignore_errors",     # a model litellm has no price for
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",     # no fetch of litellm's price map: no network
         },
+        network=(*PYPI_HOSTS, "deb.debian.org", "security.debian.org"),  # pip, and apt for python3-venv
     ),
 }
 
@@ -108,7 +109,7 @@ def agent_spec(agent: str | AgentSpec | dict) -> AgentSpec:
     if isinstance(agent, dict):
         try:
             return AgentSpec(**{**agent, "install": tuple(agent.get("install", ())),
-                                "network": tuple(agent.get("network", PYPI_HOSTS)),
+                                "network": tuple(agent.get("network", ())),
                                 "env": dict(agent.get("env", {}))})
         except TypeError as e:
             raise ValueError(f"agent: an AgentSpec needs name and command (and may have install, env): {e}") from None
