@@ -234,6 +234,18 @@ def etc(lab: Path) -> dict:
                               sb.run("python3 -c \"import socket; print(socket.gethostbyname('allowed.test'))\"").stdout.strip()]
     with open_sandbox(SandboxSpec(timeout_s=30), snapshot=snap) as sb:
         r["restored_without_network"] = [sb.read_file("/etc/rockroll-net-test").decode(), files(sb)]
+    import subprocess
+
+    capped = EgressPolicy(cidrs=("203.0.113.0/24",), bandwidth_mbit=8)
+    with open_sandbox(SandboxSpec(network=True, egress=capped, timeout_s=60)) as sb:
+        prepare(sb, lab)
+        link, pid = sb.aio._deploy.link, sb.aio._deploy.guest.init_pid
+        r["capped_qdiscs"] = [
+            subprocess.run(["tc", "qdisc", "show", "dev", link.host_if], capture_output=True, text=True).stdout,
+            subprocess.run(["nsenter", f"--net=/proc/{pid}/ns/net", "tc", "qdisc", "show", "dev", "eth0"],
+                           capture_output=True, text=True).stdout]
+        r["capped_by_cidr"] = probe(sb, "raw_http", "203.0.113.20", "80", "anything")
+        r["capped_outside_cidr"] = probe(sb, "tcp", "198.51.100.2", "53")
     return r
 
 

@@ -82,6 +82,11 @@ def test_name_resolution_is_the_gateways_read_only_and_in_no_snapshot(lab):
     assert files["resolv.conf"] == f"nameserver {gateway}\noptions attempts:3 timeout:2\n"
     assert resolved == "203.0.113.10"
     assert r["restored_without_network"] == ["kept\n", r["no_network_etc"]]
+    # egress.bandwidth_mbit: a token bucket on each end of the veth; a CIDR opens its
+    # addresses without a name, nothing else
+    assert all("tbf" in q and "rate 8Mbit" in q for q in r["capped_qdiscs"]), r["capped_qdiscs"]
+    assert "other-site" in r["capped_by_cidr"]
+    assert refused(r["capped_outside_cidr"])
 
 
 @needs_lab
