@@ -35,7 +35,8 @@ import threading
 from typing import Callable
 
 from ..egress import EgressPolicy, address_class
-from . import wire
+from ..errors import SandboxError, SpecError
+from . import network, wire
 from .network import DNS_PORT, EXPOSE_MARK, PROXY_PORT, SUBNET
 
 SO_ORIGINAL_DST = 80
@@ -294,3 +295,63 @@ async def _splice(a_r, a_w, b_r, b_w, traffic: Traffic, inbound: bool) -> None:
     finally:
         b_w.close()
         a_w.close()
+
+
+class SandboxNetwork:
+    """A sandbox's network across its guests, as a deployment holds it: ``prepare`` takes a
+    veth pair before a guest starts (its gateway address goes into the sandbox's
+    ``resolv.conf``), ``attach(pid)`` wires the namespace of ``pid`` and starts the
+    gateway, ``detach`` undoes both (a restore wires the next guest anew); the counters
+    and the exposed ports' owner live as long as the sandbox."""
+
+    def __init__(self, policy: EgressPolicy | None):
+        self.policy = policy
+        self.traffic = Traffic()
+        self.link: network.Link | None = None
+        self.gateway: Gateway | None = None
+        self._kernel_drops: collections.Counter[str] = collections.Counter()  # of earlier guests
+
+    def prepare(self) -> str:
+        """A veth pair for the next guest; returns its gateway address (the name server)."""
+        self.detach()
+        self.link = network.allocate()
+        return self.link.gateway
+
+    def attach(self, pid: int) -> None:
+        network.plumb(self.link, pid, self.policy.bandwidth_mbit if self.policy else None)
+        self.gateway = Gateway(self.link.gateway, self.link.address, self.policy, self.traffic)
+        self.gateway.start()
+
+    def detach(self) -> None:
+        gateway, link, self.gateway, self.link = self.gateway, self.link, None, None
+        if gateway is not None:
+            gateway.close()
+        if link is not None:
+            self._kernel_drops.update(network.unplumb(link))
+
+    def stats(self) -> dict:
+        kernel = collections.Counter(self._kernel_drops)
+        if self.link is not None:
+            kernel.update(network.kernel_drops(self.link))
+        return self.traffic.snapshot(kernel)
+
+    def expose(self, port: int) -> tuple[str, int]:
+        if self.gateway is None:
+            raise SandboxError("the sandbox's network is not up (its guest is restarting)")
+        return "127.0.0.1", self.gateway.expose(port)
+
+
+class NetworkedDeployment:
+    """What a deployment that holds a ``SandboxNetwork`` as ``self.network`` (None: no
+    network) answers for it (local and docker alike)."""
+
+    network: SandboxNetwork | None
+
+    def network_stats(self) -> dict | None:
+        """Bytes, connections and denied attempts by reason (``Traffic``), or None without a network."""
+        return self.network.stats() if self.network is not None else None
+
+    def expose(self, port: int) -> tuple[str, int]:
+        if self.network is None:
+            raise SpecError("network", "expose() needs a sandbox with network=True")
+        return self.network.expose(port)

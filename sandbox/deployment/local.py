@@ -17,13 +17,12 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import IsolationUnavailable, SandboxError, SandboxStartError, SpecError
+from ..errors import IsolationUnavailable, SandboxError, SandboxStartError
 from ..protocol.frames import PREPARE_NET, GuestConfig, ModelConfig, encode_frame
 from ..spec import SandboxSpec
 from .cgroups import Cgroup, Limits, cgroup_mode, rlimit_fallback
-from . import network
 from .disk import SandboxDisk
-from .gateway import Gateway, Traffic
+from .gateway import NetworkedDeployment, SandboxNetwork
 from .process import GuestHandle, GuestProcess, fork_guest
 from .rootfs import RootfsPlan, network_plan, plan_for_image
 
@@ -134,7 +133,7 @@ def _discard(group: Cgroup, guest: GuestHandle | None) -> None:
 _joined = _JoinedGuests()
 
 
-class LocalDeployment:
+class LocalDeployment(NetworkedDeployment):
     """Host side of one local sandbox: its directories, cgroup and guest process."""
 
     def __init__(self, spec: SandboxSpec, sandbox_id: str, run: RunRegistry):
@@ -151,10 +150,7 @@ class LocalDeployment:
                 "by a veth to a gateway on the host); run as root, or leave the network off",
                 sandbox_id=sandbox_id)
         self.net = RootfsPlan((), ())
-        self.link: network.Link | None = None  # this guest's wiring (network=True)
-        self.gateway: Gateway | None = None
-        self.traffic = Traffic() if spec.network else None
-        self._kernel_drops: collections.Counter[str] = collections.Counter()  # of earlier guests
+        self.network = SandboxNetwork(spec.egress) if spec.network else None
         self.gen = 0
         self.guest = GuestProcess(self.dir)
         self.userns = os.geteuid() != 0
@@ -186,10 +182,9 @@ class LocalDeployment:
         on a disk of its own, ``disk_mb`` big (``disk.py``), or a host directory (no limit)."""
         self.gen += 1
         upper, work = self.dir / f"upper{self.gen}", self.dir / f"work{self.gen}"
-        if self.spec.network:
+        if self.network is not None:
             # On top of everything (image and snapshot layers): its resolver, the gateway.
-            self.link = network.allocate()
-            self.net = network_plan(self.dir / "net", self.link.gateway)
+            self.net = network_plan(self.dir / "net", self.network.prepare())
         disk = self.disk.prepare(self.gen)
         if disk is None:
             upper.mkdir()
@@ -211,35 +206,8 @@ class LocalDeployment:
     def record(self, init_pid: int) -> None:
         self.guest.record(init_pid)
         self.disk.mounted(self.guest.proc.pid)
-        if self.link is not None:
-            egress = self.spec.egress
-            network.plumb(self.link, init_pid, egress.bandwidth_mbit if egress else None)
-            self.gateway = Gateway(self.link.gateway, self.link.address, egress, self.traffic)
-            self.gateway.start()
-
-    def _unwire(self) -> None:
-        """Take the current guest's network away (its gateway, rules and veth), keeping the counts."""
-        gateway, link, self.gateway, self.link = self.gateway, self.link, None, None
-        if gateway is not None:
-            gateway.close()
-        if link is not None:
-            self._kernel_drops.update(network.unplumb(link))
-
-    def network_stats(self) -> dict | None:
-        """Bytes, connections and denied attempts by reason (``gateway.Traffic``), or None
-        without a network."""
-        if self.traffic is None:
-            return None
-        kernel = collections.Counter(self._kernel_drops)
-        link = self.link
-        if link is not None:
-            kernel.update(network.kernel_drops(link))
-        return self.traffic.snapshot(kernel)
-
-    def expose(self, port: int) -> tuple[str, int]:
-        if self.gateway is None:
-            raise SpecError("network", "expose() needs a sandbox with network=True")
-        return "127.0.0.1", self.gateway.expose(port)
+        if self.network is not None:
+            self.network.attach(init_pid)
 
     def stop_guest(self) -> None:
         """Kill the current guest (and with it the whole pid namespace); delete the old
@@ -247,7 +215,8 @@ class LocalDeployment:
         gen = self.gen
         self.disk.close()
         self.guest.stop(then=lambda: self._drop_generation(gen))
-        self._unwire()
+        if self.network is not None:
+            self.network.detach()
         if self.cgroup:
             # The old namespace's processes die after its pid 1, not with it: a fork bomb's
             # may still hold the pids limit, and the next guest could not fork. Empty it first.
@@ -277,7 +246,8 @@ class LocalDeployment:
         with self._lock:
             self.disk.close()
             self.guest.kill()
-            self._unwire()
+            if self.network is not None:
+                self.network.detach()
             if self.cgroup:
                 self.cgroup.remove()
                 self.cgroup = None

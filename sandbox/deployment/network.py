@@ -110,10 +110,14 @@ def plumb(link: Link, init_pid: int, bandwidth_mbit: float | None = None) -> Non
             "ip link set lo up",
             f"ip link set rrs{link.index} name eth0",
             f"ip addr add {link.address}/30 dev eth0",
-            f"ip addr add {link.address6}/64 dev eth0 nodad",
             "ip link set eth0 up",
             f"ip route add default via {link.gateway}",
-            f"ip -6 route add default via {link.gateway6}",
+            # IPv6 where the kernel has it (docker turns it off in its containers: on again for eth0)
+            "if [ -e /proc/sys/net/ipv6/conf/eth0/disable_ipv6 ]; then",
+            "  echo 0 > /proc/sys/net/ipv6/conf/eth0/disable_ipv6",
+            f"  ip addr add {link.address6}/64 dev eth0 nodad",
+            f"  ip -6 route add default via {link.gateway6}",
+            "fi",
             # ICMP echo through datagram sockets (no CAP_NET_RAW needed): a ping is sent, and counted
             "echo '0 2147483647' > /proc/sys/net/ipv4/ping_group_range",
         ))

@@ -100,7 +100,7 @@ def restricted(lab: Path) -> dict:
     r: dict = {}
     with open_sandbox(SandboxSpec(network=True, egress=policy, memory_mb=512, timeout_s=60)) as sb:
         prepare(sb, lab)
-        gw = sb.aio._deploy.link.gateway
+        gw = sb.aio._deploy.network.link.gateway
         r["resolv"] = sb.read_file("/etc/resolv.conf").decode()
         r["allowed_http"] = probe(sb, "http", "http://allowed.test/")
         r["wildcard_http"] = probe(sb, "http", "http://sub.wild.test/")
@@ -149,7 +149,7 @@ def open_net(lab: Path) -> dict:
     with open_sandbox(spec) as a, open_sandbox(spec) as b:
         prepare(a, lab)
         prepare(b, lab)
-        b_addr = b.aio._deploy.link.address
+        b_addr = b.aio._deploy.network.link.address
         r["direct_public_ip"] = probe(a, "raw_http", "203.0.113.20", "80", "any.example")
         r["any_name"] = probe(a, "http", "http://other.test/")
         r["metadata"] = probe(a, "tcp", "169.254.169.254", "80")
@@ -219,7 +219,7 @@ def etc(lab: Path) -> dict:
 
     r: dict = {"no_network_etc": NO_NETWORK_ETC}
     with open_sandbox(SandboxSpec(network=True, timeout_s=30)) as sb:
-        r["gateway"] = sb.aio._deploy.link.gateway
+        r["gateway"] = sb.aio._deploy.network.link.gateway
         r["with_network"] = files(sb)
         # overwrite, delete, unmount, remount read-write: each refused by the read-only bind
         # and the dropped CAP_SYS_ADMIN (the files are read back after the attack)
@@ -230,7 +230,7 @@ def etc(lab: Path) -> dict:
         sb.run("echo kept > /etc/rockroll-net-test", timeout=10)
         snap = sb.snapshot()
         sb.restore(snap)  # a new guest: a new namespace, wired again
-        r["after_restore"] = [files(sb), sb.aio._deploy.link.gateway,
+        r["after_restore"] = [files(sb), sb.aio._deploy.network.link.gateway,
                               sb.run("python3 -c \"import socket; print(socket.gethostbyname('allowed.test'))\"").stdout.strip()]
     with open_sandbox(SandboxSpec(timeout_s=30), snapshot=snap) as sb:
         r["restored_without_network"] = [sb.read_file("/etc/rockroll-net-test").decode(), files(sb)]
@@ -239,13 +239,46 @@ def etc(lab: Path) -> dict:
     capped = EgressPolicy(cidrs=("203.0.113.0/24",), bandwidth_mbit=8)
     with open_sandbox(SandboxSpec(network=True, egress=capped, timeout_s=60)) as sb:
         prepare(sb, lab)
-        link, pid = sb.aio._deploy.link, sb.aio._deploy.guest.init_pid
+        link, pid = sb.aio._deploy.network.link, sb.aio._deploy.guest.init_pid
         r["capped_qdiscs"] = [
             subprocess.run(["tc", "qdisc", "show", "dev", link.host_if], capture_output=True, text=True).stdout,
             subprocess.run(["nsenter", f"--net=/proc/{pid}/ns/net", "tc", "qdisc", "show", "dev", "eth0"],
                            capture_output=True, text=True).stdout]
         r["capped_by_cidr"] = probe(sb, "raw_http", "203.0.113.20", "80", "anything")
         r["capped_outside_cidr"] = probe(sb, "tcp", "198.51.100.2", "53")
+    return r
+
+
+def docker(lab: Path) -> dict:
+    """The docker backend: the container keeps network 'none' and is wired to the gateway
+    here (the image has bash, not python: probes use bash's /dev/tcp and /dev/udp)."""
+    from rockroll.sandbox.deployment.images import ensure_docker_image
+
+    def tcp(target: str, host: str) -> str:
+        return (f"timeout 8 bash -c 'exec 3<>/dev/tcp/{target} && printf \"GET / HTTP/1.0\\r\\nHost: {host}"
+                f"\\r\\n\\r\\n\" >&3 && cat <&3'")
+
+    policy = EgressPolicy(hosts=("allowed.test",), ports=(80,))
+    spec = SandboxSpec(backend="docker", image=ensure_docker_image(), network=True, egress=policy,
+                       memory_mb=256, timeout_s=60)
+    r: dict = {"attacks": {}}
+    with open_sandbox(spec) as sb:
+        r["resolv"] = sb.read_file("/etc/resolv.conf").decode()
+        r["gateway"] = sb.aio._deploy.network.link.gateway
+        r["allowed"] = sb.run(tcp("allowed.test/80", "allowed.test")).stdout
+        for name, cmd, reason in (
+                ("direct_ip", tcp("203.0.113.20/80", "other.test"), "address"),
+                ("dns_not_allowed", tcp("other.test/80", "other.test"), "dns"),
+                ("host_header", tcp("allowed.test/80", "other.test"), "http_host"),
+                ("metadata", tcp("169.254.169.254/80", "x"), "metadata"),
+                ("host_address", tcp("198.51.100.1/80", "x"), "host"),
+                ("udp", "echo x > /dev/udp/203.0.113.10/9999; sleep 0.5", "udp")):
+            before = sb.network_stats()["denied"].get(reason, 0)
+            out = sb.run(cmd, timeout=30)
+            time.sleep(0.05)
+            r["attacks"][name] = {"stdout": out.stdout, "reason": reason,
+                                  "counted": sb.network_stats()["denied"].get(reason, 0) - before}
+        r["stats"] = sb.network_stats()
     return r
 
 
@@ -279,4 +312,4 @@ def service(lab: Path) -> dict:
 if __name__ == "__main__":
     lab, scenario = Path(sys.argv[1]), sys.argv[2]
     print(json.dumps({"restricted": restricted, "open": open_net, "etc": etc, "service": service,
-                      "bench": bench}[scenario](lab, *sys.argv[3:])))
+                      "bench": bench, "docker": docker}[scenario](lab, *sys.argv[3:])))

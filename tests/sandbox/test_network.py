@@ -90,6 +90,18 @@ def test_name_resolution_is_the_gateways_read_only_and_in_no_snapshot(lab):
 
 
 @needs_lab
+def test_docker_sandbox_gets_the_same_network_and_policy(lab, client):
+    """backend='docker': the container (network 'none') is wired to a gateway in the
+    namespace of the process that made it, with the same policy and counters."""
+    r = lab.run_host("docker")
+    assert r["resolv"].startswith(f"nameserver {r['gateway']}\n")
+    assert "allowed-site" in r["allowed"], r
+    for name, a in r["attacks"].items():
+        assert "-site" not in a["stdout"] and a["counted"] >= 1, (name, a)
+    assert r["stats"]["connections"] >= 1
+
+
+@needs_lab
 def test_counters_reach_the_services_metrics(lab):
     r = lab.run_host("service")
     assert r["ok"]["stdout"].strip() == "allowed-site", r["ok"]
