@@ -282,6 +282,32 @@ def docker(lab: Path) -> dict:
     return r
 
 
+def build(lab: Path) -> dict:
+    """``rockroll hub build``: setup steps reach the hosts the package lists, nothing else."""
+    from rockroll.envhub.build import build as build_package
+
+    pkg = lab / "pkg"
+    pkg.mkdir()
+    (pkg / "rockenv.toml").write_text("\n".join((
+        'name = "netbuild"', 'version = "1.0.0"', 'network = ["pypi.test"]', "setup = [",
+        '  "python3 -m pip install -q --no-cache-dir --index-url http://pypi.test/simple/ --trusted-host pypi.test '
+        '--target /opt/lib rrnetpkg",',
+        # a name the package does not list resolves to nothing, its address refuses
+        '  "! getent hosts other.test && ! timeout 5 bash -c \'exec 3<>/dev/tcp/203.0.113.20/80 && cat <&3 | grep -q site\'",',
+        "]", "")))
+    result = build_package(pkg)
+    from rockroll.envhub.publish import publish
+    from rockroll.envhub.pull import pull
+    from rockroll.envhub.store import HubStore
+
+    hub = f"file://{lab / 'hub'}"
+    publish(result.manifest, HubStore(hub))
+    pull("netbuild@1.0.0", hub=hub)
+    with open_sandbox(SandboxSpec(image="hub:netbuild@1.0.0", timeout_s=60)) as sb:
+        out = sb.run("PYTHONPATH=/opt/lib python3 -c 'import rrnetpkg; print(rrnetpkg.VALUE)'")
+        return {"imported": out.stdout.strip(), "network": sb.spec.network}
+
+
 def service(lab: Path) -> dict:
     """The counters in the service's /metrics, for a sandbox made through the API."""
     from fastapi.testclient import TestClient
@@ -312,4 +338,4 @@ def service(lab: Path) -> dict:
 if __name__ == "__main__":
     lab, scenario = Path(sys.argv[1]), sys.argv[2]
     print(json.dumps({"restricted": restricted, "open": open_net, "etc": etc, "service": service,
-                      "bench": bench, "docker": docker}[scenario](lab, *sys.argv[3:])))
+                      "bench": bench, "docker": docker, "build": build}[scenario](lab, *sys.argv[3:])))

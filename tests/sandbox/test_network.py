@@ -102,6 +102,15 @@ def test_docker_sandbox_gets_the_same_network_and_policy(lab, client):
 
 
 @needs_lab
+def test_hub_build_setup_reaches_only_the_hosts_the_package_lists(lab):
+    """A package's ``network = ["pypi.test"]``: its setup step pip-installs from the lab's
+    index, another step finds other.test unresolvable and its address refused (the step
+    fails the build otherwise); the built image's sandboxes have no network."""
+    r = lab.run_host("build")
+    assert r == {"imported": "from-the-test-index", "network": False}
+
+
+@needs_lab
 def test_counters_reach_the_services_metrics(lab):
     r = lab.run_host("service")
     assert r["ok"]["stdout"].strip() == "allowed-site", r["ok"]
