@@ -174,3 +174,19 @@ def test_the_suite_never_wires_the_namespace_it_started_in():
     assert os.environ["ROCKROLL_SANDBOX_NETWORK_GUARD"] == os.readlink("/proc/self/ns/net")
     with pytest.raises(SandboxStartError, match="ROCKROLL_SANDBOX_NETWORK_GUARD"):
         open_sandbox(SandboxSpec(network=True, timeout_s=30))
+
+
+def test_policy_travels_through_the_services_spec_model():
+    """What the SDK sends (``to_dict`` as JSON) is what the service builds again: the policy
+    reaches a remote or Ray sandbox whole, and a bad one is refused by its field there too."""
+    import json
+
+    from rockroll.sandbox.protocol.wire import SpecIn
+
+    spec = SandboxSpec(network=True, egress=EgressPolicy(hosts=("pypi.org",), cidrs=("198.51.100.0/24",),
+                                                         ports=(443,), bandwidth_mbit=50))
+    body = json.loads(json.dumps(spec.to_dict()))
+    assert SpecIn(**body).to_spec("local") == spec
+    body["egress"]["hosts"] = ["not a name"]
+    with pytest.raises(ValueError, match="egress.hosts: not a host name"):  # the service answers 422
+        SpecIn(**body).to_spec("local")
