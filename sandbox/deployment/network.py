@@ -15,7 +15,8 @@ sandbox opened pass.
 
 The index ``N`` is taken by creating ``rrh<N>`` (the kernel refuses a name in use), so
 processes on one host never share one; rules a crashed owner left under an index are
-replaced when the index is next taken.
+replaced when the index is next taken, or removed by ``sweep`` (the reaper's, when it
+finds a dead run, and ``rockroll sandbox gc``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import random
 import re
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..errors import SandboxStartError
 
@@ -221,3 +223,22 @@ def kernel_drops(link: Link) -> dict[str, int]:
             if m and m.group(2) in counts:
                 counts[m.group(2)] += int(m.group(1))
     return counts
+
+
+_CHAIN = re.compile(r"^:RR(\d+)-")
+
+
+def sweep() -> list[int]:
+    """Remove the rules of indexes whose veth is gone (an owner killed with -9 never ran
+    ``unplumb``; its sandbox's namespace, and with it the veth, died with it). Returns the
+    indexes swept. Rules are added only after their veth exists and removed before it is,
+    so a live sandbox's are never taken."""
+    found: set[int] = set()
+    for tool, tables in (("iptables-save", ("raw", "nat", "filter")), ("ip6tables-save", ("raw", "filter"))):
+        for table in tables:
+            out = _run([tool, "-t", table], check=False)
+            found |= {int(m.group(1)) for line in out.stdout.splitlines() if (m := _CHAIN.match(line))}
+    stale = [i for i in sorted(found) if not Path(f"/sys/class/net/rrh{i}").exists()]
+    for index in stale:
+        _rules(_link_for(index), add=False)
+    return stale

@@ -308,6 +308,36 @@ def build(lab: Path) -> dict:
         return {"imported": out.stdout.strip(), "network": sb.spec.network}
 
 
+def leftovers(lab: Path) -> dict:
+    """An owner killed with -9 while its sandbox had a network: the veth dies with the
+    sandbox's namespace, its rules stay until the reaper sweeps them."""
+    import os
+    import signal
+    import subprocess
+
+    from rockroll.sandbox.deployment.reaper import reap_dead_runs
+
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "from rockroll.sandbox import SandboxSpec, open_sandbox\n"
+        "sb = open_sandbox(SandboxSpec(network=True, timeout_s=30))\n"
+        "print(sb.aio._deploy.network.link.index, flush=True)\n"
+        "time.sleep(600)\n")], stdout=subprocess.PIPE, text=True)
+    index = int(child.stdout.readline())
+    rules = lambda: subprocess.run(["iptables-save"], capture_output=True, text=True).stdout.count(f"RR{index}-")
+    r = {"rules_while_alive": rules()}
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    for _ in range(100):  # the namespace (and the veth) goes once the guest is gone
+        if not os.path.exists(f"/sys/class/net/rrh{index}"):
+            break
+        time.sleep(0.1)
+    r["rules_after_kill"] = rules()
+    r["reaped"] = len(reap_dead_runs())
+    r["rules_after_reap"] = rules()
+    return r
+
+
 def service(lab: Path) -> dict:
     """The counters in the service's /metrics, for a sandbox made through the API."""
     from fastapi.testclient import TestClient
@@ -338,4 +368,5 @@ def service(lab: Path) -> dict:
 if __name__ == "__main__":
     lab, scenario = Path(sys.argv[1]), sys.argv[2]
     print(json.dumps({"restricted": restricted, "open": open_net, "etc": etc, "service": service,
-                      "bench": bench, "docker": docker, "build": build}[scenario](lab, *sys.argv[3:])))
+                      "bench": bench, "docker": docker, "build": build,
+                      "leftovers": leftovers}[scenario](lab, *sys.argv[3:])))

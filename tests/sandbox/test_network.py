@@ -111,6 +111,13 @@ def test_hub_build_setup_reaches_only_the_hosts_the_package_lists(lab):
 
 
 @needs_lab
+def test_rules_of_an_owner_killed_with_9_are_reaped(lab):
+    r = lab.run_host("leftovers")
+    assert r["rules_while_alive"] > 0 and r["rules_after_kill"] == r["rules_while_alive"]
+    assert r["reaped"] >= 1 and r["rules_after_reap"] == 0, r
+
+
+@needs_lab
 def test_counters_reach_the_services_metrics(lab):
     r = lab.run_host("service")
     assert r["ok"]["stdout"].strip() == "allowed-site", r["ok"]
