@@ -203,6 +203,8 @@ class CommandOut(BaseModel):
 class StatsOut(BaseModel):
     cpu_seconds: float | None = None
     memory_bytes: int | None = None
+    network: dict[str, Any] | None = Field(default=None, description="a sandbox with network=True: bytes_in, "
+                                           "bytes_out, connections, dns_queries, denied (by reason)")
 
 
 class SandboxOut(BaseModel):

@@ -50,8 +50,8 @@ class Entry:
         return "alive" if self.sb.alive else "dead"
 
     def stats(self) -> StatsOut:
-        """CPU and memory, where the backend can tell (cheap file reads)."""
-        return StatsOut(**(self.sb.usage() or {}))
+        """CPU and memory, where the backend can tell (cheap file reads); the network's counters."""
+        return StatsOut(**(self.sb.usage() or {}), network=self.sb.network_stats())
 
     def describe(self, detail: bool) -> SandboxOut:
         out = SandboxOut(id=self.id, state=self.state, spec=self.sb.spec.to_dict(), created=self.created,

@@ -359,8 +359,9 @@ def service(lab: Path) -> dict:
         exposed = [exposed["host"], host_connect(exposed["host"], exposed["port"])]
         time.sleep(0.1)
         metrics = client.get("/metrics", headers=auth).text
+        described = client.get(f"/v1/sandboxes/{sid}", headers=auth, params={"detail": True}).json()
         client.delete(f"/v1/sandboxes/{sid}", headers=auth)
-    return {"id": sid, "ok": ok, "denied": denied, "listening": listening,
+    return {"id": sid, "ok": ok, "denied": denied, "listening": listening, "described": described["stats"],
             "exposed": exposed,
             "metrics": [line for line in metrics.splitlines() if "network" in line and not line.startswith("#")]}
 
