@@ -138,17 +138,16 @@ class LocalDeployment(NetworkedDeployment):
 
     def __init__(self, spec: SandboxSpec, sandbox_id: str, run: RunRegistry):
         check_isolation()
+        if spec.network and os.geteuid() != 0:
+            raise IsolationUnavailable(
+                "network=True on the local backend needs root (a network namespace of its own, wired "
+                "by a veth to a gateway on the host); run as root, or leave the network off",
+                sandbox_id=sandbox_id)
         self.spec, self.id, self.run = spec, sandbox_id, run
         self.plan = plan_for_image(spec.image, run.home)
         self.dir = run.add(sandbox_id, self.kill_now)
         if spec.disk_mb is None:  # else the root's mount point is on the sized layer
             (self.dir / "rootfs").mkdir(exist_ok=True)
-        if spec.network and os.geteuid() != 0:
-            run.discard(sandbox_id)
-            raise IsolationUnavailable(
-                "network=True on the local backend needs root (a network namespace of its own, wired "
-                "by a veth to a gateway on the host); run as root, or leave the network off",
-                sandbox_id=sandbox_id)
         self.net = RootfsPlan((), ())
         self.network = SandboxNetwork(spec.egress) if spec.network else None
         self.gen = 0
