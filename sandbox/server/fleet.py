@@ -44,6 +44,7 @@ class Entry:
         # Sessions opened by name through the ROCK / SWE-ReX routes (``compat.py``): theirs
         # must be created before use and fail if created twice; ours are made on first use.
         self.named_sessions: set[str] = set()
+        self.exposed: dict[int, tuple[str, int]] = {}  # sandbox port -> its address on this host
 
     @property
     def state(self) -> str:

@@ -357,11 +357,17 @@ def service(lab: Path) -> dict:
         listening = run("python3 -c \"import os,socket\nif os.fork()==0:\n os.setsid(); s=socket.socket(); s.bind(('0.0.0.0',8000)); s.listen()\n while True: c,_=s.accept(); c.sendall(b'served'); c.close()\"")
         exposed = client.post(f"/v1/sandboxes/{sid}/expose", headers=auth, json={"port": 8000}).json()
         exposed = [exposed["host"], host_connect(exposed["host"], exposed["port"])]
+        run("mkdir -p /workspace/site && echo page-in-the-sandbox > /workspace/site/hello.txt && "
+            "(setsid python3 -m http.server 8001 --directory /workspace/site >/dev/null 2>&1 &) && sleep 1")
+        through = client.get(f"/v1/sandboxes/{sid}/ports/8001/hello.txt", headers=auth)
+        through = [through.status_code, through.text,
+                   client.get(f"/v1/sandboxes/{sid}/ports/8001/hello.txt").status_code]  # no token
         time.sleep(0.1)
         metrics = client.get("/metrics", headers=auth).text
         described = client.get(f"/v1/sandboxes/{sid}", headers=auth, params={"detail": True}).json()
         client.delete(f"/v1/sandboxes/{sid}", headers=auth)
     return {"id": sid, "ok": ok, "denied": denied, "listening": listening, "described": described["stats"],
+            "through_service": through,
             "exposed": exposed,
             "metrics": [line for line in metrics.splitlines() if "network" in line and not line.startswith("#")]}
 

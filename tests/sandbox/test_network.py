@@ -123,7 +123,8 @@ def test_counters_reach_the_services_metrics(lab):
     assert r["ok"]["stdout"].strip() == "allowed-site", r["ok"]
     assert r["denied"]["stdout"].strip() == "0" or r["denied"]["exit_code"] != 0, r["denied"]  # closed, or reset
     assert r["exposed"] == ["127.0.0.1", "served"], r  # POST /v1/sandboxes/{id}/expose
-    assert r["described"]["network"]["denied"] == {"address": 1}, r["described"]  # what the dashboard shows
+    assert r["through_service"] == [200, "page-in-the-sandbox\n", 401], r  # /v1/sandboxes/{id}/ports/8001/...
+    assert r["described"]["network"]["denied"]["address"] == 1, r["described"]  # what the dashboard shows
     lines = "\n".join(r["metrics"])
     sid = r["id"]
     assert f'rockroll_sandbox_network_denied_total{{reason="address",sandbox="{sid}"}} 1.0' in lines, lines
