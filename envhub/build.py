@@ -3,9 +3,10 @@
 1. The base becomes layers: ``host`` none (the sandbox's host image is under everything),
    ``debian:<suite>`` / ``docker:<image>`` one packed rootfs layer, ``hub:<name>@<ver>``
    that env's layers (pulled; the ref is pinned to the exact version in the manifest).
-2. A local sandbox on that base, with network and the host's name resolution (setup steps
-   install things; see ``rockroll.sandbox.deployment.rootfs.network_plan``), gets the
-   package's files, then runs the setup steps; a failing step fails the build with its
+2. A local sandbox on that base gets the package's files; with a network of its own
+   only where the package names hosts (``network = [...]``, its allow-list: the package
+   indexes and mirrors its setup steps install from, ``rockroll.sandbox.EgressPolicy``),
+   then runs the setup steps; a failing step fails the build with its
    stderr. Where the host names its own CA bundle (``$PIP_CERT``, ``$SSL_CERT_FILE``,
    ``$REQUESTS_CA_BUNDLE``: a network behind a TLS-inspecting proxy), the steps get it too
    (the same variables, pointing at a copy removed before the layer is packed), so a
@@ -30,7 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rockroll.sandbox import SandboxError, SandboxSpec, Snapshot, open_sandbox
+from rockroll.sandbox import EgressPolicy, SandboxError, SandboxSpec, Snapshot, open_sandbox
 from rockroll.sandbox.storage.layers import pack_layer, read_meta
 
 from .bases import debian_base_layer, docker_base_layer
@@ -80,7 +81,9 @@ def build(folder: str | Path, *, cache: LocalCache | None = None, hub: str | Non
     env_layer: LayerRef | None = None
     snapshots: dict[str, tuple[LayerRef, ...]] = {}
     try:
-        spec = SandboxSpec(image=image, network=True, timeout_s=pkg.setup_timeout_s, **BUILD_SPEC)
+        egress = EgressPolicy(hosts=pkg.network) if pkg.network else None
+        spec = SandboxSpec(image=image, network=bool(pkg.network), egress=egress, timeout_s=pkg.setup_timeout_s,
+                           **BUILD_SPEC)
         with open_sandbox(spec) as sb:
             for host, dest in pkg.copies():
                 say(f"copy {host} -> {dest}")

@@ -8,7 +8,9 @@
     license = "MIT"
     base = "host"                         # host | debian:<suite> | docker:<image> | hub:<name>@<ver>
     gym_id = "rock/Counter-v1"            # default rock/<name>-v<major>
-    setup = ["pip install x", "..."]      # run at build time, network allowed; the result is frozen
+    setup = ["pip install x", "..."]      # run at build time; the result is frozen
+    network = ["pypi.org", "files.pythonhosted.org"]  # what setup may reach (names, *. wildcards):
+                                          # its own network behind this allow-list; none without it
     setup_timeout_s = 900
     tasks = "tasks.jsonl"                 # copied to /rockenv/<file name>; passed as tasks_file=
     python = "src"                        # host-side code of the entry point, shipped in the env
@@ -40,12 +42,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rockroll.sandbox import EgressPolicy, SpecError
+
 from .errors import ManifestError
 from .version import NAME, EnvRef, Version
 
 MANIFEST_FILE = "rockenv.toml"
 ENV_DIR = "/rockenv"  # where the package's own things (tasks, python code) live in the sandbox
-_KEYS = {"name", "version", "description", "license", "base", "gym_id", "setup", "setup_timeout_s",
+_KEYS = {"name", "version", "description", "license", "base", "gym_id", "setup", "setup_timeout_s", "network",
          "tasks", "python", "private", "files", "env", "snapshots"}
 _GYM_ID = re.compile(r"(?:[\w:.-]+/)?[\w:.-]+-v\d+")
 
@@ -69,6 +73,7 @@ class Package:
     gym_id: str = ""
     setup: tuple[str, ...] = ()
     setup_timeout_s: float = 900.0
+    network: tuple[str, ...] = ()  # host names setup steps may reach (an EgressPolicy's hosts)
     tasks: str | None = None  # package-relative path
     python: str | None = None  # package-relative folder
     private: str | None = None  # package-relative folder, packed apart: never enters a sandbox
@@ -181,6 +186,11 @@ def parse_package(data: dict, root: Path, file: str) -> Package:
         raise err("gym_id", f"{gym_id!r} is not a gymnasium id like rock/Name-v1")
 
     setup = strings("setup", data["setup"]) if "setup" in data else ()
+    network = strings("network", data["network"]) if "network" in data else ()
+    try:
+        network = EgressPolicy(hosts=network).hosts
+    except SpecError as e:
+        raise err("network", str(e)) from None
     timeout = data.get("setup_timeout_s", 900.0)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
         raise err("setup_timeout_s", "must be a positive number of seconds")
@@ -244,7 +254,7 @@ def parse_package(data: dict, root: Path, file: str) -> Package:
 
     return Package(root=root, name=name, version=version, description=string("description", ""),
                    license=string("license", ""), base=base, gym_id=gym_id, setup=setup,
-                   setup_timeout_s=float(timeout), tasks=tasks, python=python, private=private, files=tuple(files),
+                   setup_timeout_s=float(timeout), network=network, tasks=tasks, python=python, private=private, files=tuple(files),
                    entry_point=entry, kwargs=dict(kwargs), snapshots=tuple(snaps))
 
 

@@ -26,6 +26,8 @@ AGENT_DIR = "/opt/rockroll/agents"
 AGENT_PYLIB = "/opt/rockroll/pylib"
 #: The openai client the tool agent is installed with (the version the tests run).
 OPENAI_CLIENT = "openai==3.57.0"
+#: The package index install steps reach by default (``rockroll hub build`` opens nothing else).
+PYPI_HOSTS = ("pypi.org", "files.pythonhosted.org")
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,7 @@ class AgentSpec:
     command: str                 # run in the sandbox's workdir; {task} is replaced by the path of a file holding the task's instruction text
     install: tuple[str, ...] = ()  # setup steps (with network) that put the agent into an env image at build time
     env: dict[str, str] = field(default_factory=dict)  # extra environment for the agent's session
+    network: tuple[str, ...] = ()  # what install steps may reach (the build's egress allow-list); none: no network
 
 
 def script_step(name: str) -> str:
@@ -57,7 +60,7 @@ def _openai_agent(name: str, script: str, args: str) -> AgentSpec:
     return AgentSpec(name=name, command=f"python3 {AGENT_DIR}/{script} {args}",
                      install=(script_step(script),
                               f"python3 -m pip install --no-cache-dir --target {AGENT_PYLIB} '{OPENAI_CLIENT}'"),
-                     env={"PYTHONPATH": AGENT_PYLIB})
+                     env={"PYTHONPATH": AGENT_PYLIB}, network=PYPI_HOSTS)
 
 
 AGENTS: dict[str, AgentSpec] = {
@@ -93,6 +96,7 @@ AGENTS: dict[str, AgentSpec] = {
             "MSWEA_COST_TRACKING": "ignore_errors",     # a model litellm has no price for
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",     # no fetch of litellm's price map: no network
         },
+        network=(*PYPI_HOSTS, "deb.debian.org", "security.debian.org"),  # pip, and apt for python3-venv
     ),
 }
 
@@ -105,6 +109,7 @@ def agent_spec(agent: str | AgentSpec | dict) -> AgentSpec:
     if isinstance(agent, dict):
         try:
             return AgentSpec(**{**agent, "install": tuple(agent.get("install", ())),
+                                "network": tuple(agent.get("network", ())),
                                 "env": dict(agent.get("env", {}))})
         except TypeError as e:
             raise ValueError(f"agent: an AgentSpec needs name and command (and may have install, env): {e}") from None
@@ -122,7 +127,8 @@ def _agent_toml(spec: AgentSpec) -> str:
         return json.dumps(spec.name)
     env = ", ".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in spec.env.items())
     return (f"{{ name = {json.dumps(spec.name)}, command = {json.dumps(spec.command)}, "
-            f"install = [{', '.join(json.dumps(step) for step in spec.install)}], env = {{ {env} }} }}")
+            f"install = [{', '.join(json.dumps(step) for step in spec.install)}], "
+            f"network = [{', '.join(json.dumps(h) for h in spec.network)}], env = {{ {env} }} }}")
 
 
 def agent_package(agent: str | AgentSpec, folder: str | os.PathLike, *, name: str | None = None,
@@ -137,7 +143,8 @@ def agent_package(agent: str | AgentSpec, folder: str | os.PathLike, *, name: st
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     lines = [f"name = {json.dumps(name)}", f"version = {json.dumps(version)}", f"base = {json.dumps(base)}",
-             f"setup = [{', '.join(json.dumps(step) for step in spec.install)}]", "",
+             f"setup = [{', '.join(json.dumps(step) for step in spec.install)}]",
+             f"network = [{', '.join(json.dumps(h) for h in spec.network)}]", "",
              "[files]", *(f"{json.dumps(src)} = {json.dumps(dst)}" for src, dst in (files or {}).items()), "",
              "[env]", 'entry_point = "rockroll.gem.agent_env:AgentEnv"',
              f"kwargs = {{ agent = {_agent_toml(spec)} }}", ""]

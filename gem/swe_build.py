@@ -495,7 +495,8 @@ def build_agent_variant(ref: str, agent: AgentSpec, *, hub: str | None = None,
         f"name = {_toml(name)}", f"version = {_toml(version)}",
         f"description = {_toml(f'{ref} with {agent.name} installed: its {len(tasks)} tasks, for agents to run in')}",
         f"license = {_toml(env.manifest.license)}", f"base = {_toml('hub:' + ref)}",
-        f"setup = {_toml(list(agent.install))}", "setup_timeout_s = 1800", 'private = "private"', "",
+        f"setup = {_toml(list(agent.install))}", f"network = {_toml(list(agent.network))}",
+        "setup_timeout_s = 1800", 'private = "private"', "",
         "[env]", f"entry_point = {_toml('rockroll.gem.swe:SWEEnv')}", "", *snapshots,
     ]
     with tempfile.TemporaryDirectory(prefix="rockroll-swe-agent-") as tmp:

@@ -46,7 +46,7 @@ def _spec_options(f):
     f = click.option("--memory-mb", type=int, default=1024, show_default=True, help="Memory limit.")(f)
     f = click.option("--cpus", type=float, default=1.0, show_default=True, help="CPU limit (cores).")(f)
     f = click.option("--network/--no-network", default=False, show_default=True,
-                     help="Allow network access (default: loopback only).")(f)
+                     help="A network of its own: the public internet, nothing private (default: loopback only).")(f)
     return f
 
 

@@ -6,7 +6,7 @@
 
 Layout, lowest floor first (no module imports a higher floor, ``tests/test_imports.py``):
 ``errors.py``, ``lifecycle.py``, ``home.py`` and ``protocol/`` (the host <-> guest frames
-and config, the HTTP wire models, the model token) are the ground floor; ``spec.py``;
+and config, the HTTP wire models, the model token) are the ground floor; ``egress.py``; ``spec.py``;
 ``guest/`` is pid 1 of a sandbox (standard library only); ``storage/`` layers and
 snapshots; ``factory.py`` maps a backend name to its classes; ``base.py`` is the contract
 every backend implements; ``sync.py``, ``pool.py``; ``modelservice/``; ``deployment/``
@@ -19,6 +19,7 @@ from .errors import (CapacityError, GuestDied, IsolationUnavailable, SandboxClos
                      SandboxFileError, SandboxFileNotFound, SandboxLost, SandboxNotFound, SandboxStartError,
                      ServiceUnreachable, SessionError, SnapshotError, SpecError, StorageFullError,
                      StorageLimitError, UnsafeArchiveError)
+from .egress import EgressPolicy
 from .spec import CommandResult, SandboxSpec, Snapshot
 from .sync import Sandbox, open_sandbox
 
@@ -32,7 +33,7 @@ def configure(url: str | None = None, token: str | None = None) -> None:
 
 
 __all__ = [
-    "AsyncSandbox", "CapacityError", "CommandResult", "GuestDied", "IsolationUnavailable",
+    "AsyncSandbox", "CapacityError", "CommandResult", "EgressPolicy", "GuestDied", "IsolationUnavailable",
     "Sandbox", "SandboxClosed", "SandboxError", "SandboxFileError", "SandboxFileNotFound", "SandboxLost",
     "SandboxNotFound", "SandboxSpec", "SandboxStartError", "ServiceUnreachable", "SessionError", "Snapshot",
     "SnapshotError", "SpecError", "StorageFullError", "StorageLimitError", "UnsafeArchiveError",

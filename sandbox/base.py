@@ -99,6 +99,21 @@ class AsyncSandbox(abc.ABC):
         cheaply on this host (blocking file reads: call it off the event loop); else None."""
         return None
 
+    def network_stats(self) -> dict | None:
+        """A sandbox with ``network=True``: ``{"bytes_in", "bytes_out", "connections",
+        "dns_queries", "denied": {reason: count}}`` since it was created (``denied`` reasons:
+        ``egress.py``, ``deployment/gateway.py``, ``deployment/network.py``). None without a
+        network, or where the backend does not count."""
+        return None
+
+    async def expose(self, port: int) -> tuple[str, int]:
+        """Make the sandbox's TCP ``port`` reachable from the host: returns
+        ``("127.0.0.1", host_port)``. Until then nothing outside the sandbox can open a
+        connection to it. Needs ``network=True``."""
+        from .errors import SandboxError
+
+        raise SandboxError(f"expose() is not supported by the {self.spec.backend} backend", sandbox_id=self.id)
+
     # ----------------------------------------------------------------- commands
     @abc.abstractmethod
     async def run(self, cmd: str, *, timeout: float | None = None, session: str | None = None,

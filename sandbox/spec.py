@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
+from .egress import EgressPolicy
 from .errors import SpecError
 
 BACKENDS = ("local", "docker", "remote", "ray")
@@ -23,7 +24,10 @@ class SandboxSpec:
     ``disk_mb`` bounds the sandbox's writable layer, bytes and inodes alike (writes past it
     fail with ENOSPC; ``deployment/disk.py``).
     ``timeout_s`` is the default timeout of ``run()``; ``ttl_s`` the idle lifetime a
-    service or pool enforces. ``network=False`` leaves only loopback.
+    service or pool enforces. ``network=False`` leaves only loopback; ``network=True`` gives
+    the sandbox a network namespace of its own reaching the public internet (nothing private,
+    never the host's own addresses), narrowed by ``egress`` (an ``EgressPolicy``: host names,
+    CIDRs, ports; ``egress.py``).
     ``max_output_bytes`` caps each of stdout and stderr of one command.
     ``model_endpoint`` (``http://host:port`` of a model service, as this host reaches it)
     gives the sandbox an OpenAI-compatible endpoint without opening its network: its
@@ -44,6 +48,7 @@ class SandboxSpec:
     ttl_s: float | None = None
     max_output_bytes: int = 1 << 20
     model_endpoint: str | None = None
+    egress: EgressPolicy | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.image, str) or not self.image:
@@ -68,6 +73,10 @@ class SandboxSpec:
         if self.model_endpoint is not None and not _is_http_url(self.model_endpoint):
             raise SpecError("model_endpoint", f"must be an http://host:port URL, not {self.model_endpoint!r}")
         object.__setattr__(self, "env", dict(self.env))
+        if self.egress is not None:
+            object.__setattr__(self, "egress", EgressPolicy.from_value(self.egress))
+            if not self.network:
+                raise SpecError("egress", "an egress policy needs network=True")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

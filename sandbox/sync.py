@@ -145,6 +145,12 @@ class Sandbox:
     def ping(self) -> bool:
         return run_sync(self._inner.ping())
 
+    def network_stats(self) -> dict | None:
+        return self._inner.network_stats()
+
+    def expose(self, port: int) -> tuple[str, int]:
+        return run_sync(self._inner.expose(port))
+
     def close(self) -> None:
         run_sync(self._inner.close())
 

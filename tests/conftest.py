@@ -19,6 +19,10 @@ import pytest
 _ROOT = Path(__file__).resolve().parents[1]
 sys.path[:] = [p for p in sys.path if Path(p or os.curdir).resolve() != _ROOT]
 
+# A sandbox with network=True adds a veth and filter rules to the namespace it is made in:
+# tests make theirs only in network namespaces they create (tests/sandbox/_netlab.py), never
+# in the one the suite started in (the machine's own), builds of the user's SWE images included.
+os.environ.setdefault("ROCKROLL_SANDBOX_NETWORK_GUARD", os.readlink("/proc/self/ns/net"))
 _USER_ENV = dict(os.environ)  # before the test home: where the user's default hub is
 _home = tempfile.mkdtemp(prefix="rockroll-test-home-")
 os.environ.setdefault("ROCKROLL_HOME", _home)

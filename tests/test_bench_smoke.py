@@ -40,6 +40,7 @@ SMOKE: dict[str, list[str]] = {
     "modelservice": ["--agents", "2"],
     "envs": ["--envs", "2"],
     "sandbox": ["--smoke"],
+    "network": ["--connects", "5", "--mib", "2"],
 }
 NEEDS_DOCKER = {"envs", "sandbox"}
 

@@ -152,6 +152,7 @@ def test_dependencies_flow_one_way(package):
 # ``if TYPE_CHECKING:``): a type a low room names is still a room it depends on.
 SANDBOX_FLOORS: list[tuple[str, ...]] = [
     ("errors", "lifecycle", "home", "protocol", "protocol.frames", "protocol.tokens"),  # ground: no rockroll import
+    ("egress",),             # EgressPolicy, address classes (the spec's network policy)
     ("spec",),               # SandboxSpec, CommandResult, Snapshot
     ("protocol.wire",),      # the HTTP models of rockroll serve and its SDK
     ("guest",),              # pid 1 of a sandbox: the standard library and protocol.frames only

@@ -11,7 +11,8 @@ sandbox over one pipe. So ``run("true")`` costs a protocol round trip, never a
   then cached). Snapshots record ``spec.image``, so a snapshot taken with ``"host"`` on
   one backend restores with ``"host"`` on the other: same files, a different base system.
 - Confinement: capabilities dropped to the guest's ``KEEP_CAPS``, ``no-new-privileges``,
-  network ``none`` (``network=True`` is refused), memory = memory+swap, ``nano_cpus``,
+  network ``none`` (``network=True``: that namespace wired to a gateway here, as a local
+  sandbox's, ``gateway.SandboxNetwork``), memory = memory+swap, ``nano_cpus``,
   ``pids_limit``; the guest's processes join the container's cgroups, so they count
   against the same limits. Syscalls: the container runs under our profile
   (``seccomp.docker_profile()``, never unconfined), and the guest, which enters from
@@ -48,7 +49,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import IsolationUnavailable, SandboxStartError, SpecError
+from ..errors import IsolationUnavailable, SandboxStartError
 from ..lifecycle import proc_start_time
 from ..guest.syscalls import KEEP_CAPS
 from ..protocol.frames import GuestConfig, ModelConfig
@@ -56,6 +57,7 @@ from ..spec import SandboxSpec
 from ..storage.whiteouts import apply_layer
 from .cgroups import Cgroup
 from .disk import SandboxDisk
+from .gateway import NetworkedDeployment, SandboxNetwork
 from .process import GuestHandle, GuestProcess
 from .rootfs import NO_NETWORK_ETC
 from .seccomp import docker_security_opt
@@ -125,7 +127,7 @@ def container_cgroup(pid: int) -> Cgroup:
     return Cgroup(str(pid), "v1", dirs)
 
 
-class DockerDeployment:
+class DockerDeployment(NetworkedDeployment):
     """Host side of one docker sandbox: its container and the guest that entered it.
 
     The guest process is the local one's (an ``GuestProcess``: recorded, killed and
@@ -135,8 +137,6 @@ class DockerDeployment:
     """
 
     def __init__(self, spec: SandboxSpec, sandbox_id: str, run: RunRegistry):
-        if spec.network:
-            raise SpecError("network", "the docker backend runs containers with network 'none' only")
         self.client = docker_client()
         self.spec, self.id, self.run = spec, sandbox_id, run
         self.image = resolve_image(spec.image)
@@ -144,6 +144,9 @@ class DockerDeployment:
         # A mount there stops Docker from mounting its copy of the host's resolv.conf.
         self.resolv = self.dir / "resolv.conf"
         self.resolv.write_text(NO_NETWORK_ETC["resolv.conf"])
+        # network=True: the container keeps network 'none' (a namespace of its own, lo only)
+        # and is wired like a local sandbox, to a gateway in this process's namespace
+        self.network = SandboxNetwork(spec.egress) if spec.network else None
         self.gen = 0
         self.guest = GuestProcess(self.dir)
         self.container = None
@@ -213,6 +216,8 @@ class DockerDeployment:
         import docker  # noqa: PLC0415
 
         self.gen += 1
+        if self.network is not None:  # the file is bound into the container: rewritten in place
+            self.resolv.write_text(f"nameserver {self.network.prepare()}\noptions attempts:3 timeout:2\n")
         try:
             image = self._chain_image(layers)
         except (docker.errors.DockerException, OSError) as e:
@@ -226,6 +231,8 @@ class DockerDeployment:
             self.cgroup = container_cgroup(pid)
         except (docker.errors.DockerException, OSError, KeyError) as e:
             raise SandboxStartError(f"cannot start the container: {e}", sandbox_id=self.id) from e
+        if self.network is not None:
+            self.network.attach(pid)
         disk = self.disk.prepare(self.gen)
         if disk is not None:  # mounted in the container's namespace, at a path of the container
             disk.dir = LAYER_DIR
@@ -244,6 +251,8 @@ class DockerDeployment:
         gen = self.gen
         self.guest.stop(then=lambda: self.disk.drop(gen))
         container, self.container = self.container, None
+        if self.network is not None:
+            self.network.detach()
         if container is not None:
             thread = threading.Thread(target=_remove, args=(container,), daemon=True)
             thread.start()

@@ -22,6 +22,7 @@ from ..protocol.frames import PREPARE_NET, GuestConfig, ModelConfig, encode_fram
 from ..spec import SandboxSpec
 from .cgroups import Cgroup, Limits, cgroup_mode, rlimit_fallback
 from .disk import SandboxDisk
+from .gateway import NetworkedDeployment, SandboxNetwork
 from .process import GuestHandle, GuestProcess, fork_guest
 from .rootfs import RootfsPlan, network_plan, plan_for_image
 
@@ -132,18 +133,23 @@ def _discard(group: Cgroup, guest: GuestHandle | None) -> None:
 _joined = _JoinedGuests()
 
 
-class LocalDeployment:
+class LocalDeployment(NetworkedDeployment):
     """Host side of one local sandbox: its directories, cgroup and guest process."""
 
     def __init__(self, spec: SandboxSpec, sandbox_id: str, run: RunRegistry):
         check_isolation()
+        if spec.network and os.geteuid() != 0:
+            raise IsolationUnavailable(
+                "network=True on the local backend needs root (a network namespace of its own, wired "
+                "by a veth to a gateway on the host); run as root, or leave the network off",
+                sandbox_id=sandbox_id)
         self.spec, self.id, self.run = spec, sandbox_id, run
         self.plan = plan_for_image(spec.image, run.home)
         self.dir = run.add(sandbox_id, self.kill_now)
         if spec.disk_mb is None:  # else the root's mount point is on the sized layer
             (self.dir / "rootfs").mkdir(exist_ok=True)
-        # On top of everything (image and snapshot layers): the host's name resolution.
-        self.net = network_plan(self.dir / "net") if spec.network else RootfsPlan((), ())
+        self.net = RootfsPlan((), ())
+        self.network = SandboxNetwork(spec.egress) if spec.network else None
         self.gen = 0
         self.guest = GuestProcess(self.dir)
         self.userns = os.geteuid() != 0
@@ -175,6 +181,9 @@ class LocalDeployment:
         on a disk of its own, ``disk_mb`` big (``disk.py``), or a host directory (no limit)."""
         self.gen += 1
         upper, work = self.dir / f"upper{self.gen}", self.dir / f"work{self.gen}"
+        if self.network is not None:
+            # On top of everything (image and snapshot layers): its resolver, the gateway.
+            self.net = network_plan(self.dir / "net", self.network.prepare())
         disk = self.disk.prepare(self.gen)
         if disk is None:
             upper.mkdir()
@@ -196,6 +205,8 @@ class LocalDeployment:
     def record(self, init_pid: int) -> None:
         self.guest.record(init_pid)
         self.disk.mounted(self.guest.proc.pid)
+        if self.network is not None:
+            self.network.attach(init_pid)
 
     def stop_guest(self) -> None:
         """Kill the current guest (and with it the whole pid namespace); delete the old
@@ -203,6 +214,8 @@ class LocalDeployment:
         gen = self.gen
         self.disk.close()
         self.guest.stop(then=lambda: self._drop_generation(gen))
+        if self.network is not None:
+            self.network.detach()
         if self.cgroup:
             # The old namespace's processes die after its pid 1, not with it: a fork bomb's
             # may still hold the pids limit, and the next guest could not fork. Empty it first.
@@ -232,6 +245,8 @@ class LocalDeployment:
         with self._lock:
             self.disk.close()
             self.guest.kill()
+            if self.network is not None:
+                self.network.detach()
             if self.cgroup:
                 self.cgroup.remove()
                 self.cgroup = None

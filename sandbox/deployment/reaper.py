@@ -18,6 +18,7 @@ Cleanup happens in three places, so nothing outlives its owner:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import shutil
@@ -109,6 +110,11 @@ def reap_dead_runs(home: Path | None = None, *, include_live: bool = False,
                 Cgroup.attach(name).remove()
             except SandboxError:
                 pass  # another collector got there first, or a process would not die
+    if (reaped or include_live) and os.geteuid() == 0 and shutil.which("iptables-save"):
+        from .network import sweep
+
+        with contextlib.suppress(SandboxError):
+            sweep()  # the filter rules of their sandboxes' networks (the veths died with them)
     for hook in reap_hooks():  # each backend's own leftovers (docker's containers)
         try:
             hook(reaped, keep=keep)

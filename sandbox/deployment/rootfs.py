@@ -8,8 +8,8 @@ Nothing else of the host is reachable: no ``/root``, ``/home``, project folders,
 ``/var/run/docker.sock`` or ``/proc`` of the host.
 
 Name resolution: the host image's ``/etc/hosts`` and ``/etc/resolv.conf`` know localhost
-only (``NO_NETWORK_ETC``). A sandbox with ``network=True`` (any image) shares the host's
-network namespace, so it gets the host's own two files instead (``network_plan``): copies
+only (``NO_NETWORK_ETC``). A sandbox with ``network=True`` (any image) has a network of its
+own whose resolver is its gateway, so it gets a ``resolv.conf`` naming it (``network_plan``): files
 in a top lower layer, each bound read-only over itself, so they are never in the upper
 dir, a snapshot or a built layer, and a sandbox without network never sees them.
 """
@@ -161,25 +161,20 @@ def _build_host_layer(layer: Path) -> None:
         raise
 
 
-def network_plan(folder: Path) -> RootfsPlan:
-    """What a sandbox with ``network=True`` mounts over its image: the host's ``hosts`` and
-    ``resolv.conf`` (as Docker gives a host-network container), copied into ``folder``
-    (symlinks followed: systemd-resolved's stub file is what the host resolves with).
-    ``folder`` is the top lower layer, so each file is a regular file whatever the image has
-    there (a symlink, nothing), and a read-only bind of the copy over itself keeps it out of
-    the upper dir: a snapshot or a built layer never holds it. A file the host lacks gets
-    ``NO_NETWORK_ETC``'s text."""
+def network_plan(folder: Path, nameserver: str) -> RootfsPlan:
+    """What a sandbox with ``network=True`` mounts over its image: ``hosts`` (localhost) and
+    a ``resolv.conf`` naming ``nameserver`` (its gateway's resolver, ``deployment/gateway.py``),
+    written into ``folder``. ``folder`` is the top lower layer, so each file is a regular
+    file whatever the image has there (a symlink, nothing), and a read-only bind of it over
+    itself keeps it out of the upper dir: a snapshot or a built layer never holds it."""
     etc = folder / "etc"
     etc.mkdir(parents=True, exist_ok=True)
     os.chmod(folder, 0o755)
     os.chmod(etc, 0o755)
     binds = []
-    for name, default in NO_NETWORK_ETC.items():
-        try:
-            data = Path("/etc", name).read_bytes()
-        except OSError:
-            data = default.encode()
-        (etc / name).write_bytes(data)
+    files = {**NO_NETWORK_ETC, "resolv.conf": f"nameserver {nameserver}\noptions attempts:3 timeout:2\n"}
+    for name, text in files.items():
+        (etc / name).write_text(text)
         os.chmod(etc / name, 0o644)
         binds.append((str(etc / name), f"/etc/{name}", True))
     return RootfsPlan(lowers=(str(folder),), binds=tuple(binds))

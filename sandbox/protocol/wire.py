@@ -140,6 +140,16 @@ class PoolIn(SpecIn):
     size: int = Field(ge=1, le=4096, description="sandboxes the pool owns: idle plus handed out")
 
 
+class ExposeIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    port: int = Field(ge=1, le=65535, description="a TCP port of the sandbox")
+
+
+class ExposeOut(BaseModel):
+    host: str = Field(description="an address of the service's host (127.0.0.1)")
+    port: int
+
+
 class RunIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     cmd: str
@@ -193,6 +203,8 @@ class CommandOut(BaseModel):
 class StatsOut(BaseModel):
     cpu_seconds: float | None = None
     memory_bytes: int | None = None
+    network: dict[str, Any] | None = Field(default=None, description="a sandbox with network=True: bytes_in, "
+                                           "bytes_out, connections, dns_queries, denied (by reason)")
 
 
 class SandboxOut(BaseModel):

@@ -555,3 +555,15 @@ class GuestSandbox(AsyncSandbox):
     def usage(self) -> dict[str, float] | None:
         return self._deploy.usage() if self._deploy else None
 
+    def network_stats(self) -> dict | None:
+        stats = getattr(self._deploy, "network_stats", None)
+        return stats() if stats else None
+
+    async def expose(self, port: int) -> tuple[str, int]:
+        self._ensure_open()
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise SpecError("port", f"not a port number (1-65535): {port!r}")
+        if not hasattr(self._deploy, "expose"):
+            return await super().expose(port)
+        return await asyncio.to_thread(self._deploy.expose, port)
+

@@ -152,6 +152,11 @@ class RemoteSandbox(AsyncSandbox):
         await self._call("POST", self._url("/reset"))
         self._alive = True
 
+    async def expose(self, port: int) -> tuple[str, int]:
+        self._ensure_open()
+        out = (await self._call("POST", self._url("/expose"), json_body={"port": port})).json()
+        return out["host"], out["port"]
+
     async def ping(self) -> bool:
         if self._closed:
             return False

@@ -44,14 +44,15 @@ class Entry:
         # Sessions opened by name through the ROCK / SWE-ReX routes (``compat.py``): theirs
         # must be created before use and fail if created twice; ours are made on first use.
         self.named_sessions: set[str] = set()
+        self.exposed: dict[int, tuple[str, int]] = {}  # sandbox port -> its address on this host
 
     @property
     def state(self) -> str:
         return "alive" if self.sb.alive else "dead"
 
     def stats(self) -> StatsOut:
-        """CPU and memory, where the backend can tell (cheap file reads)."""
-        return StatsOut(**(self.sb.usage() or {}))
+        """CPU and memory, where the backend can tell (cheap file reads); the network's counters."""
+        return StatsOut(**(self.sb.usage() or {}), network=self.sb.network_stats())
 
     def describe(self, detail: bool) -> SandboxOut:
         out = SandboxOut(id=self.id, state=self.state, spec=self.sb.spec.to_dict(), created=self.created,

@@ -102,6 +102,23 @@ def service_families(fleet) -> list:
                [((p.id, k), getattr(p, k)) for p in pools for k in ("idle", "busy")]),
         family("gauge", "rockroll_pool_size", "Sandboxes a warm pool keeps (idle + handed out).", ("pool",),
                [((p.id,), p.size) for p in pools]),
+        *network_families(fleet),
+    ]
+
+
+def network_families(fleet) -> list:
+    """Per sandbox with a network: bytes through its gateway, connections it opened, and
+    attempts the policy or the packet filter refused, by reason (``AsyncSandbox.network_stats``)."""
+    stats = [(sid, s) for sid, e in fleet.entries.items() if (s := e.sb.network_stats()) is not None]
+    return [
+        family("counter", "rockroll_sandbox_network_bytes", "Bytes through a sandbox's gateway: in (to the "
+               "sandbox), out (from it).", ("sandbox", "direction"),
+               [((sid, d), s[f"bytes_{d}"]) for sid, s in stats for d in ("in", "out")]),
+        family("counter", "rockroll_sandbox_network_connections", "TCP connections a sandbox opened that its "
+               "egress policy allowed.", ("sandbox",), [((sid,), s["connections"]) for sid, s in stats]),
+        family("counter", "rockroll_sandbox_network_denied", "Connections, queries and packets of a sandbox its "
+               "egress policy or packet filter refused, by reason.", ("sandbox", "reason"),
+               [((sid, r), n) for sid, s in stats for r, n in sorted(s["denied"].items())]),
     ]
 
 

@@ -13,8 +13,8 @@ from fastapi.responses import StreamingResponse
 
 from ..errors import SandboxError, SpecError
 from ..protocol.tokens import admin_token
-from ..protocol.wire import (BatchIn, BatchItemOut, ForkIn, OkOut, RestoreIn, ResultOut, RunIn, SandboxOut, SnapshotOut,
-                   SpecIn, error_body, status_of)
+from ..protocol.wire import (BatchIn, BatchItemOut, ExposeIn, ExposeOut, ForkIn, OkOut, RestoreIn, ResultOut, RunIn,
+                             SandboxOut, SnapshotOut, SpecIn, error_body, status_of)
 from ..spec import SandboxSpec
 from .deps import Fleet, Store
 from .quota import token_key
@@ -133,6 +133,47 @@ async def delete_sandbox(sandbox_id: str, fleet: Fleet) -> Response:
 async def ping(sandbox_id: str, fleet: Fleet) -> OkOut:
     entry = fleet.get(sandbox_id)
     return OkOut(ok=await fleet.call(entry, entry.sb.ping()))
+
+
+@router.post("/sandboxes/{sandbox_id}/expose", response_model=ExposeOut)
+async def expose(body: ExposeIn, sandbox_id: str, fleet: Fleet) -> ExposeOut:
+    """Open the sandbox's TCP ``port`` on the service's host (127.0.0.1; ``AsyncSandbox.expose``)."""
+    entry = fleet.get(sandbox_id)
+    host, port = await fleet.call(entry, entry.sb.expose(body.port))
+    return ExposeOut(host=host, port=port)
+
+
+_HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
+               "transfer-encoding", "upgrade", "host", "authorization", "content-length"}
+
+
+@router.api_route("/sandboxes/{sandbox_id}/ports/{port}/{path:path}", include_in_schema=False,
+                  methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"])
+async def through_port(sandbox_id: str, port: int, path: str, request: Request, fleet: Fleet) -> Response:
+    """HTTP to the sandbox's ``port`` through the service (``expose`` on its host, the
+    service's token required): ``/v1/sandboxes/{id}/ports/8000/some/page?q=1``."""
+    import httpx  # noqa: PLC0415 - the service extra
+
+    entry = fleet.get(sandbox_id)
+    if not 1 <= port <= 65535:
+        raise SpecError("port", f"not a port number (1-65535): {port}")
+    headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
+    body = await request.body()
+    for attempt in (0, 1):  # an exposed port dies with its guest (reset, restore): expose again once
+        if attempt or port not in entry.exposed:
+            entry.exposed[port] = await fleet.call(entry, entry.sb.expose(port))
+        host, host_port = entry.exposed[port]
+        try:
+            async with httpx.AsyncClient(timeout=60) as client:
+                up = await client.request(request.method, f"http://{host}:{host_port}/{path}",
+                                          params=request.query_params, content=body, headers=headers)
+            break
+        except httpx.TransportError as e:
+            if attempt:
+                return Response(f"the sandbox's port {port} does not answer: {e}", status_code=502)
+    return Response(up.content, status_code=up.status_code,
+                    headers={k: v for k, v in up.headers.items() if k.lower() not in _HOP_BY_HOP
+                             and k.lower() != "content-encoding"})
 
 
 # commands -------------------------------------------------------------------

@@ -33,6 +33,8 @@ def test_defaults(tmp_path):
     ('base = "ubuntu:22.04"\n' + GOOD, "base", "debian:<suite>"),
     ('base = "hub:x@1#snap"\n' + GOOD, "base", "snapshot"),
     ('setup = "apt-get install x"\n' + GOOD, "setup", "list of non-empty strings"),
+    ('network = "pypi.org"\n' + GOOD, "network", "list of non-empty strings"),
+    ('network = ["pypi org"]\n' + GOOD, "network", "not a host name"),
     ('tasks = "missing.jsonl"\n' + GOOD, "tasks", "does not exist"),
     ('tasks = "../outside"\n' + GOOD, "tasks", "inside the package"),
     ('gym_id = "nope"\n' + GOOD, "gym_id", "gymnasium id"),
@@ -58,3 +60,10 @@ def test_errors_name_the_key_and_the_file(tmp_path, text, key, words):
 def test_missing_file(tmp_path):
     with pytest.raises(ManifestError, match="no rockenv.toml"):
         load_package(tmp_path)
+
+
+def test_network_is_an_allow_list_of_host_names(tmp_path):
+    """``network`` is what setup steps may reach (the build's egress policy); none without it."""
+    assert load_package(write(tmp_path, GOOD)).network == ()
+    pkg = load_package(write(tmp_path, 'network = ["PyPI.org", "*.pythonhosted.org"]\n' + GOOD))
+    assert pkg.network == ("pypi.org", "*.pythonhosted.org")

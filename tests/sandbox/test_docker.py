@@ -185,11 +185,6 @@ def test_name_resolution_holds_nothing_of_the_host(box):
     assert box.read_file("/etc/resolv.conf").decode() == NO_NETWORK_ETC["resolv.conf"]
 
 
-def test_network_is_refused():
-    with pytest.raises(SpecError):
-        open_sandbox(SandboxSpec(backend="docker", network=True))
-
-
 def test_memory_hog_is_oom_killed(image):
     with open_sandbox(dspec(image, memory_mb=64)) as sb:
         r = sb.run("head -c 400m /dev/zero | tail > /dev/null; echo rc=$?")

@@ -1,0 +1,357 @@
+"""A sandbox's gateway, on the host side of its veth (``network.py``): the only thing the
+sandbox's packets reach. One asyncio loop per process (a thread) serves every sandbox of
+the process; each sandbox has its own listeners, bound to its own gateway address.
+
+- **Resolver** (UDP, the sandbox's ``nameserver``): a name the policy does not allow is
+  answered NXDOMAIN; an allowed one is resolved with the host's resolver (A only: the
+  sandbox has no IPv6 egress), and every address that is not public (loopback, the host's
+  own, link-local such as 169.254.169.254, private, the sandboxes' subnet) is taken out of
+  the answer and counted as ``rebinding``. Each address given is remembered with its name,
+  for this sandbox only.
+- **Proxy** (TCP, every connection the sandbox opens, whatever its destination, redirected
+  here by the filter): the original destination (``SO_ORIGINAL_DST``) must be public or in
+  the policy's CIDRs, its port allowed, and, under a host allow-list, an address this
+  sandbox's resolver gave for an allowed name. Then, unless the address came from a CIDR,
+  the first bytes are read: a TLS ClientHello must carry a server name, an HTTP request
+  one ``Host``, that is allowed *and* was resolved to this address for this sandbox (so a
+  name cannot be fronted through another's address). Other protocols (nothing sent within
+  ``SNIFF_S``) pass on the address alone. The proxy connects from the host, so the far
+  end sees the host's address, as behind NAT.
+
+Why a proxy and not forwarding + NAT: the decision needs the name a connection is for,
+which only the resolver's memory and the first bytes tell; a packet filter sees neither.
+A proxy also means no packet of a sandbox is ever routed by the host: a mistake in the
+rules can lose a sandbox its network, not open the host's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ipaddress
+import socket
+import struct
+import threading
+from typing import Callable
+
+from ..egress import EgressPolicy, address_class
+from ..errors import SandboxError, SpecError
+from . import network, wire
+from .network import DNS_PORT, EXPOSE_MARK, PROXY_PORT, SUBNET
+
+SO_ORIGINAL_DST = 80
+SNIFF_S = 3.0  # how long the proxy waits for a client's first bytes
+CONNECT_S = 10.0
+_loop: asyncio.AbstractEventLoop | None = None
+_loop_lock = threading.Lock()
+
+
+def gateway_loop() -> asyncio.AbstractEventLoop:
+    """The process's gateway loop, on a daemon thread, started on first use."""
+    global _loop
+    with _loop_lock:
+        if _loop is None:
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="rockroll-gateway", daemon=True).start()
+            _loop = loop
+        return _loop
+
+
+def _call(coro):
+    return asyncio.run_coroutine_threadsafe(coro, gateway_loop()).result(timeout=30)
+
+
+class Traffic:
+    """One sandbox's counters, over all its guests (a restore wires a new namespace)."""
+
+    def __init__(self) -> None:
+        self.bytes_in = 0  # to the sandbox
+        self.bytes_out = 0  # from the sandbox
+        self.connections = 0  # allowed TCP connections
+        self.dns_queries = 0
+        self.denied: collections.Counter[str] = collections.Counter()
+
+    def snapshot(self, kernel: dict[str, int] | None = None) -> dict:
+        denied = collections.Counter(self.denied)
+        denied.update({k: v for k, v in (kernel or {}).items() if v})
+        return {"bytes_in": self.bytes_in, "bytes_out": self.bytes_out, "connections": self.connections,
+                "dns_queries": self.dns_queries, "denied": dict(denied)}
+
+
+def host_address(ip: str) -> bool:
+    """Whether ``ip`` is an address of this network namespace (binding to it works)."""
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((ip, 0))
+            return True
+        except OSError:
+            return False
+
+
+class Gateway:
+    """The resolver and proxy of one sandbox's current guest (``start``/``close``), and its
+    ``expose``d ports."""
+
+    def __init__(self, gateway_ip: str, address: str, policy: EgressPolicy | None, traffic: Traffic,
+                 resolve: Callable[[str], list[str]] | None = None):
+        self.gateway_ip, self.address, self.policy, self.traffic = gateway_ip, address, policy, traffic
+        self.resolve = resolve or _resolve
+        self.names: dict[str, set[str]] = collections.defaultdict(set)  # address -> names it was given for
+        self._servers: list = []
+        self._tasks: set[asyncio.Task] = set()
+
+    # -- life -------------------------------------------------------------------------
+    def start(self) -> None:
+        _call(self._start())
+
+    async def _start(self) -> None:
+        server = await asyncio.start_server(self._proxy, self.gateway_ip, PROXY_PORT, reuse_address=True)
+        transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
+            lambda: _Resolver(self), local_addr=(self.gateway_ip, DNS_PORT))
+        self._servers += [server, transport]
+
+    def close(self) -> None:
+        try:
+            _call(self._close())
+        except (RuntimeError, TimeoutError):
+            pass
+
+    async def _close(self) -> None:
+        for s in self._servers:
+            s.close()
+        for t in list(self._tasks):
+            t.cancel()
+        self._servers = []
+
+    def expose(self, port: int) -> int:
+        """Listen on 127.0.0.1 (a free port, returned) and carry each connection to the
+        sandbox's ``port``; only these connections may open one to the sandbox."""
+        return _call(self._expose(port))
+
+    async def _expose(self, port: int) -> int:
+        async def carry(reader, writer):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, EXPOSE_MARK)
+            sock.setblocking(False)
+            try:
+                await asyncio.wait_for(asyncio.get_running_loop().sock_connect(sock, (self.address, port)), CONNECT_S)
+                up_r, up_w = await asyncio.open_connection(sock=sock)
+            except (OSError, asyncio.TimeoutError):
+                sock.close()
+                writer.close()
+                return
+            await _splice(reader, writer, up_r, up_w, self.traffic, inbound=True)
+
+        server = await asyncio.start_server(self._tracked(carry), "127.0.0.1", 0)
+        self._servers.append(server)
+        return server.sockets[0].getsockname()[1]
+
+    def _tracked(self, handler):
+        async def run(reader, writer):
+            task = asyncio.current_task()
+            self._tasks.add(task)
+            try:
+                await handler(reader, writer)
+            finally:
+                self._tasks.discard(task)
+        return run
+
+    # -- policy -----------------------------------------------------------------------
+    def refuse_address(self, ip: str) -> str | None:
+        """Why the sandbox may not reach ``ip`` at all, or None."""
+        addr = ipaddress.ip_address(ip)
+        reason = address_class(ip)
+        if reason == "loopback" or reason == "multicast":
+            return reason
+        if host_address(ip):
+            return "host"
+        if addr.version == 4 and addr in SUBNET:
+            return "sandbox"
+        if self.policy is not None and self.policy.cidr_allows(ip):
+            return None
+        return reason
+
+    async def _proxy(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self._tasks.add(task)
+        try:
+            await self._proxy_one(reader, writer)
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self._tasks.discard(task)
+            writer.close()
+
+    async def _proxy_one(self, reader, writer) -> None:
+        sock = writer.get_extra_info("socket")
+        raw = sock.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
+        port, ip = struct.unpack(">H", raw[2:4])[0], socket.inet_ntoa(raw[4:8])
+        reason = self.refuse_address(ip)
+        policy = self.policy
+        if reason is None and policy is not None and not policy.allows_port(port):
+            reason = "port"
+        by_cidr = policy is not None and policy.cidr_allows(ip)
+        if reason is None and policy is not None and not by_cidr and ip not in self.names:
+            reason = "address"  # not an address this sandbox's resolver gave for an allowed name
+        first = b""
+        if reason is None and policy is not None and not by_cidr:
+            try:
+                first = await asyncio.wait_for(reader.read(16384), SNIFF_S)
+            except asyncio.TimeoutError:
+                first = b""
+            reason = self._check_name(ip, first)
+        if reason is not None:
+            self.traffic.denied[reason] += 1
+            return
+        try:
+            up_r, up_w = await asyncio.wait_for(asyncio.open_connection(ip, port), CONNECT_S)
+        except (OSError, asyncio.TimeoutError):
+            self.traffic.denied["unreachable"] += 1
+            return
+        self.traffic.connections += 1
+        if first:
+            up_w.write(first)
+            self.traffic.bytes_out += len(first)
+        await _splice(reader, writer, up_r, up_w, self.traffic, inbound=False)
+
+    def _check_name(self, ip: str, first: bytes) -> str | None:
+        if wire.is_tls(first):
+            name, reason = wire.tls_server_name(first), "sni"
+        elif wire.is_http(first):
+            name, reason = wire.http_host(first), "http_host"
+        else:
+            return None
+        if name and self.policy.allows_name(name) and name in self.names.get(ip, ()):
+            return None
+        return reason
+
+    def answer(self, query: bytes, reply: Callable[[bytes], None]) -> None:
+        q = wire.parse_query(query)
+        if q is None:
+            self.traffic.denied["dns"] += 1
+            return
+        self.traffic.dns_queries += 1
+        if self.policy is not None and not self.policy.allows_name(q.name):
+            self.traffic.denied["dns"] += 1
+            reply(wire.answer(q, rcode=wire.NXDOMAIN))
+            return
+        if q.qtype != wire.QTYPE_A:
+            reply(wire.answer(q))  # NODATA: no IPv6 egress, nothing but addresses
+            return
+
+        async def lookup():
+            try:
+                found = await asyncio.get_running_loop().run_in_executor(None, self.resolve, q.name)
+            except OSError:
+                reply(wire.answer(q, rcode=wire.NXDOMAIN))
+                return
+            good = [a for a in found if self.refuse_address(a) is None]
+            if len(good) < len(found):
+                self.traffic.denied["rebinding"] += 1
+            for a in good:
+                self.names[a].add(q.name)
+            reply(wire.answer(q, good, rcode=wire.NOERROR if good else wire.NXDOMAIN))
+
+        task = asyncio.ensure_future(lookup())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+class _Resolver(asyncio.DatagramProtocol):
+    def __init__(self, gateway: Gateway):
+        self.gateway = gateway
+
+    def connection_made(self, transport):
+        self.transport = transport
+
+    def datagram_received(self, data, addr):
+        self.gateway.answer(data, lambda out: self.transport.sendto(out, addr))
+
+
+def _resolve(name: str) -> list[str]:
+    infos = socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)
+    return sorted({info[4][0] for info in infos})
+
+
+async def _splice(a_r, a_w, b_r, b_w, traffic: Traffic, inbound: bool) -> None:
+    """Copy both ways until both sides are done; count the bytes (``inbound``: a is the host)."""
+    async def pipe(src, dst, count_out: bool):
+        try:
+            while data := await src.read(65536):
+                dst.write(data)
+                if count_out:
+                    traffic.bytes_out += len(data)
+                else:
+                    traffic.bytes_in += len(data)
+                await dst.drain()
+            if dst.can_write_eof():
+                dst.write_eof()
+        except (OSError, RuntimeError):
+            pass
+
+    try:
+        await asyncio.gather(pipe(a_r, b_w, not inbound), pipe(b_r, a_w, inbound))
+    finally:
+        b_w.close()
+        a_w.close()
+
+
+class SandboxNetwork:
+    """A sandbox's network across its guests, as a deployment holds it: ``prepare`` takes a
+    veth pair before a guest starts (its gateway address goes into the sandbox's
+    ``resolv.conf``), ``attach(pid)`` wires the namespace of ``pid`` and starts the
+    gateway, ``detach`` undoes both (a restore wires the next guest anew); the counters
+    and the exposed ports' owner live as long as the sandbox."""
+
+    def __init__(self, policy: EgressPolicy | None):
+        self.policy = policy
+        self.traffic = Traffic()
+        self.link: network.Link | None = None
+        self.gateway: Gateway | None = None
+        self._kernel_drops: collections.Counter[str] = collections.Counter()  # of earlier guests
+
+    def prepare(self) -> str:
+        """A veth pair for the next guest; returns its gateway address (the name server)."""
+        self.detach()
+        self.link = network.allocate()
+        return self.link.gateway
+
+    def attach(self, pid: int) -> None:
+        network.plumb(self.link, pid, self.policy.bandwidth_mbit if self.policy else None)
+        self.gateway = Gateway(self.link.gateway, self.link.address, self.policy, self.traffic)
+        self.gateway.start()
+
+    def detach(self) -> None:
+        gateway, link, self.gateway, self.link = self.gateway, self.link, None, None
+        if gateway is not None:
+            gateway.close()
+        if link is not None:
+            self._kernel_drops.update(network.unplumb(link))
+
+    def stats(self) -> dict:
+        kernel = collections.Counter(self._kernel_drops)
+        if self.link is not None:
+            kernel.update(network.kernel_drops(self.link))
+        return self.traffic.snapshot(kernel)
+
+    def expose(self, port: int) -> tuple[str, int]:
+        if self.gateway is None:
+            raise SandboxError("the sandbox's network is not up (its guest is restarting)")
+        return "127.0.0.1", self.gateway.expose(port)
+
+
+class NetworkedDeployment:
+    """What a deployment that holds a ``SandboxNetwork`` as ``self.network`` (None: no
+    network) answers for it (local and docker alike)."""
+
+    network: SandboxNetwork | None
+
+    def network_stats(self) -> dict | None:
+        """Bytes, connections and denied attempts by reason (``Traffic``), or None without a network."""
+        return self.network.stats() if self.network is not None else None
+
+    def expose(self, port: int) -> tuple[str, int]:
+        if self.network is None:
+            raise SpecError("network", "expose() needs a sandbox with network=True")
+        return self.network.expose(port)

@@ -1,0 +1,151 @@
+"""The few bytes of other protocols the sandbox gateway reads (``gateway.py``): a DNS
+question and the answer it gives, the server name of a TLS ClientHello, the ``Host`` of an
+HTTP request. Pure functions over bytes; anything malformed reads as ``None``."""
+
+from __future__ import annotations
+
+import ipaddress
+import struct
+from dataclasses import dataclass
+
+QTYPE_A, QTYPE_AAAA = 1, 28
+NOERROR, SERVFAIL, NXDOMAIN, REFUSED = 0, 2, 3, 5
+
+
+@dataclass(frozen=True)
+class Question:
+    id: int
+    name: str  # lower case, no trailing dot
+    qtype: int
+    raw: bytes  # the question section as sent (echoed in the answer)
+    flags: int
+
+
+def parse_query(data: bytes) -> Question | None:
+    """The single question of a DNS query, or None (a response, no question, compression
+    in the question, a bad length)."""
+    if len(data) < 12:
+        return None
+    qid, flags, qd = struct.unpack(">HHH", data[:6])
+    if flags & 0x8000 or qd != 1:
+        return None
+    labels, i = [], 12
+    while True:
+        if i >= len(data):
+            return None
+        n = data[i]
+        i += 1
+        if n == 0:
+            break
+        if n > 63 or i + n > len(data):
+            return None
+        try:
+            labels.append(data[i:i + n].decode("ascii").lower())
+        except UnicodeDecodeError:
+            return None
+        i += n
+    if i + 4 > len(data) or sum(len(l) + 1 for l in labels) > 254:
+        return None
+    qtype = struct.unpack(">H", data[i:i + 2])[0]
+    return Question(qid, ".".join(labels), qtype, data[12:i + 4], flags)
+
+
+def answer(q: Question, addresses: list[str] = (), rcode: int = NOERROR, ttl: int = 30) -> bytes:
+    """The response to ``q``: ``addresses`` (of the question's type) as its answers."""
+    flags = 0x8000 | (q.flags & 0x0100) | 0x0080 | rcode  # QR, RD echoed, RA
+    out = [struct.pack(">HHHHHH", q.id, flags, 1, len(addresses), 0, 0), q.raw]
+    for a in addresses:
+        packed = ipaddress.ip_address(a).packed
+        out.append(struct.pack(">HHHIH", 0xC00C, q.qtype, 1, ttl, len(packed)) + packed)
+    return b"".join(out)
+
+
+def encode_query(qid: int, name: str, qtype: int = QTYPE_A) -> bytes:
+    """A recursive query for ``name`` (tests, and anything that asks like a stub resolver)."""
+    qname = b"".join(bytes([len(l)]) + l.encode() for l in name.rstrip(".").split(".")) + b"\0"
+    return struct.pack(">HHHHHH", qid, 0x0100, 1, 0, 0, 0) + qname + struct.pack(">HH", qtype, 1)
+
+
+def answer_addresses(data: bytes) -> tuple[int, list[str]]:
+    """``(rcode, addresses)`` of a response's A/AAAA answers (tests read what a resolver said)."""
+    rcode = struct.unpack(">H", data[2:4])[0] & 0xF
+    an = struct.unpack(">H", data[6:8])[0]
+    i = 12
+    while data[i] != 0:
+        i += 1 + data[i]
+    i += 5
+    out = []
+    for _ in range(an):
+        if data[i] & 0xC0 == 0xC0:
+            i += 2
+        else:
+            while data[i] != 0:
+                i += 1 + data[i]
+            i += 1
+        rtype, _, _, rdlen = struct.unpack(">HHIH", data[i:i + 10])
+        i += 10
+        if rtype in (QTYPE_A, QTYPE_AAAA):
+            out.append(str(ipaddress.ip_address(data[i:i + rdlen])))
+        i += rdlen
+    return rcode, out
+
+
+def is_tls(data: bytes) -> bool:
+    return len(data) >= 3 and data[0] == 0x16 and data[1] == 3
+
+
+def tls_server_name(data: bytes) -> str | None:
+    """The SNI host name of a TLS ClientHello at the start of ``data`` (first record), or None."""
+    try:
+        if not is_tls(data):
+            return None
+        rec_len = struct.unpack(">H", data[3:5])[0]
+        body = data[5:5 + rec_len]
+        if body[0] != 1:  # ClientHello
+            return None
+        i = 4 + 2 + 32  # handshake header, version, random
+        i += 1 + body[i]  # session id
+        i += 2 + struct.unpack(">H", body[i:i + 2])[0]  # cipher suites
+        i += 1 + body[i]  # compression methods
+        end = i + 2 + struct.unpack(">H", body[i:i + 2])[0]
+        i += 2
+        while i + 4 <= end:
+            etype, elen = struct.unpack(">HH", body[i:i + 4])
+            i += 4
+            if etype == 0:  # server_name: list length, then (type 0, length, name)
+                j = i + 2
+                if body[j] == 0:
+                    n = struct.unpack(">H", body[j + 1:j + 3])[0]
+                    return body[j + 3:j + 3 + n].decode("ascii").lower().rstrip(".")
+                return None
+            i += elen
+    except (IndexError, struct.error, UnicodeDecodeError):
+        return None
+    return None
+
+
+HTTP_METHODS = (b"GET ", b"POST ", b"PUT ", b"HEAD ", b"DELETE ", b"OPTIONS ", b"PATCH ", b"CONNECT ", b"TRACE ")
+
+
+def is_http(data: bytes) -> bool:
+    return data.startswith(HTTP_METHODS)
+
+
+def http_host(data: bytes) -> str | None:
+    """The ``Host`` of an HTTP/1 request head in ``data`` (no port, lower case), or None.
+    A request with two Host headers reads as None (servers disagree on which wins)."""
+    head = data.split(b"\r\n\r\n", 1)[0]
+    hosts = []
+    for line in head.split(b"\r\n")[1:]:
+        key, sep, value = line.partition(b":")
+        if sep and key.strip().lower() == b"host":
+            hosts.append(value.strip())
+    if len(hosts) != 1:
+        return None
+    try:
+        host = hosts[0].decode("ascii").lower()
+    except UnicodeDecodeError:
+        return None
+    if host.startswith("["):
+        return host[1:].split("]", 1)[0]
+    return host.rsplit(":", 1)[0] if ":" in host else host or None

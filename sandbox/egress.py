@@ -1,0 +1,130 @@
+"""Where a sandbox with a network may connect: the egress policy of a spec, and the
+addresses no policy opens. Pure data and functions; the local deployment enforces them
+(``deployment/network.py`` wires the sandbox, ``deployment/gateway.py`` answers its DNS and
+carries its TCP).
+
+``SandboxSpec(network=True)`` alone means the public internet: any name resolves, any
+public address on any port. ``SandboxSpec(network=True, egress=EgressPolicy(...))`` narrows
+it to the names (``*.`` wildcards), CIDRs and ports listed. Denied always: loopback, the
+host's own addresses and every sandbox's (checked where the host is known), and, unless a
+CIDR of the policy names them, link-local (169.254.0.0/16, the cloud metadata address),
+private and ULA ranges.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from .errors import SpecError
+
+# Never reachable, whatever a policy says: the host itself (its loopback), unspecified,
+# multicast and broadcast. The host's other addresses and the sandboxes' subnet are added
+# by the gateway, which knows them.
+LOOPBACK = tuple(ipaddress.ip_network(n) for n in ("127.0.0.0/8", "::1/128", "0.0.0.0/8", "::/128"))
+MULTICAST = tuple(ipaddress.ip_network(n) for n in ("224.0.0.0/4", "240.0.0.0/4", "ff00::/8"))
+LINK_LOCAL = tuple(ipaddress.ip_network(n) for n in ("169.254.0.0/16", "fe80::/10"))
+# RFC 1918, carrier-grade NAT (RFC 6598), IETF protocol assignments, ULA
+PRIVATE = tuple(ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
+                                                  "100.64.0.0/10", "192.0.0.0/24", "fc00::/7"))
+
+_LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
+MAX_ENTRIES = 256
+
+
+def address_class(ip: str) -> str | None:
+    """Why ``ip`` is not a public address (``"loopback"``, ``"multicast"``, ``"metadata"``
+    for link-local, ``"private"``), or None. IPv4-mapped IPv6 is judged as its IPv4."""
+    addr = ipaddress.ip_address(ip)
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    for reason, nets in (("loopback", LOOPBACK), ("multicast", MULTICAST), ("metadata", LINK_LOCAL),
+                         ("private", PRIVATE)):
+        if any(addr in n for n in nets if n.version == addr.version):
+            return reason
+    return None
+
+
+@dataclass(frozen=True)
+class EgressPolicy:
+    """An allow-list for a sandbox's outbound traffic (``SandboxSpec.egress``).
+
+    ``hosts``: names the sandbox may resolve and connect to (``pypi.org``; ``*.example.com``
+    matches any name below example.com, not example.com itself). A connection to a name's
+    address is allowed only if this sandbox's resolver gave it that address, and its TLS SNI
+    or HTTP ``Host`` (when it speaks TLS or HTTP) names a host the address was resolved for.
+    ``cidrs``: addresses the sandbox may reach directly (a private range listed here is
+    opened; loopback, the host and other sandboxes never are). ``ports``: the TCP ports
+    allowed, to names and CIDRs alike (empty: any). ``bandwidth_mbit``: a cap on each
+    direction (None: none). Only TCP leaves the sandbox, and DNS to its own resolver.
+    """
+
+    hosts: tuple[str, ...] = ()
+    cidrs: tuple[str, ...] = ()
+    ports: tuple[int, ...] = ()
+    bandwidth_mbit: float | None = None
+
+    def __post_init__(self) -> None:
+        hosts = _strings("egress.hosts", self.hosts)
+        norm = []
+        for h in hosts:
+            name = h.lower().rstrip(".")
+            labels = name[2:].split(".") if name.startswith("*.") else name.split(".")
+            if not name or len(name) > 253 or not all(_LABEL.match(l) for l in labels):
+                raise SpecError("egress.hosts", f"not a host name or *.wildcard: {h!r}")
+            norm.append(name)
+        cidrs = []
+        for c in _strings("egress.cidrs", self.cidrs):
+            try:
+                net = ipaddress.ip_network(c, strict=False)
+            except ValueError:
+                raise SpecError("egress.cidrs", f"not a CIDR: {c!r}") from None
+            if any(net.overlaps(n) for n in LOOPBACK + MULTICAST if n.version == net.version):
+                raise SpecError("egress.cidrs", f"{c!r} covers loopback or multicast, which no policy opens")
+            cidrs.append(str(net))
+        if isinstance(self.ports, (str, bytes)) or not isinstance(self.ports, (list, tuple)) \
+                or len(self.ports) > MAX_ENTRIES:
+            raise SpecError("egress.ports", "must be a list of port numbers")
+        for p in self.ports:
+            if isinstance(p, bool) or not isinstance(p, int) or not 1 <= p <= 65535:
+                raise SpecError("egress.ports", f"not a port number (1-65535): {p!r}")
+        bw = self.bandwidth_mbit
+        if bw is not None and (isinstance(bw, bool) or not isinstance(bw, (int, float)) or not 0.01 <= bw <= 100_000):
+            raise SpecError("egress.bandwidth_mbit", f"must be a number of Mbit/s in [0.01, 100000], not {bw!r}")
+        object.__setattr__(self, "hosts", tuple(norm))
+        object.__setattr__(self, "cidrs", tuple(cidrs))
+        object.__setattr__(self, "ports", tuple(self.ports))
+
+    @classmethod
+    def from_value(cls, value: Any) -> "EgressPolicy":
+        """An ``EgressPolicy`` from itself or its dict (what ``to_dict`` and JSON carry)."""
+        if isinstance(value, cls):
+            return value
+        if not isinstance(value, Mapping):
+            raise SpecError("egress", f"must be an EgressPolicy or a mapping, not {type(value).__name__}")
+        unknown = set(value) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise SpecError(f"egress.{sorted(unknown)[0]}", "unknown field")
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in value.items()})
+
+    def allows_name(self, name: str) -> bool:
+        name = name.lower().rstrip(".")
+        return any(name == h or (h.startswith("*.") and name.endswith(h[1:]) and len(name) > len(h) - 1)
+                   for h in self.hosts)
+
+    def cidr_allows(self, ip: str) -> bool:
+        addr = ipaddress.ip_address(ip)
+        return any(addr in ipaddress.ip_network(c) for c in self.cidrs)
+
+    def allows_port(self, port: int) -> bool:
+        return not self.ports or port in self.ports
+
+
+def _strings(field: str, value) -> tuple[str, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or len(value) > MAX_ENTRIES:
+        raise SpecError(field, f"must be a list of at most {MAX_ENTRIES} strings")
+    if not all(isinstance(v, str) for v in value):
+        raise SpecError(field, "must be a list of strings")
+    return tuple(value)

@@ -1,0 +1,97 @@
+"""The "internet" of the network tests, run inside a network namespace the test made
+(``_netlab.py``): a DNS server, HTTP servers, an HTTPS server (a test CA's certificate), a
+package index and a fake cloud metadata service, each on an address of that namespace.
+``python _internet.py DIR``: ``DIR`` holds the certificate, the
+key and the index's files; prints "ready" once every server listens; runs until killed."""
+
+from __future__ import annotations
+
+import http.server
+import socket
+import socketserver
+import ssl
+import sys
+import threading
+from functools import partial
+from pathlib import Path
+
+from rockroll.sandbox.deployment import wire  # the DNS wire helpers the gateway uses
+
+DNS_SERVER = "198.51.100.2"
+NAMES = {
+    "allowed.test": "203.0.113.10", "other.test": "203.0.113.20", "pypi.test": "203.0.113.30",
+    "tls.test": "203.0.113.40", "rebind.test": "127.0.0.1", "meta.test": "169.254.169.254",
+    "hostaddr.test": "198.51.100.1", "private.test": "10.0.0.5", "sub.wild.test": "203.0.113.10",
+}
+BODIES = {"203.0.113.10": b"allowed-site", "203.0.113.20": b"other-site", "169.254.169.254": b"cloud-credentials"}
+
+
+class Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+def page(body: bytes):
+    class Page(Quiet):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+    return Page
+
+
+class Bulk(Quiet):
+    """GET /<megabytes>: that many MiB of zeros (throughput benchmarks)."""
+
+    def do_GET(self):
+        mib = int(self.path.strip("/") or 1)
+        self.send_response(200)
+        self.send_header("Content-Length", str(mib << 20))
+        self.end_headers()
+        chunk = bytes(1 << 20)
+        for _ in range(mib):
+            self.wfile.write(chunk)
+
+
+class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+def dns() -> None:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind((DNS_SERVER, 53))
+
+    def serve():
+        while True:
+            data, addr = sock.recvfrom(4096)
+            q = wire.parse_query(data)
+            if q is None:
+                continue
+            ip = NAMES.get(q.name)
+            if q.qtype == wire.QTYPE_A and ip:
+                sock.sendto(wire.answer(q, [ip]), addr)
+            else:
+                sock.sendto(wire.answer(q, rcode=wire.NOERROR if ip else wire.NXDOMAIN), addr)
+    threading.Thread(target=serve, daemon=True).start()
+
+
+def main(folder: Path) -> None:
+    dns()
+    servers = [Server((ip, 80), page(body)) for ip, body in BODIES.items()]
+    servers.append(Server(("203.0.113.30", 80), partial(Quiet, directory=str(folder / "index"))))
+    servers.append(Server(("203.0.113.10", 8080), Bulk))
+    tls = Server(("203.0.113.40", 443), page(b"tls-site"))
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(folder / "tls.pem", folder / "tls.key")
+    tls.socket = ctx.wrap_socket(tls.socket, server_side=True)
+    servers.append(tls)
+    for s in servers:
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+    print("ready", flush=True)
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

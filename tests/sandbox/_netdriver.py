@@ -1,0 +1,379 @@
+"""The host side of the network tests: run by ``_netlab.NetLab.run_host`` inside the lab's
+host namespace (never the machine's own). Makes sandboxes on the local backend, attacks
+from inside them as an agent would, and prints one JSON line of what happened and what
+was counted. ``python _netdriver.py LABDIR SCENARIO``."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import socket
+import sys
+import time
+from pathlib import Path
+
+from rockroll.sandbox import EgressPolicy, SandboxSpec, open_sandbox
+
+# Runs inside the sandbox (its python3): one probe per call, one line of result.
+PROBE = r'''
+import json, socket, ssl, sys, urllib.request
+kind, args = sys.argv[1], sys.argv[2:]
+def out(x): print(json.dumps(x)); sys.exit(0)
+try:
+    if kind == "resolve":
+        out(sorted({i[4][0] for i in socket.getaddrinfo(args[0], 80, socket.AF_INET, socket.SOCK_STREAM)}))
+    if kind == "http":  # url [Host header]
+        req = urllib.request.Request(args[0], headers={"Host": args[1]} if len(args) > 1 else {})
+        out(urllib.request.urlopen(req, timeout=5).read().decode())
+    if kind == "raw_http":  # ip port host: a request whose Host we choose, to an address we choose
+        s = socket.create_connection((args[0], int(args[1])), timeout=5)
+        s.sendall(f"GET / HTTP/1.0\r\nHost: {args[2]}\r\n\r\n".encode())
+        data = s.recv(4096)
+        out(data.decode(errors="replace") or "closed")
+    if kind == "tls":  # host (a name: resolved first) sni cafile
+        ctx = ssl.create_default_context(cafile=args[2])
+        if not args[1]: ctx.check_hostname = False
+        s = ctx.wrap_socket(socket.create_connection((args[0], 443), timeout=5), server_hostname=args[1] or None)
+        s.sendall(f"GET / HTTP/1.0\r\nHost: {args[1]}\r\n\r\n".encode())
+        data = b""
+        while chunk := s.recv(4096): data += chunk
+        out(data.decode(errors="replace").split("\r\n\r\n", 1)[-1])
+    if kind == "tcp":  # ip port: connect and read what comes back
+        s = socket.create_connection((args[0], int(args[1])), timeout=3)
+        s.sendall(b"hello\r\n\r\n")
+        out(s.recv(100).decode(errors="replace") or "closed")
+    if kind == "tcp6":
+        s = socket.create_connection((args[0], int(args[1])), timeout=3)
+        out("connected")
+    if kind == "udp":  # ip port: send, wait for a reply
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(2)
+        s.sendto(b"x", (args[0], int(args[1])))
+        out(s.recv(100).decode(errors="replace"))
+    if kind == "ping":
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP); s.settimeout(2)
+        s.sendto(b"\x08\x00\x00\x00\x00\x01\x00\x01pingdata", (args[0], 0))
+        out(s.recv(100).hex())
+    if kind == "raw":
+        socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP)
+        out("opened")
+    if kind == "listen":  # port: serve one line forever, in the background
+        import os
+        if os.fork() == 0:
+            os.setsid()
+            srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            srv.bind(("0.0.0.0", int(args[0]))); srv.listen()
+            while True:
+                c, _ = srv.accept(); c.sendall(b"from-the-sandbox"); c.close()
+        out("listening")
+except Exception as e:
+    out("error:" + type(e).__name__ + ":" + str(getattr(e, "errno", "") or ""))
+'''
+
+CA = "/workspace/ca.pem"
+
+
+def probe(sb, *args: str) -> object:
+    res = sb.run("python3 /workspace/probe.py " + " ".join(shlex.quote(a) for a in args), timeout=60)
+    try:
+        return json.loads(res.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return f"probe failed: {res.stdout} {res.stderr}"
+
+
+def prepare(sb, lab: Path) -> None:
+    sb.write_file("/workspace/probe.py", PROBE)
+    sb.write_file(CA, (lab / "ca.pem").read_bytes())
+
+
+def host_connect(ip: str, port: int) -> str:
+    try:
+        with socket.create_connection((ip, port), timeout=2) as s:
+            return s.recv(100).decode() or "closed"
+    except OSError as e:
+        return f"error:{type(e).__name__}"
+
+
+def restricted(lab: Path) -> dict:
+    """A sandbox with a host allow-list: what works, and each attack."""
+    policy = EgressPolicy(hosts=("allowed.test", "tls.test", "pypi.test", "rebind.test", "meta.test",
+                                 "hostaddr.test", "private.test", "*.wild.test"), ports=(80, 443))
+    r: dict = {}
+    with open_sandbox(SandboxSpec(network=True, egress=policy, memory_mb=512, timeout_s=60)) as sb:
+        prepare(sb, lab)
+        gw = sb.aio._deploy.network.link.gateway
+        r["resolv"] = sb.read_file("/etc/resolv.conf").decode()
+        r["allowed_http"] = probe(sb, "http", "http://allowed.test/")
+        r["wildcard_http"] = probe(sb, "http", "http://sub.wild.test/")
+        r["allowed_tls"] = probe(sb, "tls", "tls.test", "tls.test", CA)
+        pip = sb.run("python3 -m pip install -q --no-cache-dir --index-url http://pypi.test/simple/ "
+                     "--trusted-host pypi.test --target /workspace/site rrnetpkg && "
+                     "PYTHONPATH=/workspace/site python3 -c 'import rrnetpkg; print(rrnetpkg.VALUE)'", timeout=120)
+        r["pip"] = [pip.exit_code, pip.stdout.strip(), pip.stderr[-500:]]
+        steps = [  # (name, probe args, the reason it must be counted under)
+            ("dns_not_allowed", ("resolve", "other.test"), "dns"),
+            ("direct_ip", ("tcp", "203.0.113.20", "80"), "address"),
+            ("rebind_loopback", ("resolve", "rebind.test"), "rebinding"),
+            ("rebind_metadata", ("resolve", "meta.test"), "rebinding"),
+            ("rebind_host", ("resolve", "hostaddr.test"), "rebinding"),
+            ("rebind_private", ("resolve", "private.test"), "rebinding"),
+            ("host_header", ("raw_http", "allowed.test", "80", "other.test"), "http_host"),
+            ("sni", ("tls", "tls.test", "other.test", CA), "sni"),
+            ("no_sni", ("tls", "tls.test", "", CA), "sni"),
+            ("port", ("tcp", "203.0.113.10", "8080"), "port"),
+            ("metadata_ip", ("tcp", "169.254.169.254", "80"), "metadata"),
+            ("host_address", ("tcp", "198.51.100.1", "8111"), "host"),
+            ("gateway", ("tcp", gw, "8111"), "host"),
+            ("udp", ("udp", "203.0.113.10", "9999"), "udp"),
+            ("dns_bypass", ("udp", "198.51.100.2", "53"), "udp"),
+            ("icmp", ("ping", "203.0.113.10"), "icmp"),
+            ("ipv6", ("tcp6", "2001:db8::10", "80"), "ipv6"),
+        ]
+        r["attacks"] = {}
+        for name, args, reason in steps:
+            before = sb.network_stats()["denied"].get(reason, 0)
+            result = probe(sb, *args)
+            time.sleep(0.05)  # the proxy counts as it closes
+            after = sb.network_stats()["denied"].get(reason, 0)
+            r["attacks"][name] = {"result": result, "reason": reason, "counted": after - before}
+        r["raw_socket"] = probe(sb, "raw")
+        r["own_loopback"] = probe(sb, "tcp", "127.0.0.1", "8111")
+        r["stats"] = sb.network_stats()
+    return r
+
+
+def open_net(lab: Path) -> dict:
+    """``network=True`` alone: the public internet, nothing private; other sandboxes,
+    listeners and ``expose``."""
+    r: dict = {}
+    spec = SandboxSpec(network=True, memory_mb=256, timeout_s=60)
+    with open_sandbox(spec) as a, open_sandbox(spec) as b:
+        prepare(a, lab)
+        prepare(b, lab)
+        b_addr = b.aio._deploy.network.link.address
+        r["direct_public_ip"] = probe(a, "raw_http", "203.0.113.20", "80", "any.example")
+        r["any_name"] = probe(a, "http", "http://other.test/")
+        r["metadata"] = probe(a, "tcp", "169.254.169.254", "80")
+        r["private_name"] = probe(a, "resolve", "private.test")
+        r["rebind"] = probe(a, "resolve", "rebind.test")
+        r["listen"] = probe(b, "listen", "8000")
+        r["other_sandbox"] = probe(a, "tcp", b_addr, "8000")
+        r["host_before_expose"] = host_connect(b_addr, 8000)
+        host, port = b.expose(8000)
+        r["exposed"] = [host, host_connect(host, port)]
+        r["a_stats"], r["b_stats"] = a.network_stats(), b.network_stats()
+    return r
+
+
+# Runs on the host and in sandboxes alike: connect latency (connect, one request, its
+# answer) and download throughput to the lab's internet, one JSON line.
+MEASURE = r'''
+import json, socket, sys, time
+ip, n, mib = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+lat = []
+for _ in range(n):
+    t = time.perf_counter()
+    s = socket.create_connection((ip, 80), timeout=10)
+    s.sendall(b"GET / HTTP/1.0\r\nHost: allowed.test\r\n\r\n")
+    while s.recv(65536): pass
+    s.close()
+    lat.append(time.perf_counter() - t)
+t = time.perf_counter()
+s = socket.create_connection((ip, 8080), timeout=10)
+s.sendall(f"GET /{mib} HTTP/1.0\r\nHost: allowed.test\r\n\r\n".encode())
+got = 0
+while data := s.recv(1 << 20): got += len(data)
+dt = time.perf_counter() - t
+lat.sort()
+print(json.dumps({"connect_p50_ms": lat[len(lat) // 2] * 1e3, "connect_p90_ms": lat[int(len(lat) * 0.9)] * 1e3,
+                  "throughput_mib_s": got / dt / (1 << 20), "bytes": got}))
+'''
+
+
+def bench(lab: Path, n: str = "200", mib: str = "200") -> dict:
+    """The same measurement from the host itself and from sandboxes (open network, and an
+    allow-list that names the server), in this one run."""
+    import subprocess
+
+    script = lab / "measure.py"
+    script.write_text(MEASURE)
+    host = subprocess.run(["python3", str(script), "203.0.113.10", n, mib], capture_output=True, text=True, check=True)
+    r = {"host": json.loads(host.stdout)}
+    for name, egress in (("sandbox_open", None),
+                         ("sandbox_allow_list", EgressPolicy(hosts=("allowed.test",)))):
+        with open_sandbox(SandboxSpec(network=True, egress=egress, memory_mb=512, timeout_s=600)) as sb:
+            sb.write_file("/workspace/measure.py", MEASURE)
+            ip = "203.0.113.10"
+            if egress is not None:
+                ip = sb.run("python3 -c \"import socket; print(socket.gethostbyname('allowed.test'))\"").stdout.strip()
+            out = sb.run(f"python3 /workspace/measure.py {ip} {n} {mib}", timeout=600)
+            r[name] = json.loads(out.stdout) if out.exit_code == 0 else {"error": out.stderr[-500:]}
+    return r
+
+
+def etc(lab: Path) -> dict:
+    """The sandbox's name resolution: its gateway's, read-only, in no snapshot."""
+    from rockroll.sandbox.deployment.rootfs import NO_NETWORK_ETC
+
+    def files(sb):
+        return {name: sb.read_file(f"/etc/{name}").decode() for name in NO_NETWORK_ETC}
+
+    r: dict = {"no_network_etc": NO_NETWORK_ETC}
+    with open_sandbox(SandboxSpec(network=True, timeout_s=30)) as sb:
+        r["gateway"] = sb.aio._deploy.network.link.gateway
+        r["with_network"] = files(sb)
+        # overwrite, delete, unmount, remount read-write: each refused by the read-only bind
+        # and the dropped CAP_SYS_ADMIN (the files are read back after the attack)
+        r["attacks"] = [sb.run(cmd, timeout=10).exit_code for cmd in (
+            "echo 'nameserver 192.0.2.1' > /etc/resolv.conf", "rm -f /etc/hosts",
+            "umount /etc/resolv.conf", "mount -o remount,rw,bind /etc/hosts")]
+        r["after_attacks"] = files(sb)
+        sb.run("echo kept > /etc/rockroll-net-test", timeout=10)
+        snap = sb.snapshot()
+        sb.restore(snap)  # a new guest: a new namespace, wired again
+        r["after_restore"] = [files(sb), sb.aio._deploy.network.link.gateway,
+                              sb.run("python3 -c \"import socket; print(socket.gethostbyname('allowed.test'))\"").stdout.strip()]
+    with open_sandbox(SandboxSpec(timeout_s=30), snapshot=snap) as sb:
+        r["restored_without_network"] = [sb.read_file("/etc/rockroll-net-test").decode(), files(sb)]
+    import subprocess
+
+    capped = EgressPolicy(cidrs=("203.0.113.0/24",), bandwidth_mbit=8)
+    with open_sandbox(SandboxSpec(network=True, egress=capped, timeout_s=60)) as sb:
+        prepare(sb, lab)
+        link, pid = sb.aio._deploy.network.link, sb.aio._deploy.guest.init_pid
+        r["capped_qdiscs"] = [
+            subprocess.run(["tc", "qdisc", "show", "dev", link.host_if], capture_output=True, text=True).stdout,
+            subprocess.run(["nsenter", f"--net=/proc/{pid}/ns/net", "tc", "qdisc", "show", "dev", "eth0"],
+                           capture_output=True, text=True).stdout]
+        r["capped_by_cidr"] = probe(sb, "raw_http", "203.0.113.20", "80", "anything")
+        r["capped_outside_cidr"] = probe(sb, "tcp", "198.51.100.2", "53")
+    return r
+
+
+def docker(lab: Path) -> dict:
+    """The docker backend: the container keeps network 'none' and is wired to the gateway
+    here (the image has bash, not python: probes use bash's /dev/tcp and /dev/udp)."""
+    from rockroll.sandbox.deployment.images import ensure_docker_image
+
+    def tcp(target: str, host: str) -> str:
+        return (f"timeout 8 bash -c 'exec 3<>/dev/tcp/{target} && printf \"GET / HTTP/1.0\\r\\nHost: {host}"
+                f"\\r\\n\\r\\n\" >&3 && cat <&3'")
+
+    policy = EgressPolicy(hosts=("allowed.test",), ports=(80,))
+    spec = SandboxSpec(backend="docker", image=ensure_docker_image(), network=True, egress=policy,
+                       memory_mb=256, timeout_s=60)
+    r: dict = {"attacks": {}}
+    with open_sandbox(spec) as sb:
+        r["resolv"] = sb.read_file("/etc/resolv.conf").decode()
+        r["gateway"] = sb.aio._deploy.network.link.gateway
+        r["allowed"] = sb.run(tcp("allowed.test/80", "allowed.test")).stdout
+        for name, cmd, reason in (
+                ("direct_ip", tcp("203.0.113.20/80", "other.test"), "address"),
+                ("dns_not_allowed", tcp("other.test/80", "other.test"), "dns"),
+                ("host_header", tcp("allowed.test/80", "other.test"), "http_host"),
+                ("metadata", tcp("169.254.169.254/80", "x"), "metadata"),
+                ("host_address", tcp("198.51.100.1/80", "x"), "host"),
+                ("udp", "echo x > /dev/udp/203.0.113.10/9999; sleep 0.5", "udp")):
+            before = sb.network_stats()["denied"].get(reason, 0)
+            out = sb.run(cmd, timeout=30)
+            time.sleep(0.05)
+            r["attacks"][name] = {"stdout": out.stdout, "reason": reason,
+                                  "counted": sb.network_stats()["denied"].get(reason, 0) - before}
+        r["stats"] = sb.network_stats()
+    return r
+
+
+def build(lab: Path) -> dict:
+    """``rockroll hub build``: setup steps reach the hosts the package lists, nothing else."""
+    from rockroll.envhub.build import build as build_package
+
+    pkg = lab / "pkg"
+    pkg.mkdir()
+    (pkg / "rockenv.toml").write_text("\n".join((
+        'name = "netbuild"', 'version = "1.0.0"', 'network = ["pypi.test"]', "setup = [",
+        '  "python3 -m pip install -q --no-cache-dir --index-url http://pypi.test/simple/ --trusted-host pypi.test '
+        '--target /opt/lib rrnetpkg",',
+        # a name the package does not list resolves to nothing, its address refuses
+        '  "! getent hosts other.test && ! timeout 5 bash -c \'exec 3<>/dev/tcp/203.0.113.20/80 && cat <&3 | grep -q site\'",',
+        "]", "")))
+    result = build_package(pkg)
+    from rockroll.envhub.publish import publish
+    from rockroll.envhub.pull import pull
+    from rockroll.envhub.store import HubStore
+
+    hub = f"file://{lab / 'hub'}"
+    publish(result.manifest, HubStore(hub))
+    pull("netbuild@1.0.0", hub=hub)
+    with open_sandbox(SandboxSpec(image="hub:netbuild@1.0.0", timeout_s=60)) as sb:
+        out = sb.run("PYTHONPATH=/opt/lib python3 -c 'import rrnetpkg; print(rrnetpkg.VALUE)'")
+        return {"imported": out.stdout.strip(), "network": sb.spec.network}
+
+
+def leftovers(lab: Path) -> dict:
+    """An owner killed with -9 while its sandbox had a network: the veth dies with the
+    sandbox's namespace, its rules stay until the reaper sweeps them."""
+    import os
+    import signal
+    import subprocess
+
+    from rockroll.sandbox.deployment.reaper import reap_dead_runs
+
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "from rockroll.sandbox import SandboxSpec, open_sandbox\n"
+        "sb = open_sandbox(SandboxSpec(network=True, timeout_s=30))\n"
+        "print(sb.aio._deploy.network.link.index, flush=True)\n"
+        "time.sleep(600)\n")], stdout=subprocess.PIPE, text=True)
+    index = int(child.stdout.readline())
+    rules = lambda: subprocess.run(["iptables-save"], capture_output=True, text=True).stdout.count(f"RR{index}-")
+    r = {"rules_while_alive": rules()}
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    for _ in range(100):  # the namespace (and the veth) goes once the guest is gone
+        if not os.path.exists(f"/sys/class/net/rrh{index}"):
+            break
+        time.sleep(0.1)
+    r["rules_after_kill"] = rules()
+    r["reaped"] = len(reap_dead_runs())
+    r["rules_after_reap"] = rules()
+    return r
+
+
+def service(lab: Path) -> dict:
+    """The counters in the service's /metrics, for a sandbox made through the API."""
+    from fastapi.testclient import TestClient
+
+    from rockroll.sandbox.server.app import create_app
+
+    app = create_app(token="t")
+    auth = {"Authorization": "Bearer t"}
+    with TestClient(app) as client:
+        made = client.post("/v1/sandboxes", headers=auth, json={
+            "network": True, "memory_mb": 256, "egress": {"hosts": ["allowed.test"]}})
+        made.raise_for_status()
+        sid = made.json()["id"]
+        run = lambda cmd: client.post(f"/v1/sandboxes/{sid}/run", headers=auth, json={"cmd": cmd, "timeout": 30}).json()
+        ok = run("python3 -c \"import urllib.request; print(urllib.request.urlopen('http://allowed.test/', timeout=5).read().decode())\"")
+        denied = run("python3 -c \"import socket; print(len(socket.create_connection(('203.0.113.20', 80), timeout=3).recv(1)))\"")
+        listening = run("python3 -c \"import os,socket\nif os.fork()==0:\n os.setsid(); s=socket.socket(); s.bind(('0.0.0.0',8000)); s.listen()\n while True: c,_=s.accept(); c.sendall(b'served'); c.close()\"")
+        exposed = client.post(f"/v1/sandboxes/{sid}/expose", headers=auth, json={"port": 8000}).json()
+        exposed = [exposed["host"], host_connect(exposed["host"], exposed["port"])]
+        run("mkdir -p /workspace/site && echo page-in-the-sandbox > /workspace/site/hello.txt && "
+            "(setsid python3 -m http.server 8001 --directory /workspace/site >/dev/null 2>&1 &) && sleep 1")
+        through = client.get(f"/v1/sandboxes/{sid}/ports/8001/hello.txt", headers=auth)
+        through = [through.status_code, through.text,
+                   client.get(f"/v1/sandboxes/{sid}/ports/8001/hello.txt").status_code]  # no token
+        time.sleep(0.1)
+        metrics = client.get("/metrics", headers=auth).text
+        described = client.get(f"/v1/sandboxes/{sid}", headers=auth, params={"detail": True}).json()
+        client.delete(f"/v1/sandboxes/{sid}", headers=auth)
+    return {"id": sid, "ok": ok, "denied": denied, "listening": listening, "described": described["stats"],
+            "through_service": through,
+            "exposed": exposed,
+            "metrics": [line for line in metrics.splitlines() if "network" in line and not line.startswith("#")]}
+
+
+if __name__ == "__main__":
+    lab, scenario = Path(sys.argv[1]), sys.argv[2]
+    print(json.dumps({"restricted": restricted, "open": open_net, "etc": etc, "service": service,
+                      "bench": bench, "docker": docker, "build": build,
+                      "leftovers": leftovers}[scenario](lab, *sys.argv[3:])))

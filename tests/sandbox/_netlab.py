@@ -1,0 +1,134 @@
+"""A lab for the network tests: "the host" and "the internet" as network namespaces this
+module makes, wired only to each other by one veth pair. Nothing is added to the
+machine's own network namespace: the pair is created inside the host namespace with its
+peer straight in the internet one, and the sandbox's host side (``_netdriver.py``) runs
+under ``ip netns exec`` in the host namespace, where it makes its veths and rules.
+
+  host ns  198.51.100.1/24 --veth-- 198.51.100.2/24  internet ns (DNS; 203.0.113.0/24 and
+  (default route to the internet ns)                   169.254.169.254 on its loopback)
+
+Everything is removed on exit, failures included (the namespaces take their veths and
+rules with them)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+import zipfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+INTERNET_ADDRS = ("203.0.113.10/32", "203.0.113.20/32", "203.0.113.30/32", "203.0.113.40/32", "169.254.169.254/32")
+
+
+def _sh(*argv: str, input: str | None = None) -> str:
+    out = subprocess.run(argv, capture_output=True, text=True, input=input, timeout=60)
+    if out.returncode:
+        raise RuntimeError(f"{' '.join(argv)}: {out.stderr.strip()}")
+    return out.stdout
+
+
+def make_certs(folder: Path) -> None:
+    """A test CA, and a certificate it signed for tls.test (and other.test: the proxy, not
+    the certificate, must stop a request naming the wrong host)."""
+    o = ["openssl"]
+    _sh(*o, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(folder / "ca.key"),
+        "-out", str(folder / "ca.pem"), "-days", "2", "-subj", "/CN=rockroll-test-ca")
+    _sh(*o, "req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(folder / "tls.key"), "-out",
+        str(folder / "tls.csr"), "-subj", "/CN=tls.test")
+    (folder / "san.ext").write_text("subjectAltName=DNS:tls.test,DNS:other.test\n")
+    _sh(*o, "x509", "-req", "-in", str(folder / "tls.csr"), "-CA", str(folder / "ca.pem"), "-CAkey",
+        str(folder / "ca.key"), "-CAcreateserial", "-out", str(folder / "tls.pem"), "-days", "2",
+        "-extfile", str(folder / "san.ext"))
+
+
+def make_index(folder: Path) -> None:
+    """A PEP 503 simple index holding one pure-Python wheel, ``rrnetpkg``."""
+    files = folder / "index" / "files"
+    files.mkdir(parents=True)
+    wheel = files / "rrnetpkg-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("rrnetpkg/__init__.py", "VALUE = 'from-the-test-index'\n")
+        z.writestr("rrnetpkg-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: rrnetpkg\nVersion: 1.0\n")
+        z.writestr("rrnetpkg-1.0.dist-info/WHEEL",
+                   "Wheel-Version: 1.0\nGenerator: rockroll-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr("rrnetpkg-1.0.dist-info/RECORD", "rrnetpkg/__init__.py,,\nrrnetpkg-1.0.dist-info/METADATA,,\n"
+                   "rrnetpkg-1.0.dist-info/WHEEL,,\nrrnetpkg-1.0.dist-info/RECORD,,\n")
+    simple = folder / "index" / "simple" / "rrnetpkg"
+    simple.mkdir(parents=True)
+    (simple / "index.html").write_text(f'<a href="../../files/{wheel.name}">{wheel.name}</a>\n')
+
+
+class NetLab:
+    def __init__(self, folder: Path):
+        self.folder = folder
+        tag = uuid.uuid4().hex[:6]
+        self.host, self.net = f"rrt-host-{tag}", f"rrt-net-{tag}"
+        self.etc = Path("/etc/netns") / self.host
+        self.internet: subprocess.Popen | None = None
+
+    def __enter__(self) -> "NetLab":
+        try:
+            self._up()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _up(self) -> None:
+        make_certs(self.folder)
+        make_index(self.folder)
+        _sh("ip", "netns", "add", self.host)
+        _sh("ip", "netns", "add", self.net)
+        h, n = ["ip", "-n", self.host], ["ip", "-n", self.net]
+        _sh(*h, "link", "add", "wan", "type", "veth", "peer", "name", "wan", "netns", self.net)
+        _sh(*h, "link", "set", "lo", "up")
+        _sh(*h, "addr", "add", "198.51.100.1/24", "dev", "wan")
+        _sh(*h, "link", "set", "wan", "up")
+        _sh(*h, "route", "add", "default", "via", "198.51.100.2")
+        _sh(*n, "link", "set", "lo", "up")
+        _sh(*n, "addr", "add", "198.51.100.2/24", "dev", "wan")
+        _sh(*n, "link", "set", "wan", "up")
+        for addr in INTERNET_ADDRS:
+            _sh(*n, "addr", "add", addr, "dev", "lo")
+        # ip netns exec binds this over /etc/resolv.conf for the host's processes
+        self.etc.mkdir(parents=True, exist_ok=True)
+        (self.etc / "resolv.conf").write_text("nameserver 198.51.100.2\noptions timeout:2 attempts:2\n")
+        self.internet = subprocess.Popen(["ip", "netns", "exec", self.net, sys.executable, str(HERE / "_internet.py"),
+                                          str(self.folder)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = self.internet.stdout.readline()
+        if line.strip() != "ready":
+            raise RuntimeError(f"the test internet did not start: {line}{self.internet.stderr.read()}")
+
+    def run_host(self, *args: str, timeout: float = 300) -> dict:
+        """Run ``_netdriver.py ARGS`` as the host (in the host namespace); its JSON output."""
+        env = {**os.environ, "PYTHONPATH": str(HERE)}
+        out = subprocess.run(["ip", "netns", "exec", self.host, sys.executable, str(HERE / "_netdriver.py"),
+                              str(self.folder), *args], capture_output=True, text=True, timeout=timeout, env=env)
+        if out.returncode:
+            raise RuntimeError(f"the driver failed ({out.returncode}):\n{out.stdout[-4000:]}\n{out.stderr[-8000:]}")
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    def __exit__(self, *exc) -> None:
+        if self.internet is not None:
+            self.internet.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.internet.wait(timeout=10)
+        for ns in (self.host, self.net):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=60)
+        shutil.rmtree(self.etc, ignore_errors=True)
+
+
+def lab_available() -> str | None:
+    """Why this host cannot run the lab, or None."""
+    if os.geteuid() != 0:
+        return "the network tests need root (network namespaces)"
+    for tool in ("ip", "iptables", "ip6tables", "nsenter", "openssl", "tc"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (scripts/services.sh installs it)"
+    return None

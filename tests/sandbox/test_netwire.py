@@ -1,0 +1,60 @@
+"""The bytes the sandbox gateway reads (``deployment/wire.py``): a DNS question and its
+answer, a real TLS ClientHello's server name, an HTTP request's Host; and that nothing an
+attacker sends makes them raise (anything malformed reads as None)."""
+
+from __future__ import annotations
+
+import ssl
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rockroll.sandbox.deployment import wire
+
+LABEL = st.text("abcdefghijklmnopqrstuvwxyz0123456789-", min_size=1, max_size=20)
+NAME = st.lists(LABEL, min_size=1, max_size=5).map(".".join)
+
+
+@given(NAME, st.integers(0, 0xFFFF), st.sampled_from([wire.QTYPE_A, wire.QTYPE_AAAA, 16]))
+def test_a_question_reads_back_and_its_answer_carries_the_addresses(name, qid, qtype):
+    q = wire.parse_query(wire.encode_query(qid, name, qtype))
+    assert (q.id, q.name, q.qtype) == (qid, name, qtype)
+    addrs = ["203.0.113.7", "198.51.100.9"] if qtype == wire.QTYPE_A else []
+    assert wire.answer_addresses(wire.answer(q, addrs)) == (wire.NOERROR, addrs)
+    assert wire.answer_addresses(wire.answer(q, rcode=wire.NXDOMAIN)) == (wire.NXDOMAIN, [])
+
+
+@given(st.binary(max_size=600))
+def test_no_bytes_make_the_readers_raise(data):
+    wire.parse_query(data)
+    wire.tls_server_name(data)
+    wire.http_host(data)
+    wire.tls_server_name(b"\x16\x03\x01" + data)
+
+
+def client_hello(server_name: str | None) -> bytes:
+    ctx = ssl.create_default_context()
+    if server_name is None:
+        ctx.check_hostname = False
+    conn = ctx.wrap_bio(ssl.MemoryBIO(), out := ssl.MemoryBIO(), server_hostname=server_name)
+    try:
+        conn.do_handshake()
+    except ssl.SSLWantReadError:
+        pass
+    return out.read()
+
+
+def test_the_server_name_of_a_real_client_hello():
+    assert wire.tls_server_name(client_hello("pypi.org")) == "pypi.org"
+    assert wire.tls_server_name(client_hello("Files.PythonHosted.org")) == "files.pythonhosted.org"
+    assert wire.is_tls(client_hello(None)) and wire.tls_server_name(client_hello(None)) is None
+
+
+def test_http_host():
+    assert wire.http_host(b"GET / HTTP/1.1\r\nHost: Example.com:8080\r\n\r\n") == "example.com"
+    assert wire.http_host(b"GET / HTTP/1.1\r\nhost:a.test\r\n\r\n") == "a.test"
+    assert wire.http_host(b"GET / HTTP/1.1\r\nHost: [2001:db8::1]:80\r\n\r\n") == "2001:db8::1"
+    # two Host headers: servers disagree on which wins, so it reads as none (and is refused)
+    assert wire.http_host(b"GET / HTTP/1.1\r\nHost: a.test\r\nHost: b.test\r\n\r\n") is None
+    assert wire.http_host(b"GET / HTTP/1.0\r\n\r\n") is None
+    assert wire.is_http(b"POST /x HTTP/1.1\r\n") and not wire.is_http(b"\x16\x03\x01")

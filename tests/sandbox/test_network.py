@@ -1,0 +1,201 @@
+"""A sandbox's own network and its egress policy, attacked from inside as an agent would.
+
+Each test builds a lab (``_netlab.py``): "the host" is a network namespace the test makes
+(no physical interface), "the internet" another, wired only to it; the sandboxes are made
+by ``_netdriver.py`` running inside the host namespace. Nothing touches the machine's own
+network namespace. Each attack must be refused *and* counted under its reason; what the
+policy allows must work, ``pip install`` from the lab's package index included."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from rockroll.sandbox import EgressPolicy, SandboxSpec, SpecError
+from rockroll.sandbox.egress import address_class
+
+from _netlab import NetLab, lab_available
+
+why_not = lab_available()
+needs_lab = pytest.mark.skipif(why_not is not None and os.environ.get("CI") != "true", reason=why_not or "")
+
+
+@pytest.fixture
+def lab(tmp_path):
+    if why_not:
+        pytest.fail(f"CI must run the network tests: {why_not}")
+    with NetLab(tmp_path) as lab:
+        yield lab
+
+
+def refused(result) -> bool:
+    """A probe's result when the connection or lookup was refused: an error, or closed by
+    the proxy before any byte (a reset when the client's bytes were still unread)."""
+    return isinstance(result, str) and (result.startswith("error:") or result == "closed")
+
+
+@needs_lab
+def test_allow_list_holds_against_each_attack_and_counts_it(lab):
+    r = lab.run_host("restricted")
+    assert r["resolv"].startswith("nameserver 10.231.")
+    assert r["allowed_http"] == "allowed-site"
+    assert r["wildcard_http"] == "allowed-site"
+    assert r["allowed_tls"] == "tls-site"  # HTTPS through the proxy, the test CA's certificate
+    assert r["pip"][:2] == [0, "from-the-test-index"], r["pip"]
+    for name, a in r["attacks"].items():
+        assert refused(a["result"]), (name, a)
+        assert a["counted"] >= 1, (name, a)
+    assert r["raw_socket"].startswith("error:PermissionError"), r["raw_socket"]  # no CAP_NET_RAW
+    assert r["own_loopback"].startswith("error:ConnectionRefused")  # its own lo, not the host's
+    stats = r["stats"]
+    assert stats["connections"] >= 4 and stats["bytes_in"] > 1000 and stats["bytes_out"] > 100
+
+
+@needs_lab
+def test_open_network_is_the_public_internet_only_and_inbound_needs_expose(lab):
+    r = lab.run_host("open")
+    assert "other-site" in r["direct_public_ip"], r  # any public address, any Host
+    assert r["any_name"] == "other-site"
+    assert refused(r["metadata"])
+    assert r["private_name"].startswith("error:") and r["rebind"].startswith("error:")
+    assert r["listen"] == "listening"
+    assert refused(r["other_sandbox"])
+    assert r["host_before_expose"].startswith("error:")  # the host cannot open a connection in ...
+    assert r["exposed"] == ["127.0.0.1", "from-the-sandbox"]  # ... until expose
+    denied = r["a_stats"]["denied"]
+    assert denied.get("metadata") == 1 and denied.get("sandbox") == 1 and denied.get("rebinding") == 2, denied
+
+
+@needs_lab
+def test_name_resolution_is_the_gateways_read_only_and_in_no_snapshot(lab):
+    """A sandbox with network resolves through its gateway: a resolv.conf naming it (a
+    restore wires a new namespace and names the new one), bound read-only, out of the
+    snapshot; a sandbox without network, even one restored from that snapshot, knows
+    localhost only."""
+    r = lab.run_host("etc")
+    want = {**r["no_network_etc"], "resolv.conf": f"nameserver {r['gateway']}\noptions attempts:3 timeout:2\n"}
+    assert r["with_network"] == want
+    assert all(code != 0 for code in r["attacks"]), r["attacks"]
+    assert r["after_attacks"] == want
+    files, gateway, resolved = r["after_restore"]
+    assert files["resolv.conf"] == f"nameserver {gateway}\noptions attempts:3 timeout:2\n"
+    assert resolved == "203.0.113.10"
+    assert r["restored_without_network"] == ["kept\n", r["no_network_etc"]]
+    # egress.bandwidth_mbit: a token bucket on each end of the veth; a CIDR opens its
+    # addresses without a name, nothing else
+    assert all("tbf" in q and "rate 8Mbit" in q for q in r["capped_qdiscs"]), r["capped_qdiscs"]
+    assert "other-site" in r["capped_by_cidr"]
+    assert refused(r["capped_outside_cidr"])
+
+
+@needs_lab
+def test_docker_sandbox_gets_the_same_network_and_policy(lab, client):
+    """backend='docker': the container (network 'none') is wired to a gateway in the
+    namespace of the process that made it, with the same policy and counters."""
+    r = lab.run_host("docker")
+    assert r["resolv"].startswith(f"nameserver {r['gateway']}\n")
+    assert "allowed-site" in r["allowed"], r
+    for name, a in r["attacks"].items():
+        assert "-site" not in a["stdout"] and a["counted"] >= 1, (name, a)
+    assert r["stats"]["connections"] >= 1
+
+
+@needs_lab
+def test_hub_build_setup_reaches_only_the_hosts_the_package_lists(lab):
+    """A package's ``network = ["pypi.test"]``: its setup step pip-installs from the lab's
+    index, another step finds other.test unresolvable and its address refused (the step
+    fails the build otherwise); the built image's sandboxes have no network."""
+    r = lab.run_host("build")
+    assert r == {"imported": "from-the-test-index", "network": False}
+
+
+@needs_lab
+def test_rules_of_an_owner_killed_with_9_are_reaped(lab):
+    r = lab.run_host("leftovers")
+    assert r["rules_while_alive"] > 0 and r["rules_after_kill"] == r["rules_while_alive"]
+    assert r["reaped"] >= 1 and r["rules_after_reap"] == 0, r
+
+
+@needs_lab
+def test_counters_reach_the_services_metrics(lab):
+    r = lab.run_host("service")
+    assert r["ok"]["stdout"].strip() == "allowed-site", r["ok"]
+    assert r["denied"]["stdout"].strip() == "0" or r["denied"]["exit_code"] != 0, r["denied"]  # closed, or reset
+    assert r["exposed"] == ["127.0.0.1", "served"], r  # POST /v1/sandboxes/{id}/expose
+    assert r["through_service"] == [200, "page-in-the-sandbox\n", 401], r  # /v1/sandboxes/{id}/ports/8001/...
+    assert r["described"]["network"]["denied"]["address"] == 1, r["described"]  # what the dashboard shows
+    lines = "\n".join(r["metrics"])
+    sid = r["id"]
+    assert f'rockroll_sandbox_network_denied_total{{reason="address",sandbox="{sid}"}} 1.0' in lines, lines
+    assert f'rockroll_sandbox_network_connections_total{{sandbox="{sid}"}} 1.0' in lines, lines
+    assert f'rockroll_sandbox_network_bytes_total{{direction="in",sandbox="{sid}"}}' in lines, lines
+
+
+@pytest.mark.parametrize("policy, field", [
+    (dict(hosts=["bad host"]), "egress.hosts"),
+    (dict(hosts=["*"]), "egress.hosts"),
+    (dict(hosts="pypi.org"), "egress.hosts"),
+    (dict(cidrs=["10.0.0.0/33"]), "egress.cidrs"),
+    (dict(cidrs=["127.0.0.0/8"]), "egress.cidrs"),
+    (dict(cidrs=["0.0.0.0/0"]), "egress.cidrs"),
+    (dict(ports=[0]), "egress.ports"),
+    (dict(ports=["80"]), "egress.ports"),
+    (dict(bandwidth_mbit=0), "egress.bandwidth_mbit"),
+    (dict(nonsense=1), "egress.nonsense"),
+])
+def test_bad_policies_are_refused_by_field(policy, field):
+    with pytest.raises(SpecError) as e:
+        SandboxSpec(network=True, egress=policy)
+    assert e.value.field == field
+
+
+def test_policy_needs_network_and_round_trips():
+    with pytest.raises(SpecError, match="network=True"):
+        SandboxSpec(egress=EgressPolicy(hosts=("pypi.org",)))
+    spec = SandboxSpec(network=True, egress=EgressPolicy(hosts=("PyPI.org.", "*.pythonhosted.org"), ports=(443,)))
+    assert SandboxSpec.from_dict(spec.to_dict()) == spec
+    p = spec.egress
+    assert p.hosts == ("pypi.org", "*.pythonhosted.org")
+    assert p.allows_name("files.pythonhosted.org") and p.allows_name("a.b.pythonhosted.org")
+    assert not p.allows_name("pythonhosted.org") and not p.allows_name("evilpythonhosted.org")
+    assert not p.allows_name("pypi.org.evil.com")
+    assert p.allows_port(443) and not p.allows_port(80)
+
+
+@pytest.mark.parametrize("ip, cls", [
+    ("127.0.0.1", "loopback"), ("::1", "loopback"), ("::ffff:127.0.0.1", "loopback"), ("0.0.0.0", "loopback"),
+    ("169.254.169.254", "metadata"), ("fe80::1", "metadata"), ("10.1.2.3", "private"), ("172.16.0.1", "private"),
+    ("192.168.1.1", "private"), ("100.64.0.1", "private"), ("fd00::1", "private"), ("224.0.0.1", "multicast"),
+    ("203.0.113.10", None), ("8.8.8.8", None), ("2001:db8::1", None),
+])
+def test_address_classes(ip, cls):
+    assert address_class(ip) == cls
+
+
+@needs_lab
+def test_the_suite_never_wires_the_namespace_it_started_in():
+    """tests/conftest.py names the suite's own network namespace (the machine's) in
+    ``ROCKROLL_SANDBOX_NETWORK_GUARD``: a sandbox with network made there is refused before
+    any veth or rule is added; the lab's host namespace is another one."""
+    from rockroll.sandbox import SandboxStartError, open_sandbox
+
+    assert os.environ["ROCKROLL_SANDBOX_NETWORK_GUARD"] == os.readlink("/proc/self/ns/net")
+    with pytest.raises(SandboxStartError, match="ROCKROLL_SANDBOX_NETWORK_GUARD"):
+        open_sandbox(SandboxSpec(network=True, timeout_s=30))
+
+
+def test_policy_travels_through_the_services_spec_model():
+    """What the SDK sends (``to_dict`` as JSON) is what the service builds again: the policy
+    reaches a remote or Ray sandbox whole, and a bad one is refused by its field there too."""
+    import json
+
+    from rockroll.sandbox.protocol.wire import SpecIn
+
+    spec = SandboxSpec(network=True, egress=EgressPolicy(hosts=("pypi.org",), cidrs=("198.51.100.0/24",),
+                                                         ports=(443,), bandwidth_mbit=50))
+    body = json.loads(json.dumps(spec.to_dict()))
+    assert SpecIn(**body).to_spec("local") == spec
+    body["egress"]["hosts"] = ["not a name"]
+    with pytest.raises(ValueError, match="egress.hosts: not a host name"):  # the service answers 422
+        SpecIn(**body).to_spec("local")
