@@ -7,6 +7,10 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
 VLLM_VENV := .venv-vllm
 
+# Builds whose setup installs from the package indexes (the SWE base, the agent images) share
+# this machine's network: nothing may be wired into its own namespace here (docs/security.md).
+export ROCKROLL_BUILD_NETWORK ?= host
+
 .PHONY: help demo test test-vllm services bench mutation clean
 
 help:  ## list the targets

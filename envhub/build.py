@@ -34,6 +34,7 @@ from pathlib import Path
 from rockroll.sandbox import EgressPolicy, SandboxError, SandboxSpec, Snapshot, open_sandbox
 from rockroll.sandbox.storage.layers import pack_layer, read_meta
 
+from . import indexes
 from .bases import debian_base_layer, docker_base_layer
 from .cache import LocalCache, write_atomic
 from .errors import BuildError, HubError
@@ -43,6 +44,7 @@ from .pull import pull
 
 # setup steps compile, install, unpack: more room than an episode's sandbox (16 GiB of disk, sparse)
 BUILD_SPEC = dict(memory_mb=4096, pids=2048, cpus=None, disk_mb=16384)
+BUILD_NETWORK_VAR = "ROCKROLL_BUILD_NETWORK"
 CA_VARS = ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")  # the host's trust, if it names one
 _BUILD_CA = "/tmp/.rockroll-build-ca.pem"
 _HOSTNAME = re.compile(r"^(declare -x|export) HOSTNAME=.*$\n?", re.M)
@@ -81,9 +83,7 @@ def build(folder: str | Path, *, cache: LocalCache | None = None, hub: str | Non
     env_layer: LayerRef | None = None
     snapshots: dict[str, tuple[LayerRef, ...]] = {}
     try:
-        egress = EgressPolicy(hosts=pkg.network) if pkg.network else None
-        spec = SandboxSpec(image=image, network=bool(pkg.network), egress=egress, timeout_s=pkg.setup_timeout_s,
-                           **BUILD_SPEC)
+        spec = SandboxSpec(image=image, **setup_network(pkg.network), timeout_s=pkg.setup_timeout_s, **BUILD_SPEC)
         with open_sandbox(spec) as sb:
             for host, dest in pkg.copies():
                 say(f"copy {host} -> {dest}")
@@ -132,6 +132,23 @@ def build(folder: str | Path, *, cache: LocalCache | None = None, hub: str | Non
         snapshots=snapshots, source_digest=source, private=private)
     write_atomic(record, manifest.to_json())
     return BuildResult(manifest, record, False, time.perf_counter() - t0)
+
+
+def setup_network(names: tuple[str, ...]) -> dict:
+    """The spec fields of a build's setup sandbox for a package's ``network`` list: none
+    without one; else a network of its own allowing those hosts (roles expanded,
+    ``indexes.py``). ``$ROCKROLL_BUILD_NETWORK=host`` is the operator's way out on a
+    machine where nothing may be wired into its own namespace (this project's CI): setup
+    steps then share the building process's network, as Docker's ``--network host``, and
+    the allow-list is not applied: only for packages the operator trusts."""
+    mode = os.environ.get(BUILD_NETWORK_VAR, "policy")
+    if mode not in ("policy", "host"):
+        raise BuildError(f"${BUILD_NETWORK_VAR} must be 'policy' or 'host', not {mode!r}")
+    if not names:
+        return {"network": False}
+    if mode == "host":
+        return {"network": "host"}
+    return {"network": True, "egress": EgressPolicy(hosts=indexes.expand(names))}
 
 
 def _forward_ca(sb) -> dict[str, str]:

@@ -9,8 +9,10 @@
     base = "host"                         # host | debian:<suite> | docker:<image> | hub:<name>@<ver>
     gym_id = "rock/Counter-v1"            # default rock/<name>-v<major>
     setup = ["pip install x", "..."]      # run at build time; the result is frozen
-    network = ["pypi.org", "files.pythonhosted.org"]  # what setup may reach (names, *. wildcards):
-                                          # its own network behind this allow-list; none without it
+    network = ["@pip", "example.org"]     # what setup may reach (names, *. wildcards, and "@pip" /
+                                          # "@apt": the indexes this machine's pip / apt use,
+                                          # envhub/indexes.py): its own network behind this
+                                          # allow-list; none without it
     setup_timeout_s = 900
     tasks = "tasks.jsonl"                 # copied to /rockenv/<file name>; passed as tasks_file=
     python = "src"                        # host-side code of the entry point, shipped in the env
@@ -45,6 +47,7 @@ from typing import Any
 from rockroll.sandbox import EgressPolicy, SpecError
 
 from .errors import ManifestError
+from .indexes import ROLES
 from .version import NAME, EnvRef, Version
 
 MANIFEST_FILE = "rockenv.toml"
@@ -187,8 +190,8 @@ def parse_package(data: dict, root: Path, file: str) -> Package:
 
     setup = strings("setup", data["setup"]) if "setup" in data else ()
     network = strings("network", data["network"]) if "network" in data else ()
-    try:
-        network = EgressPolicy(hosts=network).hosts
+    try:  # a role ("@pip") stays a role until the build reads this machine's indexes
+        network = tuple(n if n in ROLES else EgressPolicy(hosts=(n,)).hosts[0] for n in network)
     except SpecError as e:
         raise err("network", str(e)) from None
     timeout = data.get("setup_timeout_s", 900.0)

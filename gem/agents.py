@@ -26,8 +26,9 @@ AGENT_DIR = "/opt/rockroll/agents"
 AGENT_PYLIB = "/opt/rockroll/pylib"
 #: The openai client the tool agent is installed with (the version the tests run).
 OPENAI_CLIENT = "openai==3.57.0"
-#: The package index install steps reach by default (``rockroll hub build`` opens nothing else).
-PYPI_HOSTS = ("pypi.org", "files.pythonhosted.org")
+#: The package index install steps reach: the one this machine's pip uses, read at build time
+#: (``envhub/indexes.py``; ``rockroll hub build`` opens nothing else).
+PIP_INDEX = ("@pip",)
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ def _openai_agent(name: str, script: str, args: str) -> AgentSpec:
     return AgentSpec(name=name, command=f"python3 {AGENT_DIR}/{script} {args}",
                      install=(script_step(script),
                               f"python3 -m pip install --no-cache-dir --target {AGENT_PYLIB} '{OPENAI_CLIENT}'"),
-                     env={"PYTHONPATH": AGENT_PYLIB}, network=PYPI_HOSTS)
+                     env={"PYTHONPATH": AGENT_PYLIB}, network=PIP_INDEX)
 
 
 AGENTS: dict[str, AgentSpec] = {
@@ -96,7 +97,7 @@ AGENTS: dict[str, AgentSpec] = {
             "MSWEA_COST_TRACKING": "ignore_errors",     # a model litellm has no price for
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",     # no fetch of litellm's price map: no network
         },
-        network=(*PYPI_HOSTS, "deb.debian.org", "security.debian.org"),  # pip, and apt for python3-venv
+        network=(*PIP_INDEX, "@apt"),  # pip, and apt for python3-venv
     ),
 }
 

@@ -51,7 +51,7 @@ def address_class(ip: str) -> str | None:
 class EgressPolicy:
     """An allow-list for a sandbox's outbound traffic (``SandboxSpec.egress``).
 
-    ``hosts``: names the sandbox may resolve and connect to (``pypi.org``; ``*.example.com``
+    ``hosts``: names the sandbox may resolve and connect to (``index.example``; ``*.example.com``
     matches any name below example.com, not example.com itself). A connection to a name's
     address is allowed only if this sandbox's resolver gave it that address, and its TLS SNI
     or HTTP ``Host`` (when it speaks TLS or HTTP) names a host the address was resolved for.

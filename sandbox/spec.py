@@ -5,7 +5,7 @@ from __future__ import annotations
 import posixpath
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 from urllib.parse import urlsplit
 
 from .egress import EgressPolicy
@@ -27,7 +27,10 @@ class SandboxSpec:
     service or pool enforces. ``network=False`` leaves only loopback; ``network=True`` gives
     the sandbox a network namespace of its own reaching the public internet (nothing private,
     never the host's own addresses), narrowed by ``egress`` (an ``EgressPolicy``: host names,
-    CIDRs, ports; ``egress.py``).
+    CIDRs, ports; ``egress.py``). ``network="host"`` (local backend only, an operator's
+    choice, never a service client's) shares the creating process's own network namespace,
+    as before sandboxes had networks of their own: for a machine where nothing may be wired
+    into its namespace (``envhub/build.py``'s ``ROCKROLL_BUILD_NETWORK=host``).
     ``max_output_bytes`` caps each of stdout and stderr of one command.
     ``model_endpoint`` (``http://host:port`` of a model service, as this host reaches it)
     gives the sandbox an OpenAI-compatible endpoint without opening its network: its
@@ -41,7 +44,7 @@ class SandboxSpec:
     memory_mb: int | None = 1024
     pids: int | None = 256
     disk_mb: int | None = DEFAULT_DISK_MB
-    network: bool = False
+    network: bool | Literal["host"] = False
     env: Mapping[str, str] = field(default_factory=dict)
     workdir: str = "/workspace"
     timeout_s: float = 120.0
@@ -62,8 +65,10 @@ class SandboxSpec:
         _positive("timeout_s", self.timeout_s, minimum=0.001)
         _positive("ttl_s", self.ttl_s, minimum=0.001)
         _positive("max_output_bytes", self.max_output_bytes, minimum=1, integer=True)
-        if not isinstance(self.network, bool):
-            raise SpecError("network", "must be true or false")
+        if not (isinstance(self.network, bool) or self.network == "host"):
+            raise SpecError("network", f"must be true, false or 'host', not {self.network!r}")
+        if self.network == "host" and self.backend != "local":
+            raise SpecError("network", "'host' (the host's own network namespace) is for the local backend only")
         if not isinstance(self.workdir, str) or not posixpath.isabs(self.workdir):
             raise SpecError("workdir", f"must be an absolute path, not {self.workdir!r}")
         if not isinstance(self.env, Mapping) or not all(
@@ -75,7 +80,7 @@ class SandboxSpec:
         object.__setattr__(self, "env", dict(self.env))
         if self.egress is not None:
             object.__setattr__(self, "egress", EgressPolicy.from_value(self.egress))
-            if not self.network:
+            if self.network is not True:
                 raise SpecError("egress", "an egress policy needs network=True")
 
     def to_dict(self) -> dict[str, Any]:

@@ -23,6 +23,9 @@ sys.path[:] = [p for p in sys.path if Path(p or os.curdir).resolve() != _ROOT]
 # tests make theirs only in network namespaces they create (tests/sandbox/_netlab.py), never
 # in the one the suite started in (the machine's own), builds of the user's SWE images included.
 os.environ.setdefault("ROCKROLL_SANDBOX_NETWORK_GUARD", os.readlink("/proc/self/ns/net"))
+# So the builds that install from the real package indexes (the SWE base, the agent images)
+# share the suite's network instead (envhub/build.py); the lab's build test uses the allow-list.
+os.environ.setdefault("ROCKROLL_BUILD_NETWORK", "host")
 _USER_ENV = dict(os.environ)  # before the test home: where the user's default hub is
 _home = tempfile.mkdtemp(prefix="rockroll-test-home-")
 os.environ.setdefault("ROCKROLL_HOME", _home)

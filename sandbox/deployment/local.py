@@ -24,7 +24,7 @@ from .cgroups import Cgroup, Limits, cgroup_mode, rlimit_fallback
 from .disk import SandboxDisk
 from .gateway import NetworkedDeployment, SandboxNetwork
 from .process import GuestHandle, GuestProcess, fork_guest
-from .rootfs import RootfsPlan, network_plan, plan_for_image
+from .rootfs import RootfsPlan, host_network_plan, network_plan, plan_for_image
 
 if TYPE_CHECKING:
     from .reaper import RunRegistry
@@ -138,7 +138,7 @@ class LocalDeployment(NetworkedDeployment):
 
     def __init__(self, spec: SandboxSpec, sandbox_id: str, run: RunRegistry):
         check_isolation()
-        if spec.network and os.geteuid() != 0:
+        if spec.network is True and os.geteuid() != 0:
             raise IsolationUnavailable(
                 "network=True on the local backend needs root (a network namespace of its own, wired "
                 "by a veth to a gateway on the host); run as root, or leave the network off",
@@ -148,8 +148,9 @@ class LocalDeployment(NetworkedDeployment):
         self.dir = run.add(sandbox_id, self.kill_now)
         if spec.disk_mb is None:  # else the root's mount point is on the sized layer
             (self.dir / "rootfs").mkdir(exist_ok=True)
-        self.net = RootfsPlan((), ())
-        self.network = SandboxNetwork(spec.egress) if spec.network else None
+        # network="host": the host's resolver files over the image, as Docker's --network host
+        self.net = host_network_plan(self.dir / "net") if spec.network == "host" else RootfsPlan((), ())
+        self.network = SandboxNetwork(spec.egress) if spec.network is True else None
         self.gen = 0
         self.guest = GuestProcess(self.dir)
         self.userns = os.geteuid() != 0
@@ -198,7 +199,8 @@ class LocalDeployment(NetworkedDeployment):
             upper=str(upper), work=str(work),
             binds=[tuple(b) for b in (*self.plan.binds, *self.net.binds)],
             rlimits=[] if self.cgroup else [(r, s, h) for r, (s, h) in rlimit_fallback(self.limits)],
-            userns=self.userns, network=self.spec.network)
+            userns=self.userns, network=self.spec.network is True,
+            host_network=self.spec.network == "host")
         proc, self._joined = self._joined, None
         return self.guest.start(cfg, proc)
 

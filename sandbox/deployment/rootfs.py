@@ -163,16 +163,33 @@ def _build_host_layer(layer: Path) -> None:
 
 def network_plan(folder: Path, nameserver: str) -> RootfsPlan:
     """What a sandbox with ``network=True`` mounts over its image: ``hosts`` (localhost) and
-    a ``resolv.conf`` naming ``nameserver`` (its gateway's resolver, ``deployment/gateway.py``),
-    written into ``folder``. ``folder`` is the top lower layer, so each file is a regular
-    file whatever the image has there (a symlink, nothing), and a read-only bind of it over
-    itself keeps it out of the upper dir: a snapshot or a built layer never holds it."""
+    a ``resolv.conf`` naming ``nameserver`` (its gateway's resolver, ``deployment/gateway.py``)."""
+    return _etc_plan(folder, {**NO_NETWORK_ETC, "resolv.conf": f"nameserver {nameserver}\noptions attempts:3 timeout:2\n"})
+
+
+def host_network_plan(folder: Path) -> RootfsPlan:
+    """What a sandbox with ``network="host"`` mounts over its image: the host's ``hosts`` and
+    ``resolv.conf`` (symlinks followed: systemd-resolved's stub file is what the host resolves
+    with), as Docker gives a host-network container; a file the host lacks gets
+    ``NO_NETWORK_ETC``'s text."""
+    files = {}
+    for name, default in NO_NETWORK_ETC.items():
+        try:
+            files[name] = Path("/etc", name).read_text()
+        except OSError:
+            files[name] = default
+    return _etc_plan(folder, files)
+
+
+def _etc_plan(folder: Path, files: dict[str, str]) -> RootfsPlan:
+    """``files`` written into ``folder/etc``: ``folder`` is the top lower layer, so each file
+    is a regular file whatever the image has there (a symlink, nothing), and a read-only bind
+    of it over itself keeps it out of the upper dir: a snapshot or a built layer never holds it."""
     etc = folder / "etc"
     etc.mkdir(parents=True, exist_ok=True)
     os.chmod(folder, 0o755)
     os.chmod(etc, 0o755)
     binds = []
-    files = {**NO_NETWORK_ETC, "resolv.conf": f"nameserver {nameserver}\noptions attempts:3 timeout:2\n"}
     for name, text in files.items():
         (etc / name).write_text(text)
         os.chmod(etc / name, 0o644)

@@ -29,7 +29,7 @@ def _setup_outer(cfg: GuestConfig, pid_ns: bool) -> None:
     for res, soft, hard in cfg.rlimits:
         resource.setrlimit(res, (soft, hard))
     flags = CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | (CLONE_NEWPID if pid_ns else 0)
-    if not cfg.net_ready:  # with network=True too: the host wires it (deployment/network.py)
+    if not cfg.net_ready and not cfg.host_network:  # network=True too: the host wires it (deployment/network.py)
         flags |= CLONE_NEWNET
     if cfg.userns:
         uid, gid = os.geteuid(), os.getegid()
@@ -142,7 +142,7 @@ def main() -> None:
         else:
             build_root(cfg)
             socket.sethostname(cfg.hostname)
-            if not cfg.net_ready:
+            if not cfg.net_ready and not cfg.host_network:
                 loopback_up()
         try:
             with open("/proc/self/oom_score_adj", "w") as f:

@@ -107,6 +107,7 @@ class GuestConfig:
     rlimits: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)  # (resource, soft, hard)
     userns: bool = False
     network: bool = False
+    host_network: bool = False  # network="host": no namespace of its own
     # enter mode
     enter_pid: int | None = None
     # the guest's own

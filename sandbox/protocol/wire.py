@@ -130,6 +130,8 @@ class SpecIn(SpecInFields):
     def to_spec(self, backend: str) -> SandboxSpec:
         fields = self.model_dump(include=set(SandboxSpec.__dataclass_fields__))
         fields["backend"] = backend
+        if fields.get("network") == "host":  # the service's own namespace: never a client's to ask
+            raise SpecError("network", "'host' is an operator's choice on the local backend, not a service client's")
         return SandboxSpec.from_dict(fields)
 
 

@@ -33,7 +33,7 @@ def test_defaults(tmp_path):
     ('base = "ubuntu:22.04"\n' + GOOD, "base", "debian:<suite>"),
     ('base = "hub:x@1#snap"\n' + GOOD, "base", "snapshot"),
     ('setup = "apt-get install x"\n' + GOOD, "setup", "list of non-empty strings"),
-    ('network = "pypi.org"\n' + GOOD, "network", "list of non-empty strings"),
+    ('network = "index.example"\n' + GOOD, "network", "list of non-empty strings"),
     ('network = ["pypi org"]\n' + GOOD, "network", "not a host name"),
     ('tasks = "missing.jsonl"\n' + GOOD, "tasks", "does not exist"),
     ('tasks = "../outside"\n' + GOOD, "tasks", "inside the package"),
@@ -65,5 +65,5 @@ def test_missing_file(tmp_path):
 def test_network_is_an_allow_list_of_host_names(tmp_path):
     """``network`` is what setup steps may reach (the build's egress policy); none without it."""
     assert load_package(write(tmp_path, GOOD)).network == ()
-    pkg = load_package(write(tmp_path, 'network = ["PyPI.org", "*.pythonhosted.org"]\n' + GOOD))
-    assert pkg.network == ("pypi.org", "*.pythonhosted.org")
+    pkg = load_package(write(tmp_path, 'network = ["Index.Example", "*.packages.example"]\n' + GOOD))
+    assert pkg.network == ("index.example", "*.packages.example")

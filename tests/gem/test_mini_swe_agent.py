@@ -178,7 +178,7 @@ def test_the_agent_is_the_pinned_release_and_the_sandbox_has_no_network(env, tas
     env.reset(options={"task_id": task.id})
     obs, *_ = env.step(bash("/opt/mini-swe-agent/bin/pip show mini-swe-agent litellm | grep -E '^(Name|Version)'; "
                             "/opt/mini-swe-agent/bin/python -c \"import urllib.request as u; "
-                            "u.urlopen('https://pypi.org/simple/', timeout=5)\" 2>&1 | tail -1"))
+                            "u.urlopen('https://index.example/simple/', timeout=5)\" 2>&1 | tail -1"))
     assert f"Version: {MINI_SWE_AGENT_VERSION}" in obs and "Version: 1.110.2" in obs, obs
     assert "URLError" in obs, obs  # the build had network; the task's sandbox has none
 

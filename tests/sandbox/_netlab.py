@@ -107,7 +107,8 @@ class NetLab:
 
     def run_host(self, *args: str, timeout: float = 300) -> dict:
         """Run ``_netdriver.py ARGS`` as the host (in the host namespace); its JSON output."""
-        env = {**os.environ, "PYTHONPATH": str(HERE)}
+        # The lab's host may be wired: builds there get the allow-list, not the suite's "host".
+        env = {**{k: v for k, v in os.environ.items() if k != "ROCKROLL_BUILD_NETWORK"}, "PYTHONPATH": str(HERE)}
         out = subprocess.run(["ip", "netns", "exec", self.host, sys.executable, str(HERE / "_netdriver.py"),
                               str(self.folder), *args], capture_output=True, text=True, timeout=timeout, env=env)
         if out.returncode:

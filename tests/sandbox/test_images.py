@@ -12,7 +12,7 @@ from rockroll.sandbox.deployment.images import (ImageBuildError, apt_mirror, bui
 
 DEB822 = """\
 Types: deb
-# http://snapshot.debian.org/archive/debian/20250520T000000Z
+# http://old-mirror.example/archive/debian/20250520T000000Z
 URIs: http://mirror.example/debian
 Suites: bookworm bookworm-updates
 Components: main

@@ -45,8 +45,8 @@ def client_hello(server_name: str | None) -> bytes:
 
 
 def test_the_server_name_of_a_real_client_hello():
-    assert wire.tls_server_name(client_hello("pypi.org")) == "pypi.org"
-    assert wire.tls_server_name(client_hello("Files.PythonHosted.org")) == "files.pythonhosted.org"
+    assert wire.tls_server_name(client_hello("index.example")) == "index.example"
+    assert wire.tls_server_name(client_hello("Files.Packages.Example")) == "files.packages.example"
     assert wire.is_tls(client_hello(None)) and wire.tls_server_name(client_hello(None)) is None
 
 

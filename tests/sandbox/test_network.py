@@ -135,7 +135,7 @@ def test_counters_reach_the_services_metrics(lab):
 @pytest.mark.parametrize("policy, field", [
     (dict(hosts=["bad host"]), "egress.hosts"),
     (dict(hosts=["*"]), "egress.hosts"),
-    (dict(hosts="pypi.org"), "egress.hosts"),
+    (dict(hosts="index.example"), "egress.hosts"),
     (dict(cidrs=["10.0.0.0/33"]), "egress.cidrs"),
     (dict(cidrs=["127.0.0.0/8"]), "egress.cidrs"),
     (dict(cidrs=["0.0.0.0/0"]), "egress.cidrs"),
@@ -152,14 +152,14 @@ def test_bad_policies_are_refused_by_field(policy, field):
 
 def test_policy_needs_network_and_round_trips():
     with pytest.raises(SpecError, match="network=True"):
-        SandboxSpec(egress=EgressPolicy(hosts=("pypi.org",)))
-    spec = SandboxSpec(network=True, egress=EgressPolicy(hosts=("PyPI.org.", "*.pythonhosted.org"), ports=(443,)))
+        SandboxSpec(egress=EgressPolicy(hosts=("index.example",)))
+    spec = SandboxSpec(network=True, egress=EgressPolicy(hosts=("Index.Example.", "*.packages.example"), ports=(443,)))
     assert SandboxSpec.from_dict(spec.to_dict()) == spec
     p = spec.egress
-    assert p.hosts == ("pypi.org", "*.pythonhosted.org")
-    assert p.allows_name("files.pythonhosted.org") and p.allows_name("a.b.pythonhosted.org")
-    assert not p.allows_name("pythonhosted.org") and not p.allows_name("evilpythonhosted.org")
-    assert not p.allows_name("pypi.org.evil.com")
+    assert p.hosts == ("index.example", "*.packages.example")
+    assert p.allows_name("files.packages.example") and p.allows_name("a.b.packages.example")
+    assert not p.allows_name("packages.example") and not p.allows_name("evilpackages.example")
+    assert not p.allows_name("index.example.evil.com")
     assert p.allows_port(443) and not p.allows_port(80)
 
 
@@ -192,7 +192,7 @@ def test_policy_travels_through_the_services_spec_model():
 
     from rockroll.sandbox.protocol.wire import SpecIn
 
-    spec = SandboxSpec(network=True, egress=EgressPolicy(hosts=("pypi.org",), cidrs=("198.51.100.0/24",),
+    spec = SandboxSpec(network=True, egress=EgressPolicy(hosts=("index.example",), cidrs=("198.51.100.0/24",),
                                                          ports=(443,), bandwidth_mbit=50))
     body = json.loads(json.dumps(spec.to_dict()))
     assert SpecIn(**body).to_spec("local") == spec

@@ -1,0 +1,83 @@
+"""The package indexes a build may name by role instead of by host: ``"@pip"`` and ``"@apt"``
+in a package's ``network = [...]`` stand for the hosts this machine's pip and apt install
+from, read at build time. A package then ships no mirror's name, and a build behind a
+company mirror allows that mirror, not the public index.
+
+- ``@pip``: the http(s) hosts of pip's ``index-url`` and ``extra-index-url`` (its config
+  files and ``PIP_*`` variables, as ``pip config list`` shows them); where no ``index-url``
+  is set, pip's own default index and the host its files are served from (read from pip).
+- ``@apt``: the http(s) hosts of the apt sources (one-line and deb822 files).
+"""
+
+from __future__ import annotations
+
+import glob
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterable, Sequence
+from urllib.parse import urlsplit
+
+from ..sandbox.deployment.images import APT_SOURCE_FILES
+
+ROLES = ("@pip", "@apt")
+_URL = re.compile(r"\bhttps?://[^\s'\"]+")
+
+
+def url_hosts(text: str) -> list[str]:
+    """The host names of every http(s) URL in ``text``, in order, once each. Pure function."""
+    out: list[str] = []
+    for url in _URL.findall(text):
+        host = (urlsplit(url).hostname or "").lower()
+        if host and host not in out:
+            out.append(host)
+    return out
+
+
+def pip_config_hosts(config_list: str) -> tuple[list[str], bool]:
+    """From ``pip config list`` output: the hosts of its index URLs, and whether an
+    ``index-url`` (which replaces pip's default index) is set. Pure function."""
+    hosts: list[str] = []
+    replaced = False
+    for line in config_list.splitlines():
+        key, _, value = line.partition("=")
+        option = key.rsplit(".", 1)[-1]
+        if option not in ("index-url", "extra-index-url"):
+            continue
+        replaced |= option == "index-url"
+        hosts += [h for h in url_hosts(value) if h not in hosts]
+    return hosts, replaced
+
+
+def pip_hosts() -> list[str]:
+    """The hosts this machine's pip installs from (see the module's docstring)."""
+    proc = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True)
+    hosts, replaced = pip_config_hosts(proc.stdout if proc.returncode == 0 else "")
+    if not replaced:
+        from pip._internal.models.index import PyPI  # pip's default index: its page and its files
+        hosts = [h for h in (PyPI.netloc, PyPI.file_storage_domain) if h not in hosts] + hosts
+    return hosts
+
+
+def apt_hosts(patterns: Sequence[str] = APT_SOURCE_FILES) -> list[str]:
+    """The hosts of this machine's apt sources."""
+    hosts: list[str] = []
+    for path in (p for pattern in patterns for p in sorted(glob.glob(pattern))):
+        try:
+            text = Path(path).read_text(errors="replace")
+        except OSError:
+            continue
+        text = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+        hosts += [h for h in url_hosts(text) if h not in hosts]
+    return hosts
+
+
+def expand(names: Iterable[str]) -> tuple[str, ...]:
+    """``names`` with each role replaced by its hosts (in order, once each)."""
+    out: list[str] = []
+    for name in names:
+        for host in (pip_hosts() if name == "@pip" else apt_hosts() if name == "@apt" else [name]):
+            if host not in out:
+                out.append(host)
+    return tuple(out)
