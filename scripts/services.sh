@@ -16,6 +16,7 @@ command -v debootstrap >/dev/null 2>&1 || need_apt+=(debootstrap)
 if ! $swe_only; then
   command -v dockerd >/dev/null 2>&1 || need_apt+=(docker.io)
   command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+  command -v tmux >/dev/null 2>&1 || need_apt+=(tmux)  # terminals: tmux in a host-image sandbox
 fi
 
 if [ "${#need_apt[@]}" -gt 0 ]; then

@@ -31,7 +31,7 @@ from ..errors import CapacityError, SandboxError
 from ..protocol.wire import API, AuthError, ErrorOut, HealthOut, PoolIn, error_body, status_of
 from ..storage.limits import StorageLimits
 from ..storage.snapshots import SnapshotStore
-from . import files, rock, sandboxes, snapshots, swerex
+from . import files, rock, sandboxes, snapshots, swerex, terminals
 from . import pools as pool_routes  # the name `pools` is create_app's argument
 from .metrics import storage_families
 from .quota import DEFAULT_QUOTA, TokenQuota
@@ -162,6 +162,7 @@ def create_app(token: str, *, backend: str = "local", max_sandboxes: int = 256,
     app.include_router(pages)
     for routes in (sandboxes.router, files.router, snapshots.router, pool_routes.router):
         app.include_router(routes, prefix=API, dependencies=[Depends(auth)])
+    app.include_router(terminals.router, prefix=API)  # a WebSocket: checks the token itself, before the upgrade
     # ROCK's admin API and SWE-ReX's runtime API (docs/compat.md): their clients' own
     # shapes and headers, so each checks the token itself; documented there, not in OpenAPI.
     for routes in (rock.router, swerex.router, *(e.router for e in extensions)):
