@@ -214,9 +214,18 @@ async def _session_terminal(fleet: SandboxFleet, entry: Entry, name: str) -> Asy
         ["bash", "--norc", "--noprofile"], cwd=cwd, idle_timeout=None, cols=1000,
         env={"PS1": PS1, "PS2": "", "PS0": ""}))
     entry.terminals[name] = term
-    await term.write(f"stty -echo; echo {_ECHO_OFF}\n")
-    await fleet.call(entry, term.expect(_ECHO_OFF + "\r?\n" + PS1, timeout=30))
+    # no bracketed-paste escapes around each prompt (SWE-ReX's output has none)
+    await term.write("bind 'set enable-bracketed-paste off' 2>/dev/null\n")
+    await _echo_off(fleet, entry, term)
     return term
+
+
+async def _echo_off(fleet: SandboxFleet, entry: Entry, term: AsyncTerminal) -> None:
+    """Turn the terminal's echo off and wait for the prompt after it (the marker is typed
+    split, so its echo, before echo is off, does not match)."""
+    await term.write(f"stty -echo; echo {_ECHO_OFF[:6]}''{_ECHO_OFF[6:]}\n")
+    await fleet.call(entry, term.expect(_ECHO_OFF, timeout=30))
+    await fleet.call(entry, term.expect(PS1, timeout=30))
 
 
 async def run_interactive(fleet: SandboxFleet, entry: Entry, name: str, command: str, *, expect: list[str],
@@ -239,8 +248,7 @@ async def run_interactive(fleet: SandboxFleet, entry: Entry, name: str, command:
     output = _strip_control_chars(found.before)
     if quit:
         if found.index == len(expect):  # back at bash: turn its echo off again, as SWE-ReX does
-            await term.write(f"stty -echo; echo {_ECHO_OFF}\n")
-            await fleet.call(entry, term.expect(_ECHO_OFF + "\r?\n" + PS1, timeout=30))
+            await _echo_off(fleet, entry, term)
     else:
         output = output.lstrip().removeprefix(command).strip()
     return output, patterns[found.index]

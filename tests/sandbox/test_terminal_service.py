@@ -1,0 +1,190 @@
+"""Terminals through ``rockroll serve`` (issue #35): the WebSocket route and its token
+rules, the remote SDK's terminals, a client killed -9, and SWE-ReX's interactive commands
+with the unmodified ``swe-rex`` client (a ``read -p`` prompt, a Python REPL, pdb)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from swerex import exceptions as rex
+from swerex.runtime.abstract import BashAction, BashInterruptAction, CreateBashSessionRequest, WriteFileRequest
+from swerex.runtime.remote import RemoteRuntime
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
+
+from _server import Server
+from rockroll.sandbox import AsyncSandbox, SandboxSpec
+from rockroll.sandbox.errors import SandboxNotFound, TerminalError
+from rockroll.sandbox.protocol.wire import AuthError
+from rockroll.sandbox.runtime.remote import RemoteSandbox
+
+logging.getLogger("rex-runtime").setLevel(logging.CRITICAL)
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = Server("--max-sandboxes", "16")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def sid(server):
+    sandbox_id = server.create(pids=128)
+    yield sandbox_id
+    server.http.delete(f"/v1/sandboxes/{sandbox_id}")
+
+
+def _ws_url(server, sid, query="") -> str:
+    return f"ws://127.0.0.1:{server.port}/v1/sandboxes/{sid}/terminal{query}"
+
+
+async def test_a_wrong_token_is_refused_before_the_upgrade(server, sid):
+    for headers, protocols in (({"Authorization": "Bearer wrong"}, None), ({}, None),
+                               ({}, ["rockroll.terminal", "bearer.wrong"])):
+        with pytest.raises(InvalidStatus) as e:
+            await connect(_ws_url(server, sid), additional_headers=headers, subprotocols=protocols)
+        assert e.value.response.status_code == 403
+    with pytest.raises(AuthError):
+        await RemoteSandbox(SandboxSpec(), sid, _endpoint(server, "wrong")).open_terminal()
+    # a browser's way: the token as a subprotocol
+    async with connect(_ws_url(server, sid, "?cmd=sh&cmd=-c&cmd=echo%20hi"),
+                       subprotocols=["rockroll.terminal", f"bearer.{server.token}"]) as ws:
+        assert ws.subprotocol == "rockroll.terminal"
+        assert json.loads(await ws.recv()) == {"opened": True}
+        out = b""
+        while not isinstance(msg := await ws.recv(), str):
+            out += msg
+        assert b"hi" in out and json.loads(msg) == {"exit": 0}
+
+
+def _endpoint(server, token=None):
+    from rockroll.sandbox.runtime.remote import Endpoint
+    return Endpoint(server.url, token or server.token)
+
+
+async def test_remote_sdk_terminal(server, sid):
+    box = RemoteSandbox(SandboxSpec(), sid, _endpoint(server))
+    async with await box.open_terminal(rows=20, cols=70, env={"RR_T": "remote"}) as t:
+        await t.write("PS1='P$ '; stty size; echo $RR_T-$((1+1))\n")
+        await t.expect(r"remote-2\r\n")
+        await t.resize(33, 99)
+        await t.write("stty size\n")
+        await t.expect("33 99")
+        await t.write("sleep 1000\n")
+        while "sleep" not in (await box.run("ps -eo comm=")).stdout:
+            await asyncio.sleep(0.05)
+        await t.signal(2)
+        await t.write("echo rc=$?\n")
+        await t.expect("rc=130")
+        await t.write("exit 5\n")
+        assert await t.wait(timeout=30) == 5
+        with pytest.raises(TerminalError):
+            await t.write("x")
+    with pytest.raises(SandboxNotFound):
+        await RemoteSandbox(SandboxSpec(), "sb-nope", _endpoint(server)).open_terminal()
+
+
+def _pids_in_sandbox(server, sid, word) -> list[str]:
+    r = server.http.post(f"/v1/sandboxes/{sid}/run", json={"cmd": f"pgrep -f '{word}' || true"})
+    return r.json()["stdout"].split()
+
+
+def test_a_websocket_client_killed_9_leaves_no_process(server, sid, tmp_path):
+    marker = "sleep 76543"
+    script = tmp_path / "client.py"
+    script.write_text(textwrap.dedent(f"""
+        import asyncio
+        from rockroll.sandbox import SandboxSpec
+        from rockroll.sandbox.runtime.remote import Endpoint, RemoteSandbox
+        async def main():
+            box = RemoteSandbox(SandboxSpec(), {sid!r}, Endpoint({server.url!r}, {server.token!r}))
+            t = await box.open_terminal({marker!r})
+            print("open", flush=True)
+            await asyncio.sleep(1000)
+        asyncio.run(main())
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "open"
+        deadline = time.monotonic() + 30
+        while not _pids_in_sandbox(server, sid, marker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _pids_in_sandbox(server, sid, marker)
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 30
+    while _pids_in_sandbox(server, sid, marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _pids_in_sandbox(server, sid, marker)
+
+
+# --- SWE-ReX's interactive commands, with its unmodified client ---------------------------
+def runtime(server, sid) -> RemoteRuntime:
+    return RemoteRuntime(host=f"{server.url}/swerex/{sid}", auth_token=server.token, timeout=60)
+
+
+async def test_swerex_read_prompt(server, sid):
+    rt = runtime(server, sid)
+    await rt.create_session(CreateBashSessionRequest())
+    await rt.run_in_session(BashAction(command="cd /tmp"))
+    obs = await rt.run_in_session(BashAction(command="read -p 'your name? ' n; echo hello-$n-$(pwd)",
+                                             is_interactive_command=True, expect=[r"name\? "], timeout=30))
+    assert obs.expect_string == r"name\? "
+    obs = await rt.run_in_session(BashAction(command="rock", is_interactive_quit=True, timeout=30))
+    assert "hello-rock-/tmp" in obs.output and obs.expect_string == "SHELLPS1PREFIX", obs
+    obs = await rt.run_in_session(BashAction(command="echo plain"))  # the session is still there
+    assert obs.output.strip() == "plain"
+
+
+async def test_swerex_python_repl_and_timeout_and_interrupt(server, sid):
+    rt = runtime(server, sid)
+    await rt.create_session(CreateBashSessionRequest())
+    obs = await rt.run_in_session(BashAction(command="python3", is_interactive_command=True, expect=[">>> "],
+                                             timeout=30))
+    assert obs.expect_string == ">>> "
+    obs = await rt.run_in_session(BashAction(command="x = 6 * 7; print('answer', x)", is_interactive_command=True,
+                                             expect=[">>> "], timeout=30))
+    assert obs.output == "answer 42", obs
+    with pytest.raises(rex.CommandTimeoutError):
+        await rt.run_in_session(BashAction(command="import time; time.sleep(1000)", is_interactive_command=True,
+                                           expect=[">>> "], timeout=1))
+    obs = await rt.run_in_session(BashInterruptAction(expect=[">>> "], timeout=10))
+    assert "KeyboardInterrupt" in obs.output and obs.expect_string == ">>> ", obs
+    obs = await rt.run_in_session(BashAction(command="exit()", is_interactive_quit=True, timeout=30))
+    assert obs.expect_string == "SHELLPS1PREFIX"
+
+
+async def test_swerex_pdb_steps_through_a_failing_test(server, sid):
+    rt = runtime(server, sid)
+    await rt.write_file(WriteFileRequest(path="/workspace/test_calc.py", content=textwrap.dedent("""
+        def add(a, b):
+            total = a - b
+            return total
+
+        def test_add():
+            assert add(2, 3) == 5
+
+        if __name__ == "__main__":
+            test_add()
+    """)))
+    await rt.create_session(CreateBashSessionRequest())
+    await rt.run_in_session(BashAction(command="cd /workspace"))
+    obs = await rt.run_in_session(BashAction(command="python3 -m pdb test_calc.py", is_interactive_command=True,
+                                             expect=[r"\(Pdb\) "], timeout=30))
+    assert "test_calc.py" in obs.output
+    for cmd in ("break add", "continue", "next", "p total"):
+        obs = await rt.run_in_session(BashAction(command=cmd, is_interactive_command=True, expect=[r"\(Pdb\) "],
+                                                 timeout=30))
+    assert obs.output.strip().splitlines()[-1] == "-1", obs  # the bug, seen by stepping: 2 - 3
+    obs = await rt.run_in_session(BashAction(command="q", is_interactive_quit=True, timeout=30))
+    assert obs.expect_string == "SHELLPS1PREFIX"
