@@ -31,6 +31,9 @@ from ..protocol.frames import MAX_TERMINALS, PTY_INPUT_MAX, PTY_WINDOW
 from .syscalls import kill_session
 
 
+_RESETTABLE = tuple(s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP) and s < 32)
+
+
 def _winsize(rows: int, cols: int) -> bytes:
     return struct.pack("HHHH", rows, cols, 0, 0)
 
@@ -59,8 +62,13 @@ class Terminal:
         pid = os.fork()
         if pid == 0:
             try:
-                for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # ignored by Python; would survive exec
+                # A terminal's programs start with every signal at its default and none
+                # blocked, as a login's do: an ignored or blocked signal survives exec, and the
+                # guest's ancestors may have had some (Python ignores SIGPIPE and SIGXFSZ; a
+                # shell's background job ignores SIGINT; a Ray worker blocks it).
+                for sig in _RESETTABLE:
                     signal.signal(sig, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_SETMASK, ())
                 os.setsid()
                 fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
                 for fd in (0, 1, 2):
