@@ -2,8 +2,9 @@
 they run in the sandbox's namespaces and cgroup, under its capability set and syscall
 filter (installed on pid 1 before it serves, inherited by every child).
 
-Requests (``protocol/frames.py`` names the limits): ``pty_open`` {argv or command, rows,
-cols, env, cwd, idle_timeout} answers {pty, pid}; ``pty_write`` (the payload is the keys),
+Requests (``protocol/frames.py`` names the limits): ``pty_open`` {pty, argv or command,
+rows, cols, env, cwd, idle_timeout} answers {pty, pid} (the host numbers its terminals: its
+reader knows where output goes before the first byte comes); ``pty_write`` (the payload is the keys),
 ``pty_resize`` {rows, cols}, ``pty_signal`` {signal} (to the terminal's foreground
 process group, as a terminal driver sends Ctrl-C's SIGINT), ``pty_close``. The guest
 sends, unasked, ``pty_out`` {pty} frames (the payload is output) and one ``pty_exit``
@@ -224,7 +225,6 @@ class Terminals:
         self.guest = guest
         self.items: dict[int, Terminal] = {}
         self.by_pid: dict[int, Terminal] = {}
-        self.counter = 0
         self.ops = {"pty_open": self.op_open, "pty_write": self.op_write, "pty_resize": self.op_resize,
                     "pty_signal": self.op_signal, "pty_close": self.op_close}
 
@@ -237,9 +237,11 @@ class Terminals:
     def op_open(self, req, payload):
         if len(self.items) >= MAX_TERMINALS:
             raise TerminalError(f"this sandbox has {MAX_TERMINALS} terminals open, the most it may")
-        self.counter += 1
+        tid = req.get("pty")
+        if not isinstance(tid, int) or tid in self.items:
+            raise TerminalError(f"terminal id {tid!r} is not a new integer")
         try:
-            t = Terminal(self.guest, self.counter, req)
+            t = Terminal(self.guest, tid, req)
         except OSError as e:  # no pty device, no pids left in the cgroup
             raise TerminalError(f"cannot open a terminal: {e}") from None
         self.items[t.id] = t

@@ -72,7 +72,8 @@ class GuestConnection:
         self.reader = FrameReader()
         self.pending: dict[int, asyncio.Future] = {}
         self.streams: dict[int, asyncio.Queue] = {}  # live output of streamed commands
-        self.terminals: dict[int, GuestTerminal] = {}  # open terminals, by the guest's number
+        self.terminals: dict[int, GuestTerminal] = {}  # open terminals, by number (ours)
+        self.terminal_count = 0
         self.events: asyncio.Queue = asyncio.Queue()
         self.out = bytearray()
         self.next_id = 0
@@ -468,8 +469,16 @@ class GuestSandbox(AsyncSandbox):
     async def open_terminal(self, cmd=None, *, rows: int = 24, cols: int = 80, env=None, cwd=None,
                             idle_timeout: float | None = 600.0) -> GuestTerminal:
         req = terminal_request(cmd, rows, cols, env, self._path(cwd) if cwd else None, idle_timeout)
-        header, _ = await self._request({"op": "pty_open", **req})
-        return GuestTerminal(self._conn, header["pty"])
+        self._ensure_open()
+        conn = self._conn
+        conn.terminal_count += 1
+        term = GuestTerminal(conn, conn.terminal_count)  # listening before its first output comes
+        try:
+            await conn.request({"op": "pty_open", "pty": term.tid, **req})
+        except BaseException:
+            conn.terminals.pop(term.tid, None)
+            raise
+        return term
 
     async def sessions(self) -> list[str]:
         header, _ = await self._request({"op": "ping"})

@@ -17,6 +17,14 @@ from rockroll.sandbox.protocol.frames import MAX_TERMINALS, PTY_WINDOW
 PROMPT = r"READY\$ "
 
 
+@pytest.fixture(scope="module", params=["local", "docker"])
+def box(request):
+    """Both backends that run our guest (docker's in the container: enter mode)."""
+    kw = {"image": request.getfixturevalue("image"), "backend": "docker"} if request.param == "docker" else {}
+    with open_sandbox(SandboxSpec(memory_mb=256, pids=128, timeout_s=30, **kw)) as b:
+        yield b
+
+
 def _shell(sb, **kw):
     t = sb.open_terminal(**kw)
     t.write("PS1='READ''Y$ '\n")  # bash's prompt, split so that its echo does not match it
@@ -24,8 +32,8 @@ def _shell(sb, **kw):
     return t
 
 
-def test_terminal_runs_bash_on_a_tty_with_size_term_and_echo(sb):
-    with _shell(sb, rows=30, cols=100) as t:
+def test_terminal_runs_bash_on_a_tty_with_size_term_and_echo(box):
+    with _shell(box, rows=30, cols=100) as t:
         t.write("tty; stty size; echo $TERM; echo $((6*7))\n")
         m = t.expect(PROMPT)
         assert "/dev/pts/" in m.before and "30 100" in m.before and "xterm-256color" in m.before, m.before
@@ -37,7 +45,8 @@ def test_terminal_runs_bash_on_a_tty_with_size_term_and_echo(sb):
         assert t.wait(timeout=30) == 3 and t.exited
 
 
-def test_ctrl_c_key_and_signal_interrupt_the_foreground_program_not_the_shell(sb):
+def test_ctrl_c_key_and_signal_interrupt_the_foreground_program_not_the_shell(box):
+    sb = box
     with _shell(sb) as t:
         t.write("sleep 1000\n")
         _wait_running(sb, "sleep")
@@ -49,6 +58,24 @@ def test_ctrl_c_key_and_signal_interrupt_the_foreground_program_not_the_shell(sb
         t.expect(PROMPT, timeout=30)
         t.write("echo rc=$?\n")  # the shell lives on, and saw its job die of SIGINT
         assert "rc=130" in t.expect(PROMPT).before
+
+
+def test_no_output_is_lost_between_the_open_and_the_first_read(spec):
+    """Programs that print at once and exit, opened together: their first bytes and exit
+    reach the host in the same reads as the opens' replies."""
+    async def one(box, i):
+        t = await box.open_terminal(["echo", f"first-{i}"])
+        await t.expect(f"first-{i}", timeout=10)
+        return await t.wait(timeout=10)
+
+    async def hold_the_loop():  # runs once every open was sent: the guest answers meanwhile
+        time.sleep(1.0)
+
+    async def main():
+        async with open_async_sandbox(spec) as box:
+            results = await asyncio.gather(*(one(box, i) for i in range(4)), hold_the_loop())
+            assert results == [0, 0, 0, 0, None]
+    asyncio.run(main())
 
 
 def test_expect_times_out_with_what_it_saw_and_fails_when_the_process_ends(sb):
@@ -67,8 +94,9 @@ def test_expect_times_out_with_what_it_saw_and_fails_when_the_process_ends(sb):
         t.read()
 
 
-def test_a_terminal_keeps_the_sandboxs_isolation(sb):
+def test_a_terminal_keeps_the_sandboxs_isolation(box):
     """Same namespaces, cgroup, seccomp filter and capabilities as a session's command."""
+    sb = box
     probe = ("for f in mnt pid net uts ipc; do readlink /proc/self/ns/$f; done; cat /proc/self/cgroup; "
              "grep -E '^(Seccomp|NoNewPrivs|CapEff|CapBnd):' /proc/self/status; cat /proc/self/oom_score_adj")
     expected = sb.run(probe).stdout.split()
@@ -97,7 +125,9 @@ def _wait_running(sb, comm: str) -> None:
 
 def _running(sb, comm: str) -> int:
     """Processes named ``comm`` in the sandbox, zombies (killed, not yet reaped) aside."""
-    return int(sb.run(f"ps -eo stat=,comm= | grep -v '^Z' | grep -cw {comm} || true").stdout)
+    # through /proc: the docker image has no ps
+    return int(sb.run(f"for d in /proc/[0-9]*; do [ \"$(cat $d/comm 2>/dev/null)\" = {comm} ] && "
+                      f"! grep -qE '^State:\\s+Z' $d/status 2>/dev/null && echo; done | wc -l").stdout)
 
 
 def test_bad_arguments_and_the_terminal_limit(sb):
