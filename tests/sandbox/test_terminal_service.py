@@ -5,14 +5,18 @@ with the unmodified ``swe-rex`` client (a ``read -p`` prompt, a Python REPL, pdb
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
+import httpx
 import pytest
 from swerex import exceptions as rex
 from swerex.runtime.abstract import BashAction, BashInterruptAction, CreateBashSessionRequest, WriteFileRequest
@@ -27,6 +31,7 @@ from rockroll.sandbox.protocol.wire import AuthError
 from rockroll.sandbox.runtime.remote import RemoteSandbox
 
 logging.getLogger("rex-runtime").setLevel(logging.CRITICAL)
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 
 
 @pytest.fixture(scope="module")
@@ -188,3 +193,113 @@ async def test_swerex_pdb_steps_through_a_failing_test(server, sid):
     assert obs.output.strip().splitlines()[-1] == "-1", obs  # the bug, seen by stepping: 2 - 3
     obs = await rt.run_in_session(BashAction(command="q", is_interactive_quit=True, timeout=30))
     assert obs.expect_string == "SHELLPS1PREFIX"
+
+
+# --- the dashboard's terminal in a real headless Chromium, driven over DevTools -------------
+class _Browser:
+    """Chromium headless on a page, driven through the DevTools protocol (a WebSocket on
+    127.0.0.1): typing, evaluating, resizing the window."""
+
+    def __init__(self, url: str, profile: str):
+        from websockets.sync.client import connect as sync_connect
+
+        chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+        if chromium is None:
+            if os.environ.get("CI") == "true":
+                pytest.fail("CI must run the browser test: chromium is not installed")
+            pytest.skip("chromium is not installed (apt-get install chromium)")
+        self.proc = subprocess.Popen(
+            [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-quic",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={profile}", "--remote-debugging-port=0", "--remote-debugging-address=127.0.0.1",
+             "--window-size=1000,700", url], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        port_file = Path(profile) / "DevToolsActivePort"
+        deadline = time.monotonic() + 60
+        while not (port_file.is_file() and port_file.read_text().strip()):
+            assert time.monotonic() < deadline and self.proc.poll() is None, "chromium did not start"
+            time.sleep(0.1)
+        port = int(port_file.read_text().split()[0])
+        while True:
+            pages = [t for t in httpx.get(f"http://127.0.0.1:{port}/json/list").json()
+                     if t["type"] == "page" and "/terminal" in t["url"]]
+            if pages:
+                break
+            assert time.monotonic() < deadline, "no page"
+            time.sleep(0.1)
+        self.ws = sync_connect(pages[0]["webSocketDebuggerUrl"], max_size=None)
+        self.next_id = 0
+
+    def cdp(self, method: str, **params):
+        self.next_id += 1
+        self.ws.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
+        while True:
+            msg = json.loads(self.ws.recv(timeout=60))
+            if msg.get("id") == self.next_id:
+                assert "error" not in msg, msg
+                return msg["result"]
+
+    def eval(self, expr: str):
+        return self.cdp("Runtime.evaluate", expression=expr, returnByValue=True)["result"].get("value")
+
+    def wait_for(self, expr: str, what: str, timeout: float = 60):
+        deadline = time.monotonic() + timeout
+        while not (value := self.eval(expr)):
+            assert time.monotonic() < deadline, f"{what}: {self.eval(SCREEN)!r} status={self.eval(STATUS)!r}"
+            time.sleep(0.1)
+        return value
+
+    def type_line(self, text: str):
+        self.cdp("Input.insertText", text=text)
+        for kind in ("keyDown", "keyUp"):
+            self.cdp("Input.dispatchKeyEvent", type=kind, key="Enter", code="Enter", windowsVirtualKeyCode=13,
+                     **({"text": "\r"} if kind == "keyDown" else {}))
+
+    def close(self):
+        self.ws.close()
+        self.proc.kill()
+        self.proc.wait()
+
+
+SCREEN = ("(() => { const b = window.rrTerminal.buffer.active, out = [];"
+          " for (let i = 0; i < b.length; i++) out.push(b.getLine(i).translateToString(true));"
+          " return out.join('\\n'); })()")
+STATUS = "document.getElementById('status').textContent"
+
+
+def _ttys_in(server, sid) -> int:
+    """Processes of the sandbox whose stdin is a terminal (the browser's shell)."""
+    cmd = "for f in /proc/[0-9]*/fd/0; do readlink $f; done 2>/dev/null | grep -c /dev/pts/ || true"
+    return int(server.http.post(f"/v1/sandboxes/{sid}/run", json={"cmd": cmd}).json()["stdout"])
+
+
+def test_dashboard_terminal_in_headless_chromium(server, sid, tmp_path):
+    """Open a sandbox's terminal from the dashboard's link, type a command and see its
+    output, resize the window (the shell sees the new size), close (its shell ends)."""
+    dashboard = httpx.get(server.url + "/").text
+    assert "/terminal#token=" in dashboard  # the dashboard links each live sandbox here
+    for asset in ("xterm.js", "addon-fit.js", "xterm.css", "LICENSE"):
+        assert httpx.get(f"{server.url}/static/xterm/{asset}").status_code == 200  # vendored: no CDN
+    browser = _Browser(f"{server.url}/terminal#token={server.token}&sandbox={sid}", str(tmp_path / "profile"))
+    try:
+        browser.wait_for(f"{STATUS} === 'open'", "the terminal never opened")
+        browser.wait_for(f"{SCREEN}.includes('#')", "no prompt")
+        browser.type_line("echo typed-$((6*7))")
+        browser.wait_for(f"{SCREEN}.includes('typed-42')", "the command's output")
+        assert _ttys_in(server, sid) >= 1
+        before = browser.eval("[window.rrTerminal.rows, window.rrTerminal.cols]")
+        browser.cdp("Emulation.setDeviceMetricsOverride", width=620, height=380, deviceScaleFactor=1, mobile=False)
+        browser.wait_for(f"window.rrTerminal.cols !== {before[1]}", "xterm did not fit the new size")
+        rows, cols = browser.eval("[window.rrTerminal.rows, window.rrTerminal.cols]")
+        browser.type_line("stty size")
+        browser.wait_for(f"{SCREEN}.includes('{rows} {cols}')", "the shell did not see the new size")
+        shot = browser.cdp("Page.captureScreenshot", format="png")["data"]
+        ARTIFACTS.mkdir(exist_ok=True)
+        (ARTIFACTS / "terminal.png").write_bytes(base64.b64decode(shot))
+        browser.eval("document.getElementById('close').click()")
+        browser.wait_for(f"{STATUS} === 'closed'", "the page did not close")
+    finally:
+        browser.close()
+    deadline = time.monotonic() + 30
+    while _ttys_in(server, sid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _ttys_in(server, sid) == 0  # closing the page's socket ended its shell
