@@ -40,8 +40,9 @@ SMOKE: dict[str, list[str]] = {
     "modelservice": ["--agents", "2"],
     "envs": ["--envs", "2"],
     "sandbox": ["--smoke"],
+    "terminal": ["--n", "3"],
 }
-NEEDS_DOCKER = {"envs", "sandbox"}
+NEEDS_DOCKER = {"envs", "sandbox", "terminal"}
 
 
 def listed() -> list[str]:
