@@ -98,6 +98,25 @@ async def test_remote_sdk_terminal(server, sid):
         await RemoteSandbox(SandboxSpec(), "sb-nope", _endpoint(server)).open_terminal()
 
 
+def _rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+async def test_a_yes_flood_to_a_client_that_does_not_read_leaves_the_services_memory_flat(server, sid):
+    """The service relays output only as fast as the socket takes it: a client that
+    stops reading stops `yes` (the guest's window), not the service's memory growth."""
+    box = RemoteSandbox(SandboxSpec(), sid, _endpoint(server))
+    async with await box.open_terminal(["yes"]) as t:
+        await t.expect("y\r\n")  # flowing
+        await asyncio.sleep(2.0)  # buffers fill: ours, the sockets', the service's, the window
+        before = _rss_kb(server.proc.pid)
+        await asyncio.sleep(4.0)
+        after = _rss_kb(server.proc.pid)
+        assert after - before < 4 << 10, (before, after)  # KiB: 4 s of yes unthrottled grew it 9 MiB here
+        await t.expect("y\r\ny\r\n")  # and it still flows once read
+
+
 def _pids_in_sandbox(server, sid, word) -> list[str]:
     r = server.http.post(f"/v1/sandboxes/{sid}/run", json={"cmd": f"pgrep -f '{word}' || true"})
     return r.json()["stdout"].split()
