@@ -19,7 +19,7 @@ import signal
 import time
 import uuid
 from pathlib import Path
-from typing import Any, AsyncIterable, AsyncIterator
+from typing import Any, AsyncIterable, AsyncIterator, Sequence
 
 from ..base import CHUNK, AsyncSandbox, once, terminal_request
 from ..deployment.base import Deployment
@@ -466,7 +466,8 @@ class GuestSandbox(AsyncSandbox):
             stderr=body[nout:].decode(errors="replace"), duration_s=header["duration_s"],
             timed_out=header["timed_out"], truncated=header["truncated"], oom_killed=oom)
 
-    async def open_terminal(self, cmd=None, *, rows: int = 24, cols: int = 80, env=None, cwd=None,
+    async def open_terminal(self, cmd: str | Sequence[str] | None = None, *, rows: int = 24, cols: int = 80,
+                            env: dict[str, str] | None = None, cwd: str | None = None,
                             idle_timeout: float | None = 600.0) -> GuestTerminal:
         req = terminal_request(cmd, rows, cols, env, self._path(cwd) if cwd else None, idle_timeout)
         self._ensure_open()

@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 import time
 from pathlib import Path
-from typing import Any, AsyncIterable, AsyncIterator, Callable
+from typing import Any, AsyncIterable, AsyncIterator, Callable, Sequence
 
 from ..base import AsyncSandbox, once, terminal_request
 from ..deployment.ray import (HostRef, cluster, import_layers, local_spec, missing_layers, model_token, ship,
@@ -128,7 +128,8 @@ class RaySandbox(AsyncSandbox):
                     raise unpack_error(item)
                 yield item
 
-    async def open_terminal(self, cmd=None, *, rows: int = 24, cols: int = 80, env=None, cwd=None,
+    async def open_terminal(self, cmd: str | Sequence[str] | None = None, *, rows: int = 24, cols: int = 80,
+                            env: dict[str, str] | None = None, cwd: str | None = None,
                             idle_timeout: float | None = 600.0) -> "RayTerminal":
         """Opened by the node's host actor; each chunk of output is one call to it."""
         self._ensure_open()

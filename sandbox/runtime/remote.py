@@ -23,7 +23,7 @@ import urllib.parse
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterable, AsyncIterator
+from typing import Any, AsyncIterable, AsyncIterator, Sequence
 
 import httpx
 
@@ -196,7 +196,8 @@ class RemoteSandbox(AsyncSandbox):
         finally:
             await resp.aclose()
 
-    async def open_terminal(self, cmd=None, *, rows: int = 24, cols: int = 80, env=None, cwd=None,
+    async def open_terminal(self, cmd: str | Sequence[str] | None = None, *, rows: int = 24, cols: int = 80,
+                            env: dict[str, str] | None = None, cwd: str | None = None,
                             idle_timeout: float | None = 600.0) -> "RemoteTerminal":
         """Over the service's WebSocket (``server/terminals.py``)."""
         self._ensure_open()
