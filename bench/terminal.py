@@ -5,10 +5,11 @@ service's WebSocket, against `docker exec -it` driven the same way, in the same 
 
 Each sample types one key into `cat` running on a terminal and waits until its echo (the
 terminal driver's) comes back: local (our guest), docker (our guest in the container),
-remote (the SDK over `rockroll serve`'s WebSocket, local backend behind), and `docker exec
--it <container> cat` on a pseudo-terminal of this process (the Docker CLI's terminal path).
+remote (the SDK over `rockroll serve`'s WebSocket, local backend behind), ray (a one-node
+cluster on 127.0.0.1: the node's host actor), and `docker exec -it <container> cat` on a
+pseudo-terminal of this process (the Docker CLI's terminal path).
 Prints a table (stdout; progress on stderr) and writes bench/results/terminal.json. The
-service is started and stopped here; every sandbox and container is closed or removed.
+service and the Ray cluster are started and stopped here; every sandbox and container is closed or removed.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import print_table, progress, sigterm_as_exit, stats, write_json  # noqa: E402
-from _services import Service  # noqa: E402
+from _services import RayCluster, Service  # noqa: E402
 
 from rockroll.sandbox import AsyncSandbox, SandboxSpec  # noqa: E402
 from rockroll.sandbox.runtime.remote import Endpoint, RemoteSandbox  # noqa: E402
@@ -33,8 +34,8 @@ from rockroll.sandbox.runtime.remote import Endpoint, RemoteSandbox  # noqa: E40
 COLUMNS = ("path", "median (ms)", "p95 (ms)", "docker exec -it (ms)", "ratio (docker/ours)")
 # What bench/results/terminal.json holds (tests/test_bench_smoke.py checks every run against it).
 PROMISED = {
-    "results": ("local", "docker", "remote", "docker_exec_it"),
-    "rows": ("local", "docker", "remote"),
+    "results": ("local", "docker", "remote", "ray", "docker_exec_it"),
+    "rows": ("local", "docker", "remote", "ray"),
 }
 
 
@@ -96,6 +97,24 @@ async def measure(n: int, image: str, svc: Service) -> dict[str, list[float]]:
     return out
 
 
+def measure_ray(n: int) -> list[float]:
+    """Through a one-node Ray cluster on 127.0.0.1 (the node's host actor holds the terminal)."""
+    import ray  # noqa: PLC0415 - the ray extra
+
+    from rockroll.sandbox import open_sandbox  # noqa: PLC0415
+    from rockroll.sandbox.deployment import ray as raycluster  # noqa: PLC0415
+    from rockroll.sandbox.sync import run_sync  # noqa: PLC0415
+
+    cluster = RayCluster(1)
+    try:
+        raycluster.connect(cluster.address)
+        with open_sandbox(SandboxSpec(backend="ray", timeout_s=60)) as sb:
+            return run_sync(ours(sb.aio, n, "ray"))
+    finally:
+        ray.shutdown()
+        cluster.stop()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="50 keys a path")
@@ -111,6 +130,7 @@ def main() -> int:
     svc = Service()
     try:
         samples = asyncio.run(measure(n, image, svc))
+        samples["ray"] = measure_ray(n)
         samples["docker_exec_it"] = docker_exec_it(container, n)
     finally:
         svc.stop()
@@ -118,7 +138,7 @@ def main() -> int:
     results = {name: stats(s) for name, s in samples.items()}
     cli = results["docker_exec_it"]
     rows = []
-    for name in ("local", "docker", "remote"):
+    for name in ("local", "docker", "remote", "ray"):
         r = results[name]
         rows.append({"path": name, "median (ms)": r["median"], "p95 (ms)": r["p95"],
                      "docker exec -it (ms)": cli["median"],
