@@ -21,6 +21,7 @@ import binascii
 import hmac
 import io
 import re
+import secrets
 import shlex
 import shutil
 import stat
@@ -194,7 +195,7 @@ async def run_in_session(fleet: SandboxFleet, entry: Entry, name: str, command: 
 # A session's commands run without a terminal (stdin is /dev/null); a REPL or debugger
 # needs one. So the first interactive command of a session opens a terminal for it: bash
 # with SWE-ReX's prompt and its echo off (as SWE-ReX's pexpect shell), in the session's
-# current directory, and types the command there; later ones type into the same terminal.
+# current directory with its exported variables, and types the command there; later ones type into the same terminal.
 # The quit (``is_interactive_quit``) waits for the prompt and closes it. Like SWE-ReX, the
 # ``expect`` strings are regular expressions, searched with the prompt added.
 _ANSI = re.compile(r"\x1B[@-_][0-?]*[ -/]*[@-~]")
@@ -209,13 +210,16 @@ async def _session_terminal(fleet: SandboxFleet, entry: Entry, name: str) -> Asy
     term = entry.terminals.get(name)
     if term is not None and not term.exited:
         return term
-    cwd = (await fleet.run(entry, "pwd", session=name)).stdout.strip() or None
+    # The session's directory and exported variables, handed over in a file the terminal
+    # sources and removes at once.
+    exports = f"/tmp/.rr-interactive-{secrets.token_hex(6)}"
+    cwd = (await fleet.run(entry, f"umask 077; export -p > {exports}; pwd", session=name)).stdout.strip() or None
     term = await fleet.call(entry, entry.sb.open_terminal(
         ["bash", "--norc", "--noprofile"], cwd=cwd, idle_timeout=None, cols=1000,
         env={"PS1": PS1, "PS2": "", "PS0": ""}))
     entry.terminals[name] = term
     # no bracketed-paste escapes around each prompt (SWE-ReX's output has none)
-    await term.write("bind 'set enable-bracketed-paste off' 2>/dev/null\n")
+    await term.write(f". {exports}; rm -f {exports}; bind 'set enable-bracketed-paste off' 2>/dev/null\n")
     await _echo_off(fleet, entry, term)
     return term
 

@@ -160,12 +160,13 @@ def runtime(server, sid) -> RemoteRuntime:
 async def test_swerex_read_prompt(server, sid):
     rt = runtime(server, sid)
     await rt.create_session(CreateBashSessionRequest())
-    await rt.run_in_session(BashAction(command="cd /tmp"))
-    obs = await rt.run_in_session(BashAction(command="read -p 'your name? ' n; echo hello-$n-$(pwd)",
+    await rt.run_in_session(BashAction(command="cd /tmp; export RR_GREETING=hello"))
+    obs = await rt.run_in_session(BashAction(command="read -p 'your name? ' n; echo $RR_GREETING-$n-$(pwd)",
                                              is_interactive_command=True, expect=[r"name\? "], timeout=30))
     assert obs.expect_string == r"name\? "
     obs = await rt.run_in_session(BashAction(command="rock", is_interactive_quit=True, timeout=30))
-    assert "hello-rock-/tmp" in obs.output and obs.expect_string == "SHELLPS1PREFIX", obs
+    assert "hello-rock-/tmp" in obs.output and obs.expect_string == "SHELLPS1PREFIX", obs  # the session's cwd, exports
+    assert not (await rt.run_in_session(BashAction(command="ls -a /tmp"))).output.count(".rr-interactive")
     obs = await rt.run_in_session(BashAction(command="echo plain"))  # the session is still there
     assert obs.output.strip() == "plain"
 
