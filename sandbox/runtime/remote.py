@@ -210,8 +210,7 @@ class RemoteSandbox(AsyncSandbox):
             params.append(("cwd", cwd))
         if env:
             params.append(("env", json.dumps(env)))
-        if idle_timeout is not None:
-            params.append(("idle_timeout", str(idle_timeout)))
+        params.append(("idle_timeout", "none" if idle_timeout is None else str(idle_timeout)))
         return await RemoteTerminal.connect(self._ep, self._url("/terminal"), params, self.id)
 
     async def sessions(self) -> list[str]:

@@ -8,7 +8,7 @@ query string, so no access log records it).
 
 The query string opens the terminal (``open_terminal``'s arguments): ``rows``, ``cols``,
 ``cmd`` (repeated: an argv; once with ``shell=1``: a command line), ``cwd``, ``env`` (a
-JSON object), ``idle_timeout``. Then binary messages are keys (client to server) and output (server to
+JSON object), ``idle_timeout`` (seconds, or ``none``; default 600). Then binary messages are keys (client to server) and output (server to
 client); text messages are JSON controls: ``{"resize": [rows, cols]}``, ``{"signal": 2}``
 from the client; ``{"opened": pid}`` first and ``{"exit": code}`` last from the server,
 which then closes the socket. A client that goes away (closed, or killed: the connection
@@ -52,12 +52,14 @@ def _open_args(ws: WebSocket) -> dict:
     q = ws.query_params
     argv = q.getlist("cmd")
     cmd = (argv[0] if q.get("shell") == "1" and argv else argv) or None
-    numbers = {}
+    numbers: dict = {}
     for name, kind, default in (("rows", int, 24), ("cols", int, 80), ("idle_timeout", float, 600.0)):
         try:
             numbers[name] = kind(q[name]) if q.get(name) else default
         except ValueError:
-            raise SpecError(name, f"not a number: {q[name]!r}") from None
+            if name != "idle_timeout" or q[name] != "none":
+                raise SpecError(name, f"not a number: {q[name]!r}") from None
+            numbers[name] = None  # never
     try:
         env = json.loads(q["env"]) if q.get("env") else None
     except ValueError:

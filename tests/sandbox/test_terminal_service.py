@@ -26,7 +26,7 @@ from websockets.exceptions import InvalidStatus
 
 from _server import Server
 from rockroll.sandbox import AsyncSandbox, SandboxSpec
-from rockroll.sandbox.errors import SandboxNotFound, TerminalError
+from rockroll.sandbox.errors import ExpectTimeout, SandboxNotFound, TerminalError
 from rockroll.sandbox.protocol.wire import AuthError
 from rockroll.sandbox.runtime.remote import RemoteSandbox
 
@@ -96,6 +96,11 @@ async def test_remote_sdk_terminal(server, sid):
             await t.write("x")
     with pytest.raises(SandboxNotFound):
         await RemoteSandbox(SandboxSpec(), "sb-nope", _endpoint(server)).open_terminal()
+    async with await box.open_terminal(["sleep", "1000"], idle_timeout=0.5) as t:  # idleness ends it
+        assert await t.wait(timeout=30) is None
+    async with await box.open_terminal(["sleep", "1000"], idle_timeout=None) as t:  # None: never
+        with pytest.raises(ExpectTimeout):
+            await t.wait(timeout=2)
 
 
 def _rss_kb(pid: int) -> int:
