@@ -143,7 +143,7 @@ def test_sandbox_ls_and_gc(tmp_path):
 def test_bench_group_lists_and_refuses_unknown_names():
     out = rr("bench", "list")
     assert out.returncode == 0
-    assert {line.split()[0] for line in out.stdout.splitlines()} == {"envs", "hub", "modelservice", "rollout", "sandbox"}
+    assert {line.split()[0] for line in out.stdout.splitlines()} == {"envs", "hub", "modelservice", "rollout", "sandbox", "terminal"}
     bad = rr("bench", "run", "nope")
     assert bad.returncode == 2 and "no benchmark 'nope'" in bad.stderr and "rollout" in bad.stderr
     private = rr("bench", "run", "_common")
