@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 import os
@@ -238,6 +239,7 @@ class _Browser:
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
              f"--user-data-dir={profile}", "--remote-debugging-port=0", "--remote-debugging-address=127.0.0.1",
              "--window-size=1000,700", url], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.stack = contextlib.ExitStack()
         port_file = Path(profile) / "DevToolsActivePort"
         deadline = time.monotonic() + 60
         while not (port_file.is_file() and port_file.read_text().strip()):
@@ -251,7 +253,7 @@ class _Browser:
                 break
             assert time.monotonic() < deadline, "no page"
             time.sleep(0.1)
-        self.ws = sync_connect(pages[0]["webSocketDebuggerUrl"], max_size=None)
+        self.ws = self.stack.enter_context(sync_connect(pages[0]["webSocketDebuggerUrl"], max_size=None))
         self.next_id = 0
 
     def cdp(self, method: str, **params):
@@ -280,7 +282,7 @@ class _Browser:
                      **({"text": "\r"} if kind == "keyDown" else {}))
 
     def close(self):
-        self.ws.close()
+        self.stack.close()
         self.proc.kill()
         self.proc.wait()
 
