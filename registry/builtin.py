@@ -20,6 +20,7 @@ BUILTIN_ENVS: dict[str, str] = {
     "rock/Sokoban-v0": "rockroll.gem.grid:SokobanEnv",
     "rock/FrozenLake-v0": "rockroll.gem.grid:FrozenLakeEnv",
     "rock/Terminal-v0": "rockroll.gem.terminal:TerminalEnv",
+    "rock/TerminalTmux-v0": "rockroll.gem.tmux:TmuxTerminalEnv",
     "rock/Code-v0": "rockroll.gem.code:CodeEnv",
     "rock/Agent-v0": "rockroll.gem.agent_env:AgentEnv",
     "rock/WebShop-v0": "rockroll.gem.webshop:WebShopEnv",

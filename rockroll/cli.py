@@ -92,12 +92,16 @@ def sandbox_run(image, backend, memory_mb, cpus, network, timeout, cmd):
 @sandbox.command("shell")
 @_spec_options
 def sandbox_shell(image, backend, memory_mb, cpus, network):
-    """An interactive shell in a fresh sandbox (each line runs in one persistent session;
-    no terminal, so full-screen programs do not work). Exit with Ctrl-D or 'exit'."""
+    """An interactive shell in a fresh sandbox. On a terminal: bash on the sandbox's own
+    terminal (full-screen programs, Ctrl-C, resizing work); exit with 'exit'. Otherwise
+    (stdin is a pipe or file): each line runs in one persistent session; Ctrl-D to leave."""
     from rockroll.sandbox import open_sandbox
 
     spec = _make_spec(image, backend, memory_mb, cpus, network)
     with open_sandbox(spec) as sb:
+        if sys.stdin.isatty() and sys.stdout.isatty():
+            click.echo(f"sandbox {sb.id} ({spec.image}); 'exit' to leave", err=True)
+            sys.exit(_attach(sb) or 0)
         click.echo(f"sandbox {sb.id} ({spec.image}); Ctrl-D to leave", err=True)
         while True:
             cwd = sb.run("pwd").stdout.strip()
@@ -115,6 +119,61 @@ def sandbox_shell(image, backend, memory_mb, cpus, network):
             sys.stderr.write(result.stderr)
             if result.timed_out:
                 click.echo("[timed out]", err=True)
+
+
+def _attach(sb) -> int | None:
+    """Relay this terminal to a terminal in ``sb`` (raw mode; the size follows SIGWINCH)
+    until its shell exits; its exit code."""
+    import asyncio
+    import shutil
+    import signal
+    import termios
+    import tty
+
+    from rockroll.sandbox.sync import run_sync
+
+    resized = []  # the relay's (loop, queue), for the SIGWINCH handler (main thread)
+
+    def on_winch(*_) -> None:
+        if resized:
+            loop, keys = resized[0]
+            loop.call_soon_threadsafe(keys.put_nowait, shutil.get_terminal_size())
+
+    async def relay() -> int | None:
+        loop = asyncio.get_running_loop()
+        size = shutil.get_terminal_size()
+        term = await sb.aio.open_terminal(rows=size.lines, cols=size.columns, idle_timeout=None)
+        keys: asyncio.Queue = asyncio.Queue()
+        resized.append((loop, keys))
+        loop.add_reader(sys.stdin.fileno(), lambda: keys.put_nowait(os.read(sys.stdin.fileno(), 4096)))
+        try:
+            async def send() -> None:
+                while True:
+                    item = await keys.get()
+                    if isinstance(item, bytes):
+                        await term.write(item)
+                    else:
+                        await term.resize(item.lines, item.columns)
+
+            sender = asyncio.ensure_future(send())
+            try:
+                while (data := await term.read_bytes()) is not None:
+                    os.write(sys.stdout.fileno(), data)
+            finally:
+                sender.cancel()
+            return term.exit_code
+        finally:
+            loop.remove_reader(sys.stdin.fileno())
+            await term.close()
+
+    saved = termios.tcgetattr(sys.stdin.fileno())
+    previous = signal.signal(signal.SIGWINCH, on_winch)
+    tty.setraw(sys.stdin.fileno())
+    try:
+        return run_sync(relay())
+    finally:
+        termios.tcsetattr(sys.stdin.fileno(), termios.TCSADRAIN, saved)
+        signal.signal(signal.SIGWINCH, previous)
 
 
 @sandbox.command("ls")

@@ -20,11 +20,14 @@ import os
 import tarfile
 import uuid
 from pathlib import Path
-from typing import Any, AsyncIterable, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterable, AsyncIterator, Sequence
 
-from .errors import SandboxClosed
+from .errors import SandboxClosed, SpecError, TerminalError
 from .factory import open_backend
 from .spec import CommandResult, SandboxSpec, Snapshot
+
+if TYPE_CHECKING:
+    from .terminal import AsyncTerminal
 
 CHUNK = 4 << 20  # file transfers move in chunks of this size: bounded memory either way
 
@@ -132,6 +135,19 @@ class AsyncSandbox(abc.ABC):
                    ) -> AsyncIterator[tuple[str, str] | CommandResult]:
         """Like ``run``, as an async iterator: yields ``("stdout" | "stderr", text)`` chunks
         while the command runs, then the final ``CommandResult`` as its last item."""
+
+    async def open_terminal(self, cmd: str | Sequence[str] | None = None, *, rows: int = 24, cols: int = 80,
+                            env: dict[str, str] | None = None, cwd: str | None = None,
+                            idle_timeout: float | None = 600.0) -> "AsyncTerminal":
+        """Start ``cmd`` (an argv list, or a string run by ``bash -c``; default: an
+        interactive ``bash``) on a pseudo-terminal of ``rows`` x ``cols`` in the sandbox,
+        with ``TERM=xterm-256color``, in ``cwd`` (default ``spec.workdir``): an
+        ``AsyncTerminal`` (``terminal.py``) to type into, read, ``expect``, resize, signal
+        and close. It runs like any sandbox process (same namespaces, cgroup, syscall
+        filter) and ends with the sandbox; one nobody touches for ``idle_timeout`` seconds
+        is closed (None: never). Raises ``TerminalError`` past the sandbox's limit of
+        terminals (``MAX_TERMINALS``), ``SpecError`` for a bad size or env name."""
+        raise TerminalError(f"{type(self).__name__} has no terminals", sandbox_id=self.id)
 
     @abc.abstractmethod
     async def sessions(self) -> list[str]:
@@ -248,6 +264,24 @@ class AsyncSandbox(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.id} image={self.spec.image!r} {self._describe()}>"
+
+
+def terminal_request(cmd: str | Sequence[str] | None, rows: int, cols: int, env: dict[str, str] | None,
+                     cwd: str | None, idle_timeout: float | None) -> dict[str, Any]:
+    """``open_terminal``'s arguments checked, as the guest's ``pty_open`` takes them (and
+    the service's terminal route: one check for every backend)."""
+    for name, value in (("rows", rows), ("cols", cols)):
+        if not isinstance(value, int) or not 1 <= value <= 1000:
+            raise SpecError(name, "must be an integer from 1 to 1000")
+    if env and not all(isinstance(k, str) and k.isidentifier() for k in env):
+        raise SpecError("env", "variable names must be identifiers")
+    if idle_timeout is not None and not idle_timeout > 0:
+        raise SpecError("idle_timeout", "must be positive (or None: never)")
+    argv = None if cmd is None or isinstance(cmd, str) else [str(a) for a in cmd]
+    if argv is not None and not argv or cmd == "":
+        raise SpecError("cmd", "an empty command")
+    return {"argv": argv, "command": cmd if isinstance(cmd, str) else None, "rows": rows, "cols": cols, "env": dict(env or {}), "cwd": cwd,
+            "idle_timeout": idle_timeout}
 
 
 def tar_dir(path: Path) -> bytes:

@@ -67,6 +67,19 @@ class SessionError(SandboxError):
     """A session cannot be created or used."""
 
 
+class TerminalError(SandboxError):
+    """A terminal cannot be opened (the sandbox's limit of terminals, no pty device) or used
+    (it exited or was closed: closed for idleness too)."""
+
+
+class ExpectTimeout(TerminalError, TimeoutError):
+    """``expect`` saw none of its patterns in time; ``before`` holds the output it searched."""
+
+    def __init__(self, message: str, before: str = "", *, sandbox_id: str | None = None):
+        super().__init__(message, sandbox_id=sandbox_id)
+        self.before = before
+
+
 class SandboxFileError(SandboxError, OSError):
     """A file operation inside the sandbox failed (missing file, not a directory, ...)."""
 

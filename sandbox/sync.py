@@ -15,6 +15,7 @@ from typing import Any, Coroutine, TypeVar
 from .base import AsyncSandbox
 from .lifecycle import install_exit_handlers
 from .spec import CommandResult, SandboxSpec, Snapshot
+from .terminal import AsyncTerminal, ExpectMatch
 
 T = TypeVar("T")
 _loop: asyncio.AbstractEventLoop | None = None
@@ -106,6 +107,11 @@ class Sandbox:
         finally:
             run_sync(agen.aclose())
 
+    def open_terminal(self, cmd=None, *, rows: int = 24, cols: int = 80, env: dict[str, str] | None = None,
+                      cwd: str | None = None, idle_timeout: float | None = 600.0) -> "Terminal":
+        return Terminal(run_sync(self._inner.open_terminal(cmd, rows=rows, cols=cols, env=env, cwd=cwd,
+                                                           idle_timeout=idle_timeout)))
+
     def sessions(self) -> list[str]:
         return run_sync(self._inner.sessions())
 
@@ -164,12 +170,12 @@ class Sandbox:
         return f"<Sandbox of {self._inner!r}>"
 
 
-def _share_contracts(cls: type) -> type:
+def _share_contracts(cls: type, async_cls: type = AsyncSandbox) -> type:
     """Give each public method and property of the sync twin that has no docstring of its
-    own its ``AsyncSandbox`` original's: each contract is written once, in ``base.py``, and
-    ``help(sb.run)`` shows it."""
+    own its ``async_cls`` original's: each contract is written once, in ``base.py`` (and
+    ``terminal.py``), and ``help(sb.run)`` shows it."""
     for name, attr in list(vars(cls).items()):
-        original = getattr(AsyncSandbox, name, None)
+        original = getattr(async_cls, name, None)
         if name.startswith("_") or original is None:
             continue
         if isinstance(attr, property) and not attr.__doc__:
@@ -182,6 +188,60 @@ def _share_contracts(cls: type) -> type:
 
 
 _share_contracts(Sandbox)
+
+
+class Terminal:
+    """The blocking twin of ``AsyncTerminal`` (``terminal.py``): the same methods and
+    contracts. Use as a context manager."""
+
+    def __init__(self, inner: AsyncTerminal):
+        self._inner = inner
+
+    @property
+    def aio(self) -> AsyncTerminal:
+        return self._inner
+
+    @property
+    def exit_code(self) -> int | None:
+        return self._inner.exit_code
+
+    @property
+    def exited(self) -> bool:
+        return self._inner.exited
+
+    @property
+    def closed(self) -> bool:
+        return self._inner.closed
+
+    def write(self, data: str | bytes) -> None:
+        run_sync(self._inner.write(data))
+
+    def read(self, timeout: float | None = None) -> str:
+        return run_sync(self._inner.read(timeout))
+
+    def expect(self, patterns, timeout: float = 30.0) -> ExpectMatch:
+        return run_sync(self._inner.expect(patterns, timeout))
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        return run_sync(self._inner.wait(timeout))
+
+    def resize(self, rows: int, cols: int) -> None:
+        run_sync(self._inner.resize(rows, cols))
+
+    def signal(self, sig: int = 2) -> None:
+        run_sync(self._inner.signal(sig))
+
+    def close(self) -> None:
+        run_sync(self._inner.close())
+
+    def __enter__(self) -> "Terminal":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+_share_contracts(Terminal, AsyncTerminal)
 
 
 def open_sandbox(spec: SandboxSpec | None = None, *, snapshot: Any = None) -> Sandbox:

@@ -22,6 +22,7 @@ command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
 if ! $swe_only; then
   command -v dockerd >/dev/null 2>&1 || need_apt+=(docker.io)
   command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+  command -v tmux >/dev/null 2>&1 || need_apt+=(tmux)  # terminals: tmux in a host-image sandbox
 fi
 
 if [ "${#need_apt[@]}" -gt 0 ]; then

@@ -41,8 +41,9 @@ SMOKE: dict[str, list[str]] = {
     "envs": ["--envs", "2"],
     "sandbox": ["--smoke"],
     "network": ["--connects", "5", "--mib", "2"],
+    "terminal": ["--n", "3"],
 }
-NEEDS_DOCKER = {"envs", "sandbox"}
+NEEDS_DOCKER = {"envs", "sandbox", "terminal"}
 
 
 def listed() -> list[str]:

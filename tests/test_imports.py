@@ -158,6 +158,7 @@ SANDBOX_FLOORS: list[tuple[str, ...]] = [
     ("guest",),              # pid 1 of a sandbox: the standard library and protocol.frames only
     ("storage",),            # layers, snapshots, temps, limits
     ("factory",),            # the backend table: classes named as strings
+    ("terminal",),           # AsyncTerminal: the contract of a terminal in a sandbox
     ("base",),               # the contract, AsyncSandbox
     ("sync",),               # the sync twin
     ("pool",),               # the generic pool

@@ -150,6 +150,8 @@ class SandboxHost:
         self.boxes: dict[str, AsyncSandbox] = {}
         self.owner: dict[str, str] = {}  # sandbox id -> pool id it was acquired from
         self.pools: dict[str, AsyncSandboxPool] = {}
+        self.terminals: dict[str, Any] = {}  # "<sandbox id>/<n>" -> AsyncTerminal
+        self.terminal_count = 0
         self.store = SnapshotStore(state_home())
 
     def _box(self, sid: str) -> AsyncSandbox:
@@ -198,6 +200,42 @@ class SandboxHost:
         if op not in self._OPS:
             return "err", pack_error(SandboxError(f"unknown operation {op!r}", sandbox_id=sid))
         return await self._guard(lambda: getattr(self._box(sid), op)(*args, **kwargs))
+
+    # -- terminals: opened here, driven by the client's calls (``runtime/ray.py``)
+    async def terminal_open(self, sid: str, kwargs: dict):
+        async def open_():
+            term = await self._box(sid).open_terminal(**kwargs)
+            self.terminal_count += 1
+            key = f"{sid}/{self.terminal_count}"
+            self.terminals[key] = term
+            return key
+        return await self._guard(open_)
+
+    def _terminal(self, key: str):
+        term = self.terminals.get(key)
+        if term is None:
+            raise errors.TerminalError("no such terminal on this node (closed)", sandbox_id=key.split("/")[0])
+        return term
+
+    async def terminal_recv(self, key: str):
+        """The next chunk of output, or ``(None, exit_code)`` at the end: one call a chunk,
+        so the guest's window bounds what waits (a flood is not buffered here)."""
+        async def recv():
+            term = self._terminal(key)
+            data = await term.read_bytes()
+            return data if data is not None else (None, term.exit_code)
+        return await self._guard(recv)
+
+    async def terminal_call(self, key: str, op: str, args: tuple):
+        async def call():
+            term = self._terminal(key)
+            if op == "close":
+                self.terminals.pop(key, None)
+                return await term.close()
+            if op not in ("write", "resize", "signal"):
+                raise SandboxError(f"unknown terminal operation {op!r}")
+            return await getattr(term, op)(*args)
+        return await self._guard(call)
 
     async def run_stream(self, sid: str, cmd: str, kwargs: dict):
         try:

@@ -17,6 +17,7 @@ from .model import ModelChannel
 from .rootfs import STATE_DIR
 from .sessions import SESSION_SCRIPTS, Session
 from .syscalls import reap_children
+from .terminals import Terminals
 
 
 class Guest:
@@ -53,6 +54,7 @@ class Guest:
         self.writing = False
         self.running = True
         self.model = ModelChannel(self, cfg.model.port) if cfg.model else None
+        self.terminals = Terminals(self)
 
     def reply(self, header: dict, payload: bytes = b"") -> None:
         self.out_buf += encode_frame(header, payload)
@@ -105,11 +107,14 @@ class Guest:
             if self.model is not None:
                 self.model.on_host(req, payload)
             return
+        if op == "pty_ack":  # flow control: no reply
+            self.terminals.on_ack(req)
+            return
         try:
             if op in ("run", "dump"):
                 self.session(req.get("session") or "default").submit(req)
                 return
-            handler = files.OPS.get(op) or getattr(self, "op_" + str(op), None)
+            handler = files.OPS.get(op) or self.terminals.ops.get(op) or getattr(self, "op_" + str(op), None)
             if handler is None:
                 raise ValueError(f"unknown op {op!r}")
             result = handler(req, payload)
@@ -149,6 +154,8 @@ class Guest:
         while self.running:
             now = time.monotonic()
             deadlines = [d for s in list(self.sessions.values()) if (d := s.check_deadline(now))]
+            if (d := self.terminals.check_deadlines(now)) is not None:
+                deadlines.append(d)
             timeout = max(0.0, min(deadlines) - now) if deadlines else 1.0
             for key, _ in self.sel.select(min(timeout, 1.0)):
                 callback, arg = key.data
@@ -156,4 +163,6 @@ class Guest:
             self.reap()
 
     def reap(self) -> None:
-        reap_children()  # pid 1 inherits every orphan in the sandbox: none may stay a zombie
+        # pid 1 inherits every orphan in the sandbox: none may stay a zombie
+        for pid, status in reap_children():
+            self.terminals.on_reaped(pid, status)

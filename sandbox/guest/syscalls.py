@@ -164,15 +164,31 @@ def loopback_up() -> None:
         s.close()
 
 
-def reap_children(*_signal) -> None:
-    """Reap every child that has exited (also a SIGCHLD handler: the zygote's)."""
+def reap_children(*_signal) -> list[tuple[int, int]]:
+    """Reap every child that has exited (also a SIGCHLD handler: the zygote's); their
+    ``(pid, wait status)``."""
+    reaped = []
     while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            return reaped
         if pid == 0:
-            return
+            return reaped
+        reaped.append((pid, status))
+
+
+def kill_session(sid: int) -> None:
+    """SIGKILL every process of session ``sid`` (a terminal's: its leader's background
+    jobs hold the terminal open after the leader exits)."""
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                data = f.read()
+            if int(data[data.rindex(b")") + 2:].split()[3]) == sid:
+                os.kill(int(name), signal.SIGKILL)
+        except (OSError, ValueError):
+            continue
 
 
 def pivot_here(root: str) -> None:

@@ -54,6 +54,13 @@ class FrameReader:
             yield header, payload
 
 
+# Terminals (``guest/terminals.py``): at most this many per sandbox; output sent and not
+# yet acknowledged by the host, per terminal (past it the guest stops reading: the writer
+# blocks); keys waiting for the program to read them.
+MAX_TERMINALS = 16
+PTY_WINDOW = 256 << 10
+PTY_INPUT_MAX = 1 << 20
+
 # A spare guest (``deployment/local.py``) may get this frame before its config: it makes
 # its network namespace, loopback up, while it waits (``GuestConfig.net_ready``).
 PREPARE_NET = {"prepare": "net"}

@@ -15,23 +15,25 @@ import functools
 import os
 import posixpath
 import shutil
+import signal
 import time
 import uuid
 from pathlib import Path
-from typing import Any, AsyncIterable, AsyncIterator
+from typing import Any, AsyncIterable, AsyncIterator, Sequence
 
-from ..base import CHUNK, AsyncSandbox, once
+from ..base import CHUNK, AsyncSandbox, once, terminal_request
 from ..deployment.base import Deployment
 from ..deployment.reaper import current_run
 from ..errors import (GuestDied, IsolationUnavailable, SandboxClosed, SandboxError, SandboxFileError,
                       SandboxFileNotFound, SandboxStartError, SessionError, SnapshotError, SpecError,
-                      StorageLimitError)
+                      StorageLimitError, TerminalError)
 from ..lifecycle import install_exit_handlers
 from ..protocol.frames import FrameReader, ModelConfig, encode_frame
 from ..protocol.tokens import admin_token, current_token
 from ..spec import CommandResult, SandboxSpec, Snapshot
 from ..storage.layers import pack_layer, read_meta
 from ..storage.snapshots import SnapshotStore, copy_tree
+from ..terminal import AsyncTerminal
 from .model_channel import SANDBOX_PORT, ModelRelay, issue_key, revoke_key, sandbox_env
 
 # Tasks closing sandboxes whose create() was cancelled mid-build (held here: the loop keeps
@@ -42,7 +44,7 @@ _ORPHAN_CLOSERS: set[asyncio.Task] = set()
 # queued behind 6 of them. Threads are started only as needed.
 _DEPLOY = concurrent.futures.ThreadPoolExecutor(64, thread_name_prefix="rockroll-deploy")
 _ERRORS = {"SandboxFileError": SandboxFileError, "SessionError": SessionError,
-           "IsolationUnavailable": IsolationUnavailable}
+           "IsolationUnavailable": IsolationUnavailable, "TerminalError": TerminalError}
 
 
 async def _deploying(fn, *args):
@@ -70,6 +72,8 @@ class GuestConnection:
         self.reader = FrameReader()
         self.pending: dict[int, asyncio.Future] = {}
         self.streams: dict[int, asyncio.Queue] = {}  # live output of streamed commands
+        self.terminals: dict[int, GuestTerminal] = {}  # open terminals, by number (ours)
+        self.terminal_count = 0
         self.events: asyncio.Queue = asyncio.Queue()
         self.out = bytearray()
         self.next_id = 0
@@ -99,6 +103,11 @@ class GuestConnection:
                 if self.relay is not None:
                     self.relay.on_frame(header, payload)
                 continue
+            if header.get("op", "").startswith("pty_") and "id" not in header:
+                term = self.terminals.get(header.get("pty"))
+                if term is not None:
+                    term.on_frame(header, payload)
+                continue
             if "chunk" in header:
                 queue = self.streams.get(header["id"])
                 if queue is not None:
@@ -127,6 +136,8 @@ class GuestConnection:
         self._fail("sandbox is closed", SandboxClosed)
 
     def detach(self) -> None:
+        for term in list(self.terminals.values()):  # their processes end with the guest
+            term.on_frame({"op": "pty_exit", "exit_code": None}, b"")
         if self.relay is not None:  # the sandbox's model connections end with its guest
             self.relay.close()
         for remove, fd in ((self.loop.remove_reader, self.rfd), (self.loop.remove_writer, self.wfd)):
@@ -193,6 +204,10 @@ class GuestConnection:
             raise cls(reply.get("message", "guest error"), sandbox_id=self.sandbox_id)
         return reply, body
 
+    def send(self, header: dict, payload: bytes = b"") -> None:
+        """A frame that has no reply (a terminal's ``pty_ack``)."""
+        self._send_frame(header, payload)
+
     def cancel(self, req_id: int) -> None:
         """Ask the guest to kill request ``req_id``'s command (fire and forget: its reply, and
         the cancelled command's, find their futures done or gone and are dropped)."""
@@ -231,6 +246,57 @@ class GuestConnection:
                 raise SandboxStartError(f"the sandbox guest exited during start-up ({self.dead})",
                                         sandbox_id=self.sandbox_id)
         return init_pid
+
+
+class GuestTerminal(AsyncTerminal):
+    """A terminal of a guest (``guest/terminals.py``): its output arrives as ``pty_out``
+    frames, at most ``PTY_WINDOW`` bytes ahead of what ``_recv`` handed on (each chunk is
+    acknowledged as it is consumed)."""
+
+    def __init__(self, conn: GuestConnection, tid: int):
+        super().__init__(conn.sandbox_id)
+        self.conn, self.tid = conn, tid
+        self.queue: asyncio.Queue = asyncio.Queue()
+        conn.terminals[tid] = self
+
+    def on_frame(self, header: dict, payload: bytes) -> None:
+        if header["op"] == "pty_out":
+            self.queue.put_nowait(payload)
+        elif header["op"] == "pty_exit":
+            self.exit_code = header.get("exit_code")
+            self.queue.put_nowait(None)
+            self.conn.terminals.pop(self.tid, None)
+
+    async def _recv(self) -> bytes | None:
+        data = await self.queue.get()
+        if data is None:
+            self.queue.put_nowait(None)  # the end stays the end
+        else:
+            self.conn.send({"op": "pty_ack", "pty": self.tid, "n": len(data)})
+        return data
+
+    async def _call(self, header: dict, payload: bytes = b"") -> None:
+        self._ensure_open()
+        if self.exited:
+            raise TerminalError(f"the terminal's process ended (exit code {self.exit_code})",
+                                sandbox_id=self.sandbox_id)
+        await self.conn.request({**header, "pty": self.tid}, payload)
+
+    async def write(self, data: str | bytes) -> None:
+        await self._call({"op": "pty_write"}, data.encode() if isinstance(data, str) else bytes(data))
+
+    async def resize(self, rows: int, cols: int) -> None:
+        terminal_request(None, rows, cols, None, None, None)  # the size's checks
+        await self._call({"op": "pty_resize", "rows": rows, "cols": cols})
+
+    async def signal(self, sig: int = signal.SIGINT) -> None:
+        await self._call({"op": "pty_signal", "signal": int(sig)})
+
+    async def _close(self) -> None:
+        self.conn.terminals.pop(self.tid, None)
+        if not self.conn.dead and not self.exited:
+            with contextlib.suppress(SandboxError):
+                await self.conn.request({"op": "pty_close", "pty": self.tid})
 
 
 class GuestSandbox(AsyncSandbox):
@@ -399,6 +465,21 @@ class GuestSandbox(AsyncSandbox):
             exit_code=code, stdout=body[:nout].decode(errors="replace"),
             stderr=body[nout:].decode(errors="replace"), duration_s=header["duration_s"],
             timed_out=header["timed_out"], truncated=header["truncated"], oom_killed=oom)
+
+    async def open_terminal(self, cmd: str | Sequence[str] | None = None, *, rows: int = 24, cols: int = 80,
+                            env: dict[str, str] | None = None, cwd: str | None = None,
+                            idle_timeout: float | None = 600.0) -> GuestTerminal:
+        req = terminal_request(cmd, rows, cols, env, self._path(cwd) if cwd else None, idle_timeout)
+        self._ensure_open()
+        conn = self._conn
+        conn.terminal_count += 1
+        term = GuestTerminal(conn, conn.terminal_count)  # listening before its first output comes
+        try:
+            await conn.request({"op": "pty_open", "pty": term.tid, **req})
+        except BaseException:
+            conn.terminals.pop(term.tid, None)
+            raise
+        return term
 
     async def sessions(self) -> list[str]:
         header, _ = await self._request({"op": "ping"})

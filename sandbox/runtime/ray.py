@@ -9,18 +9,53 @@ nothing left to close).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 from pathlib import Path
-from typing import Any, AsyncIterable, AsyncIterator, Callable
+from typing import Any, AsyncIterable, AsyncIterator, Callable, Sequence
 
-from ..base import AsyncSandbox, once
+from ..base import AsyncSandbox, once, terminal_request
 from ..deployment.ray import (HostRef, cluster, import_layers, local_spec, missing_layers, model_token, ship,
                               unpack_error)
 from ..errors import SandboxError, SandboxLost, SpecError
 from ..home import state_home
 from ..spec import CommandResult, SandboxSpec, Snapshot
 from ..storage.snapshots import SnapshotStore
+from ..terminal import AsyncTerminal
+
+
+class RayTerminal(AsyncTerminal):
+    """A terminal held by a node's host actor (``SandboxHost.terminal_*``)."""
+
+    def __init__(self, host: HostRef, key: str, sandbox_id: str):
+        super().__init__(sandbox_id)
+        self.host, self.key = host, key
+
+    async def _recv(self) -> bytes | None:
+        item = await self.host.invoke("terminal_recv", self.key, sandbox_id=self.sandbox_id)
+        if isinstance(item, tuple):  # (None, exit code): the end
+            self.exit_code = item[1]
+            return None
+        return item
+
+    async def _op(self, op: str, *args) -> None:
+        self._ensure_open()
+        await self.host.invoke("terminal_call", self.key, op, args, sandbox_id=self.sandbox_id)
+
+    async def write(self, data: str | bytes) -> None:
+        await self._op("write", data)
+
+    async def resize(self, rows: int, cols: int) -> None:
+        await self._op("resize", rows, cols)
+
+    async def signal(self, sig: int = 2) -> None:
+        await self._op("signal", int(sig))
+
+    async def _close(self) -> None:
+        if not self.host.lost:
+            with contextlib.suppress(SandboxError):
+                await self.host.invoke("terminal_call", self.key, "close", (), sandbox_id=self.sandbox_id)
 
 
 class RaySandbox(AsyncSandbox):
@@ -92,6 +127,16 @@ class RaySandbox(AsyncSandbox):
                 if status == "err":
                     raise unpack_error(item)
                 yield item
+
+    async def open_terminal(self, cmd: str | Sequence[str] | None = None, *, rows: int = 24, cols: int = 80,
+                            env: dict[str, str] | None = None, cwd: str | None = None,
+                            idle_timeout: float | None = 600.0) -> "RayTerminal":
+        """Opened by the node's host actor; each chunk of output is one call to it."""
+        self._ensure_open()
+        terminal_request(cmd, rows, cols, env, cwd, idle_timeout)  # checked here, as on every backend
+        kwargs = {"rows": rows, "cols": cols, "env": env, "cwd": cwd, "idle_timeout": idle_timeout}
+        key = await self.host.invoke("terminal_open", self.id, {"cmd": cmd, **kwargs}, sandbox_id=self.id)
+        return RayTerminal(self.host, key, self.id)
 
     async def sessions(self) -> list[str]:
         return await self._call("sessions")

@@ -19,16 +19,18 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import urllib.parse
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterable, AsyncIterator
+from typing import Any, AsyncIterable, AsyncIterator, Sequence
 
 import httpx
 
-from ..base import CHUNK, AsyncSandbox, file_chunks
+from ..base import CHUNK, AsyncSandbox, file_chunks, terminal_request
 from ..errors import (GuestDied, SandboxClosed, SandboxError, SandboxLost, SandboxNotFound,
-                      ServiceUnreachable, SnapshotError, SpecError, StorageLimitError)
+                      ServiceUnreachable, SnapshotError, SpecError, StorageLimitError, TerminalError)
+from ..terminal import AsyncTerminal
 from ..protocol.wire import (API, MAX_BATCH, AuthError, BatchItemOut, ResultOut, SandboxOut, SnapshotOut,
                            error_from_body)
 from ..spec import CommandResult, SandboxSpec, Snapshot
@@ -198,6 +200,23 @@ class RemoteSandbox(AsyncSandbox):
             raise SandboxLost("the service ended the stream without a result", sandbox_id=self.id)
         finally:
             await resp.aclose()
+
+    async def open_terminal(self, cmd: str | Sequence[str] | None = None, *, rows: int = 24, cols: int = 80,
+                            env: dict[str, str] | None = None, cwd: str | None = None,
+                            idle_timeout: float | None = 600.0) -> "RemoteTerminal":
+        """Over the service's WebSocket (``server/terminals.py``)."""
+        self._ensure_open()
+        req = terminal_request(cmd, rows, cols, env, cwd, idle_timeout)
+        params: list[tuple[str, str]] = [("rows", str(rows)), ("cols", str(cols))]
+        params += [("cmd", a) for a in req["argv"] or ([req["command"]] if req["command"] else [])]
+        if req["command"]:
+            params.append(("shell", "1"))
+        if cwd:
+            params.append(("cwd", cwd))
+        if env:
+            params.append(("env", json.dumps(env)))
+        params.append(("idle_timeout", "none" if idle_timeout is None else str(idle_timeout)))
+        return await RemoteTerminal.connect(self._ep, self._url("/terminal"), params, self.id)
 
     async def sessions(self) -> list[str]:
         self._ensure_open()
@@ -430,6 +449,82 @@ async def _sse(resp: httpx.Response) -> AsyncIterator[tuple[str, str]]:
             event = line[6:].strip()
         elif line.startswith("data:"):
             data.append(line[5:].lstrip(" "))
+
+
+class RemoteTerminal(AsyncTerminal):
+    """A terminal of a service's sandbox, over its WebSocket: binary messages are keys and
+    output, text messages JSON controls (``server/terminals.py``). Closing the socket (or
+    this process dying) closes the terminal on the service."""
+
+    def __init__(self, ws, sandbox_id: str):
+        super().__init__(sandbox_id)
+        self.ws = ws
+        self._ended = False
+
+    @classmethod
+    async def connect(cls, ep: Endpoint, path: str, params: list[tuple[str, str]], sandbox_id: str
+                      ) -> "RemoteTerminal":
+        from websockets.asyncio.client import connect  # noqa: PLC0415 - the service extra
+        from websockets.exceptions import InvalidStatus  # noqa: PLC0415
+
+        url = "ws" + ep.url[4:] + path + "?" + urllib.parse.urlencode(params)
+        headers = {"Authorization": f"Bearer {ep.token}"} if ep.token else {}
+        try:
+            ws = await connect(url, additional_headers=headers, max_size=None, compression=None)
+        except InvalidStatus as e:
+            if e.response.status_code in (401, 403):
+                raise AuthError("the service refused the token for the terminal (missing or wrong bearer "
+                                "token)", sandbox_id=sandbox_id) from None
+            raise SandboxError(f"terminal: HTTP {e.response.status_code}", sandbox_id=sandbox_id) from None
+        except OSError as e:
+            raise ServiceUnreachable(f"no service answers at {ep.url} ({e})", sandbox_id=sandbox_id) from None
+        first = json.loads(await ws.recv())
+        if "error" in first:
+            await ws.close()
+            raise error_from_body(int(first.get("status", 400)), first["error"])
+        return cls(ws, sandbox_id)
+
+    async def _recv(self) -> bytes | None:
+        from websockets.exceptions import ConnectionClosed  # noqa: PLC0415
+
+        while not self._ended:
+            try:
+                msg = await self.ws.recv()
+            except ConnectionClosed:
+                break
+            if isinstance(msg, bytes):
+                return msg
+            control = json.loads(msg)
+            if "exit" in control:
+                self.exit_code = control["exit"]
+                break
+        self._ended = True
+        return None
+
+    async def _send(self, message: str | bytes) -> None:
+        from websockets.exceptions import ConnectionClosed  # noqa: PLC0415
+
+        self._ensure_open()
+        if self._ended or self.exited:
+            raise TerminalError(f"the terminal's process ended (exit code {self.exit_code})",
+                                sandbox_id=self.sandbox_id)
+        try:
+            await self.ws.send(message)
+        except ConnectionClosed:
+            raise TerminalError("the terminal's connection is closed", sandbox_id=self.sandbox_id) from None
+
+    async def write(self, data: str | bytes) -> None:
+        await self._send(data.encode() if isinstance(data, str) else bytes(data))
+
+    async def resize(self, rows: int, cols: int) -> None:
+        terminal_request(None, rows, cols, None, None, None)
+        await self._send(json.dumps({"resize": [rows, cols]}))
+
+    async def signal(self, sig: int = 2) -> None:
+        await self._send(json.dumps({"signal": int(sig)}))
+
+    async def _close(self) -> None:
+        await self.ws.close()
 
 
 async def _snapshot_digest(ep: Endpoint, snapshot: Snapshot | str | Path) -> str:

@@ -31,7 +31,7 @@ from ..errors import CapacityError, SandboxError
 from ..protocol.wire import API, AuthError, ErrorOut, HealthOut, PoolIn, error_body, status_of
 from ..storage.limits import StorageLimits
 from ..storage.snapshots import SnapshotStore
-from . import files, rock, sandboxes, snapshots, swerex
+from . import files, rock, sandboxes, snapshots, swerex, terminals
 from . import pools as pool_routes  # the name `pools` is create_app's argument
 from .metrics import storage_families
 from .quota import DEFAULT_QUOTA, TokenQuota
@@ -41,6 +41,8 @@ from .fleet import SandboxFleet
 log = logging.getLogger("rockroll.serve")
 # Non-JSON routes return a Response (no response_class), so their errors stay documented as JSON.
 ERRORS = {code: {"model": ErrorOut} for code in (400, 401, 404, 409, 413, 429, 503, 507)}
+XTERM_DIR = Path(__file__).with_name("static") / "xterm"
+_XTERM_TYPES = {"xterm.js": "text/javascript", "addon-fit.js": "text/javascript", "xterm.css": "text/css"}
 _bearer = HTTPBearer(auto_error=False, description="the server's token (ROCKROLL_TOKEN)")
 
 
@@ -58,6 +60,21 @@ pages = APIRouter()
 @pages.get("/", response_class=HTMLResponse, include_in_schema=False)
 async def dashboard() -> HTMLResponse:
     return HTMLResponse((Path(__file__).with_name("dashboard.html")).read_text())
+
+
+@pages.get("/terminal", response_class=HTMLResponse, include_in_schema=False)
+async def terminal_page() -> HTMLResponse:
+    """A sandbox's terminal in the browser: ``/terminal#token=...&sandbox=<id>``."""
+    return HTMLResponse((Path(__file__).with_name("terminal.html")).read_text())
+
+
+@pages.get("/static/xterm/{name}", include_in_schema=False)
+async def xterm_asset(name: str) -> Response:
+    """The vendored xterm.js (``static/xterm/``): only the files there, by name."""
+    path = XTERM_DIR / name
+    if name not in _XTERM_TYPES and not name.startswith("LICENSE") or "/" in name or not path.is_file():
+        return Response("not found", status_code=404)
+    return Response(path.read_bytes(), media_type=_XTERM_TYPES.get(name, "text/plain"))
 
 
 @pages.get("/healthz", response_model=HealthOut)
@@ -162,6 +179,7 @@ def create_app(token: str, *, backend: str = "local", max_sandboxes: int = 256,
     app.include_router(pages)
     for routes in (sandboxes.router, files.router, snapshots.router, pool_routes.router):
         app.include_router(routes, prefix=API, dependencies=[Depends(auth)])
+    app.include_router(terminals.router, prefix=API)  # a WebSocket: checks the token itself, before the upgrade
     # ROCK's admin API and SWE-ReX's runtime API (docs/compat.md): their clients' own
     # shapes and headers, so each checks the token itself; documented there, not in OpenAPI.
     for routes in (rock.router, swerex.router, *(e.router for e in extensions)):

@@ -20,6 +20,8 @@ import base64
 import binascii
 import hmac
 import io
+import re
+import secrets
 import shlex
 import shutil
 import stat
@@ -33,9 +35,11 @@ from fastapi import Request, Response, UploadFile
 from fastapi.routing import APIRoute
 
 from ..base import CHUNK, once
+from ..errors import ExpectTimeout, TerminalError
 from ..protocol.wire import AuthError
 from ..spec import CommandResult
 from ..storage.limits import StorageLimits
+from ..terminal import AsyncTerminal
 from .fleet import Entry, SandboxFleet
 
 Check = Literal["silent", "raise", "ignore"]
@@ -187,10 +191,98 @@ async def run_in_session(fleet: SandboxFleet, entry: Entry, name: str, command: 
     return result.stdout, None if check == "ignore" else result.exit_code, overflow_note(result, entry)
 
 
+# --- interactive commands (SWE-ReX's ``is_interactive_command`` / ``is_interactive_quit``)
+# A session's commands run without a terminal (stdin is /dev/null); a REPL or debugger
+# needs one. So the first interactive command of a session opens a terminal for it: bash
+# with SWE-ReX's prompt and its echo off (as SWE-ReX's pexpect shell), in the session's
+# current directory with its exported variables, and types the command there; later ones type into the same terminal.
+# The quit (``is_interactive_quit``) waits for the prompt and closes it. Like SWE-ReX, the
+# ``expect`` strings are regular expressions, searched with the prompt added.
+_ANSI = re.compile(r"\x1B[@-_][0-?]*[ -/]*[@-~]")
+_ECHO_OFF = "ECHOISOFFNOW"
+
+
+def _strip_control_chars(text: str) -> str:
+    return _ANSI.sub("", text).replace("\r\n", "\n")
+
+
+async def _session_terminal(fleet: SandboxFleet, entry: Entry, name: str) -> AsyncTerminal:
+    term = entry.terminals.get(name)
+    if term is not None and not term.exited:
+        return term
+    # The session's directory and exported variables, handed over in a file the terminal
+    # sources and removes at once.
+    exports = f"/tmp/.rr-interactive-{secrets.token_hex(6)}"
+    cwd = (await fleet.run(entry, f"umask 077; export -p > {exports}; pwd", session=name)).stdout.strip() or None
+    term = await fleet.call(entry, entry.sb.open_terminal(
+        ["bash", "--norc", "--noprofile"], cwd=cwd, idle_timeout=None, cols=1000,
+        env={"PS1": PS1, "PS2": "", "PS0": ""}))
+    entry.terminals[name] = term
+    # no bracketed-paste escapes around each prompt (SWE-ReX's output has none)
+    await term.write(f". {exports}; rm -f {exports}; bind 'set enable-bracketed-paste off' 2>/dev/null\n")
+    await _echo_off(fleet, entry, term)
+    return term
+
+
+async def _echo_off(fleet: SandboxFleet, entry: Entry, term: AsyncTerminal) -> None:
+    """Turn the terminal's echo off and wait for the prompt after it (the marker is typed
+    split, so its echo, before echo is off, does not match)."""
+    await term.write(f"stty -echo; echo {_ECHO_OFF[:6]}''{_ECHO_OFF[6:]}\n")
+    await fleet.call(entry, term.expect(_ECHO_OFF, timeout=30))
+    await fleet.call(entry, term.expect(PS1, timeout=30))
+
+
+async def run_interactive(fleet: SandboxFleet, entry: Entry, name: str, command: str, *, expect: list[str],
+                          timeout: float | None, quit: bool) -> tuple[str, str]:
+    """Type ``command`` into session ``name``'s terminal and wait for one of ``expect`` or
+    the prompt: ``(output, matched)``. Raises ``CompatError`` ``CommandTimeoutError``."""
+    if name not in entry.named_sessions:
+        raise CompatError("SessionDoesNotExistError", f"session {name!r} does not exist")
+    term = await _session_terminal(fleet, entry, name)
+    patterns = [*expect, PS1]
+    await term.write(command + "\n")
+    try:
+        found = await fleet.call(entry, term.expect(patterns, timeout=30.0 if timeout is None else timeout))
+    except ExpectTimeout:
+        raise CompatError("CommandTimeoutError",
+                          f"timeout after {timeout} seconds while running command {command!r}") from None
+    except TerminalError as e:
+        entry.terminals.pop(name, None)
+        raise CompatError("SwerexException", f"the interactive program ended: {e}") from None
+    output = _strip_control_chars(found.before)
+    if quit:
+        if found.index == len(expect):  # back at bash: turn its echo off again, as SWE-ReX does
+            await _echo_off(fleet, entry, term)
+    else:
+        output = output.lstrip().removeprefix(command).strip()
+    return output, patterns[found.index]
+
+
+async def interrupt_interactive(fleet: SandboxFleet, entry: Entry, name: str, *, expect: list[str],
+                                timeout: float, n_retry: int) -> tuple[str, str] | None:
+    """Ctrl-C into session ``name``'s terminal (SWE-ReX's ``BashInterruptAction``), until
+    the prompt or one of ``expect`` shows: ``(output, matched)``; None if it has no terminal."""
+    term = entry.terminals.get(name)
+    if term is None or term.exited:
+        return None
+    patterns = [*expect, PS1]
+    for _ in range(max(1, n_retry)):
+        await term.write("\x03")
+        try:
+            found = await fleet.call(entry, term.expect(patterns, timeout=timeout))
+        except ExpectTimeout:
+            continue
+        return _strip_control_chars(found.before).strip(), patterns[found.index]
+    raise CompatError("SwerexException", "Failed to interrupt session")
+
+
 async def close_session(fleet: SandboxFleet, entry: Entry, name: str) -> None:
     if name not in entry.named_sessions:
         raise CompatError("SessionDoesNotExistError", f"session {name!r} does not exist")
     entry.named_sessions.discard(name)
+    term = entry.terminals.pop(name, None)
+    if term is not None:
+        await term.close()
     await fleet.call(entry, entry.sb.close_session(name))
 
 

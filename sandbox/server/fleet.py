@@ -22,6 +22,7 @@ from ..errors import CapacityError, SandboxClosed, SandboxError, SandboxNotFound
 from ..protocol.wire import CommandOut, PoolIn, SandboxOut, StatsOut
 from ..spec import CommandResult, SandboxSpec
 from ..storage.snapshots import SnapshotStore
+from ..terminal import AsyncTerminal
 from .metrics import Metrics, service_families
 from .warm import WarmPool, pool_key
 
@@ -45,6 +46,7 @@ class Entry:
         # must be created before use and fail if created twice; ours are made on first use.
         self.named_sessions: set[str] = set()
         self.exposed: dict[int, tuple[str, int]] = {}  # sandbox port -> its address on this host
+        self.terminals: dict[str, AsyncTerminal] = {}  # their interactive commands' (compat.py)
 
     @property
     def state(self) -> str:

@@ -147,10 +147,16 @@ async def run_in_session(body: Annotated[Union[BashActionIn, BashInterruptIn], F
         # A timeout already killed the command's process group, so nothing is left to interrupt.
         if body.session not in entry.named_sessions:
             raise CompatError("SessionDoesNotExistError", f"session {body.session!r} does not exist")
-        return ObservationOut(exit_code=0, expect_string=PS1)
+        # A terminal's program (an interactive command) gets Ctrl-C; a plain command was
+        # already killed by its timeout, so nothing is left to interrupt.
+        answer = await compat.interrupt_interactive(fleet, entry, body.session, expect=body.expect,
+                                                    timeout=body.timeout, n_retry=body.n_retry)
+        output, matched = answer or ("", PS1)
+        return ObservationOut(output=output, exit_code=0, expect_string=matched)
     if body.is_interactive_command or body.is_interactive_quit:
-        raise CompatError("SwerexException", "interactive commands are not supported: rockroll sessions "
-                                             "have no terminal (stdin is /dev/null)")
+        output, matched = await compat.run_interactive(fleet, entry, body.session, body.command, expect=body.expect,
+                                                       timeout=body.timeout, quit=body.is_interactive_quit)
+        return ObservationOut(output=output, exit_code=0, expect_string=matched)
     output, code, note = await compat.run_in_session(fleet, entry, body.session, body.command, timeout=body.timeout,
                                                      check=body.check, error_msg=body.error_msg)
     matched = next((s for s in body.expect if s and s in output), PS1)

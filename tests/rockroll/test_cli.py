@@ -38,6 +38,57 @@ def test_sandbox_shell_keeps_state_between_lines():
     assert "/tmp\n" in out.stdout and "42\n" in out.stdout
 
 
+def test_sandbox_shell_on_a_terminal_attaches_the_sandboxs_own_terminal():
+    """Run from a terminal (a pty of ours, 33x97), the shell is the sandbox's terminal:
+    its size, Ctrl-C to a running program, a resize (SIGWINCH), the exit code."""
+    import fcntl
+    import select
+    import struct
+    import termios
+    import time
+
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 33, 97, 0, 0))
+    proc = subprocess.Popen([*CLI, "sandbox", "shell"], stdin=slave, stdout=slave, stderr=slave,
+                            start_new_session=True, env=os.environ,
+                            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+    os.close(slave)
+    seen = b""
+
+    def wait_for(text: bytes, timeout: float = 60.0) -> None:
+        nonlocal seen
+        deadline = time.monotonic() + timeout
+        while text not in seen:
+            assert select.select([master], [], [], max(0.0, deadline - time.monotonic()))[0], seen[-2000:]
+            try:
+                seen += os.read(master, 65536)
+            except OSError:  # EIO: the CLI exited
+                break
+        assert text in seen, seen[-2000:]
+        seen = seen[seen.index(text) + len(text):]
+
+    try:
+        wait_for(b"'exit' to leave")
+        os.write(master, b"stty size; echo $((6*7))-$TERM\r")
+        wait_for(b"33 97")
+        wait_for(b"42-xterm-256color")
+        os.write(master, b"sleep 1000\r")
+        time.sleep(1.0)
+        os.write(master, b"\x03")  # raw here: the byte goes through, the sandbox's terminal makes it SIGINT
+        os.write(master, b"echo rc=$?\r")
+        wait_for(b"rc=130")
+        fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))  # SIGWINCH to the CLI
+        time.sleep(0.5)
+        os.write(master, b"stty size\r")
+        wait_for(b"40 120")
+        os.write(master, b"exit 4\r")
+        assert proc.wait(timeout=60) == 4
+    finally:
+        proc.kill()
+        proc.wait()
+        os.close(master)
+
+
 OWNER = """
 import os, sys
 from rockroll.sandbox import open_sandbox
@@ -92,7 +143,7 @@ def test_sandbox_ls_and_gc(tmp_path):
 def test_bench_group_lists_and_refuses_unknown_names():
     out = rr("bench", "list")
     assert out.returncode == 0
-    assert {line.split()[0] for line in out.stdout.splitlines()} == {"envs", "hub", "modelservice", "rollout", "sandbox"}
+    assert {line.split()[0] for line in out.stdout.splitlines()} == {"envs", "hub", "modelservice", "rollout", "sandbox", "terminal"}
     bad = rr("bench", "run", "nope")
     assert bad.returncode == 2 and "no benchmark 'nope'" in bad.stderr and "rollout" in bad.stderr
     private = rr("bench", "run", "_common")

@@ -81,8 +81,8 @@ async def test_check_modes_and_the_exceptions_swerex_raises(server, sid):
         await rt.create_session(CreateBashSessionRequest())
     with pytest.raises(rex.SessionDoesNotExistError):
         await rt.run_in_session(BashAction(command="true", session="never-made"))
-    with pytest.raises(rex.SwerexException, match="interactive"):
-        await rt.run_in_session(BashAction(command="python3", is_interactive_command=True))
+    with pytest.raises(rex.SessionDoesNotExistError):  # interactive ones too (test_terminal_service.py)
+        await rt.run_in_session(BashAction(command="python3", is_interactive_command=True, session="never-made"))
     await rt.close_session(CloseBashSessionRequest())
     with pytest.raises(rex.SessionDoesNotExistError):
         await rt.run_in_session(BashAction(command="true"))

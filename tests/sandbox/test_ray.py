@@ -24,6 +24,7 @@ import pytest
 import ray  # the ray extra is a declared test dependency (make test installs it)
 
 from rockroll.sandbox import SandboxLost, SandboxSpec, SandboxFileError, open_sandbox  # noqa: E402
+from rockroll.sandbox.errors import TerminalError  # noqa: E402
 from rockroll.sandbox.deployment import ray as raycluster  # noqa: E402
 from rockroll.sandbox.pool import SandboxPool  # noqa: E402
 from rockroll.sandbox.lifecycle import proc_start_time
@@ -196,6 +197,25 @@ def test_sync_api_through_ray(cluster, tmp_path):
         sb.reset()
         assert not sb.exists("notes.txt")
     assert not sb.alive
+
+
+def test_terminal_through_ray(cluster):
+    """The node's host actor holds the terminal; keys, output, resize, signal, exit."""
+    with open_sandbox(SPEC) as sb:
+        with sb.open_terminal(rows=25, cols=90) as t:
+            t.write("PS1='RAY''$ '; stty size\n")
+            t.expect("25 90")
+            t.resize(30, 100)
+            t.write("stty size; sleep 1000\n")
+            t.expect("30 100")
+            _wait(lambda: "sleep" in sb.run("ps -eo comm=").stdout, 30, "the sleep")
+            t.signal(2)
+            t.write("echo rc=$?\n")
+            t.expect("rc=130")  # a Ray worker blocks SIGINT: the terminal's programs must not inherit that
+            t.write("exit 4\n")
+            assert t.wait(timeout=60) == 4
+        with pytest.raises(TerminalError):
+            t.write("x")
 
 
 def test_pool_spreads_then_refills_after_node_loss(cluster):
