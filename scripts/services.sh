@@ -40,8 +40,8 @@ $swe_only && exit 0
 
 if ! docker info >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then
-    log "starting dockerd"
-    nohup dockerd --host unix:///var/run/docker.sock >/tmp/rockroll-dockerd.log 2>&1 &
+    log "starting dockerd"  # in a session of its own: it outlives the shell (and process group) that started it
+    setsid nohup dockerd --host unix:///var/run/docker.sock >/tmp/rockroll-dockerd.log 2>&1 &
     for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
   fi
 fi
