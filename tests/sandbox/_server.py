@@ -72,6 +72,26 @@ class Server:
             self.log.close()
 
 
+def server_fixtures(max_sandboxes: int):
+    """The ``server`` (one a module, ``max_sandboxes`` at once) and ``sid`` (a sandbox of it,
+    pids 128, deleted after the test) fixtures a test module takes by assigning them."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def server():
+        srv = Server("--max-sandboxes", str(max_sandboxes))
+        yield srv
+        srv.stop()
+
+    @pytest.fixture
+    def sid(server):
+        sandbox_id = server.create(pids=128)
+        yield sandbox_id
+        server.http.delete(f"/v1/sandboxes/{sandbox_id}")
+
+    return server, sid
+
+
 @contextlib.contextmanager
 def sdk_service(*args: str):
     """A ``Server`` the remote SDK points at (``remote.configure``) while the block runs. Its

@@ -18,23 +18,12 @@ from swerex.runtime.abstract import (BashAction, BashInterruptAction, CloseBashS
                                      CreateBashSessionRequest, ReadFileRequest, UploadRequest, WriteFileRequest)
 from swerex.runtime.remote import RemoteRuntime
 
-from _server import Server
+from _server import Server, server_fixtures
 
 logging.getLogger("rex-runtime").setLevel(logging.CRITICAL)  # it logs every transferred error
 
 
-@pytest.fixture(scope="module")
-def server():
-    srv = Server("--max-sandboxes", "64")
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture
-def sid(server):
-    sandbox_id = server.create(pids=128)
-    yield sandbox_id
-    server.http.delete(f"/v1/sandboxes/{sandbox_id}")
+server, sid = server_fixtures(64)
 
 
 def runtime(server, sid, token=None) -> RemoteRuntime:

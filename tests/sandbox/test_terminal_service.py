@@ -25,7 +25,7 @@ from swerex.runtime.remote import RemoteRuntime
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from _server import Server
+from _server import server_fixtures
 from rockroll.sandbox import AsyncSandbox, SandboxSpec
 from rockroll.sandbox.errors import ExpectTimeout, SandboxNotFound, TerminalError
 from rockroll.sandbox.protocol.wire import AuthError
@@ -35,18 +35,7 @@ logging.getLogger("rex-runtime").setLevel(logging.CRITICAL)
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 
 
-@pytest.fixture(scope="module")
-def server():
-    srv = Server("--max-sandboxes", "16")
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture
-def sid(server):
-    sandbox_id = server.create(pids=128)
-    yield sandbox_id
-    server.http.delete(f"/v1/sandboxes/{sandbox_id}")
+server, sid = server_fixtures(16)
 
 
 def _ws_url(server, sid, query="") -> str:
