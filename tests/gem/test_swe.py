@@ -66,10 +66,11 @@ def test_oracle_solves_and_null_fails_every_task(env, tasks):
         _, reward, terminated, _, info = env.step("<submit/>")
         if not (terminated and reward == 0.0 and info["f2p_pass_fraction"] == 0.0 and info["p2p_pass_fraction"] == 1.0):
             failures.append(("null", task.id, reward, info))
-        env.reset(options={"task_id": task.id})
-        obs, reward, terminated, _, info = env.step(apply_patch(task.patch))
+        env.reset(options={"task_id": task.id})  # the gold patch through the shell: the SFT expert
+        obs, reward, terminated, _, info = env.step(env.expert_action())
         assert "exit code: 0" in obs, obs
-        obs, reward, terminated, _, info = env.step("<submit/>")
+        assert env.expert_action() == "<submit/>"
+        obs, reward, terminated, _, info = env.step(env.expert_action())
         if not (terminated and reward == 1.0 and info["resolved"]):
             failures.append(("oracle", task.id, reward, obs))
     assert failures == []
