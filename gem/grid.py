@@ -474,6 +474,9 @@ class FrozenLakeEnv(_GridEnv):
     ``"random"``, both drawn among the cells of each map, at least ``min_distance`` moves apart
     (:func:`generate_frozenlake_random`): with ``turn_budget=0`` a policy blind to the board
     wins a few percent of the maps (measured in docs/trainer.md), one that reads it all.
+    ``show_offset``: each board is followed by where the goal lies from the player ("The goal
+    is 2 down and 1 left."): text a small model reads at once, while the holes on the way
+    are still only on the board.
     """
 
     title = "FrozenLake."
@@ -500,6 +503,7 @@ class FrozenLakeEnv(_GridEnv):
         turn_budget: int | None = None,
         goal: str = "corner",
         min_distance: int = 2,
+        show_offset: bool = False,
     ):
         super().__init__(
             max_turns=max_turns,
@@ -512,7 +516,7 @@ class FrozenLakeEnv(_GridEnv):
         self.turn_budget = turn_budget
         if goal not in ("corner", "random"):
             raise ValueError(f"goal must be 'corner' or 'random', got {goal!r}")
-        self.goal_mode, self.min_distance = goal, int(min_distance)
+        self.goal_mode, self.min_distance, self.show_offset = goal, int(min_distance), bool(show_offset)
         knobs = _knobs(FROZENLAKE_DIFFICULTIES, difficulty, _FROZENLAKE_DEFAULTS, size=size, p=p)
         self.difficulty = difficulty
         self.size, self.p, self.is_slippery = int(knobs["size"]), float(knobs["p"]), bool(is_slippery)
@@ -560,7 +564,18 @@ class FrozenLakeEnv(_GridEnv):
             raise ValueError("no expert move: the episode is over")
         return path[0]
 
+    def _offset(self) -> str:
+        dy, dx = self.goal[0] - self.player[0], self.goal[1] - self.player[1]
+        parts = [f"{abs(d)} {word}" for d, word in ((dy, "down" if dy > 0 else "up"), (dx, "right" if dx > 0 else "left"))
+                 if d]
+        return f"The goal is {' and '.join(parts)}." if parts else "You are on the goal."
+
     def _board(self) -> str:
+        if self.show_offset:
+            return f"{self._grid_text()}\n{self._offset()}"
+        return self._grid_text()
+
+    def _grid_text(self) -> str:
         rows = []
         for y, line in enumerate(self.grid):
             row = ""
