@@ -76,6 +76,22 @@ def test_oracle_solves_and_null_fails_every_task(env, tasks):
     assert failures == []
 
 
+def test_the_expert_applies_the_gold_patch_through_the_shell(env, tasks):
+    """The SFT data's expert on one task: its first reply is the gold patch applied by
+    ``git apply`` from a here-document in a fenced bash block (the marker never a line of the
+    patch), its second ``<submit/>``, and the task is resolved (every task: the oracle test above)."""
+    task = tasks[0]
+    env.reset(options={"task_id": task.id})
+    first = env.expert_action()
+    assert first.startswith("```bash\ngit apply <<'ROCKROLL_GOLD_PATCH'\n") and task.patch in first
+    obs, *_ = env.step(first)
+    assert "exit code: 0" in obs, obs
+    obs, reward, terminated, _, info = env.step(env.expert_action())
+    assert terminated and reward == 1.0 and info["resolved"], obs
+    marked = dataclasses.replace(task, patch=task.patch + "ROCKROLL_GOLD_PATCH\n")
+    assert "<<'ROCKROLL_GOLD_PATCH_'" in env.expert_commands(marked)[0]
+
+
 def _module(path: str) -> str:
     return path.removeprefix("src/").removesuffix(".py").removesuffix("/__init__").replace("/", ".")
 
