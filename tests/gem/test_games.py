@@ -395,6 +395,22 @@ def test_frozenlake_board_blind_baselines():
     assert corner["best_fixed_route"] >= 0.3
 
 
+def test_the_baselines_script_prints_a_table_and_writes_json(tmp_path):
+    """``examples/frozenlake_baselines.py`` (docs/trainer.md's table) at its smallest."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "examples" / "frozenlake_baselines.py"
+    out = tmp_path / "b.json"
+    r = subprocess.run([sys.executable, str(script), "--maps", "8", "--goal", "corner", "random", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = json.loads(out.read_text())
+    assert [row["goal"] for row in rows] == ["corner", "random"] and all(row["maps"] == 8 for row in rows)
+    assert "best fixed route" in r.stdout and all(0 <= row["random"] <= row["best_fixed_route"] <= 1 for row in rows)
+
+
 @pytest.mark.parametrize("cls", [SokobanEnv, FrozenLakeEnv])
 def test_max_turns_truncates(cls):
     env = cls(max_turns=3)
