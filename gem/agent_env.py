@@ -253,6 +253,20 @@ class AgentEnv(SandboxToolEnv):
         run = self._runs.current
         return run.id if run else None
 
+    # ---- the expert (SFT data): the task set's answer to a model call --------------------------
+    @property
+    def action_words(self) -> tuple[str, ...]:
+        """The replies a noisy expert draws from (the task set's ``agent_action_words``)."""
+        return tuple(getattr(self.task_env, "agent_action_words", ()))
+
+    def expert_action(self) -> str:
+        """The task set's expert reply to the agent's pending call
+        (:meth:`~rockroll.gem.tools.SandboxToolEnv.agent_expert_reply`; the corridor's: the goal's
+        direction). ``TypeError`` for a task set without one, ``ValueError`` when no episode runs."""
+        if self.task is None or self._done or not self._started:
+            raise ValueError("no expert move: no episode is running")
+        return self.task_env.agent_expert_reply(self.task)
+
     # ---- the episode ----------------------------------------------------------------------
     async def _start(self, task: Any) -> tuple[str, dict[str, Any]]:
         sandbox = await self._acquire(task)

@@ -44,5 +44,13 @@ class CorridorTasks(TerminalEnv):
     """The corridor tasks (``task_ids`` picks some: ``left-2``, ...); a task set of
     ``rock/Agent-v0`` (``task_set="corridor"``)."""
 
+    #: The replies a noisy expert draws from (``rock/Agent-v0``'s ``action_words``).
+    agent_action_words = ("Left", "Right")
+
     def __init__(self, **kwargs: Any):
         super().__init__(tasks=CORRIDOR_TASKS, **kwargs)
+
+    def agent_expert_reply(self, task: TerminalTask) -> str:
+        """Every call of the agent is answered with the goal's direction (``Left`` for a
+        ``left-*`` task)."""
+        return task.id.split("-")[0].title()

@@ -137,6 +137,22 @@ def _wrapper(name: str) -> Callable[[Any], Any]:
 
 
 # ------------------------------------------------------------------------------------------ adapter
+def guess_the_number_expert(game: Any) -> str:
+    """Bisection on gem-llm's GuessTheNumber: the middle of the range its hints have left
+    (every earlier guess below the number made it "higher", above it "lower")."""
+    lo, hi, target = game.min_number, game.max_number, game.game_number
+    for guess in game.previous_guesses:
+        if guess < target:
+            lo = max(lo, guess + 1)
+        elif guess > target:
+            hi = min(hi, guess - 1)
+    return f"\\boxed{{{(lo + hi) // 2}}}"
+
+
+#: Experts of gem-llm games, by the game class's name: ``fn(game) -> reply``.
+EXPERTS: dict[str, Callable[[Any], str]] = {"GuessTheNumberEnv": guess_the_number_expert}
+
+
 class GemLLMEnv(GemEnv):
     """A gem-llm env behind rockroll's :class:`GemEnv` contract (see the module docstring).
 
@@ -199,6 +215,18 @@ class GemLLMEnv(GemEnv):
         if self._inner_truncated and not terminated:  # gem-llm's own time limit
             truncated, self._done = True, True
         return obs, reward, terminated, truncated, info
+
+    def expert_action(self) -> str:
+        """The expert's reply for the games that have one (:data:`EXPERTS`, by the gem-llm
+        class's name): the trainer's SFT data. ``TypeError`` for a game without an expert,
+        ``ValueError`` once the episode is over."""
+        inner = getattr(self.env, "unwrapped", self.env)
+        expert = EXPERTS.get(type(inner).__name__)
+        if expert is None:
+            raise TypeError(f"gem-llm env {self.gem_id!r} has no expert (known: {', '.join(sorted(EXPERTS))})")
+        if self._done:
+            raise ValueError("no expert move: the episode is over")
+        return expert(inner)
 
     def close(self) -> None:
         for tool in getattr(self.env, "tools", ()):  # a ToolEnvWrapper's tools (a sandboxed one holds a sandbox)

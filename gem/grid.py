@@ -30,11 +30,13 @@ from .core import GemEnv
 
 __all__ = [
     "DIRECTIONS",
+    "board_blind_baselines",
     "FROZENLAKE_DIFFICULTIES",
     "SOKOBAN_DIFFICULTIES",
     "FrozenLakeEnv",
     "SokobanEnv",
     "generate_frozenlake",
+    "generate_frozenlake_random",
     "generate_sokoban",
     "parse_moves",
     "shortest_path",
@@ -434,6 +436,25 @@ def generate_frozenlake(rng: np.random.Generator, size: int = 4, p: float = 0.8)
             return grid
 
 
+def generate_frozenlake_random(rng: np.random.Generator, size: int = 4, p: float = 0.8,
+                               min_distance: int = 2) -> tuple[list[str], Cell, Cell]:
+    """A ``size`` x ``size`` map whose start and goal are drawn among all cells (distinct, at
+    least ``min_distance`` moves apart around the holes): ``(grid, start, goal)``."""
+    if size < 2 or not 0 < p <= 1 or not 1 <= min_distance <= 2 * (size - 1):
+        raise ValueError(f"need size >= 2, 0 < p <= 1 and 1 <= min_distance <= {2 * (size - 1)}, "
+                         f"got size={size}, p={p}, min_distance={min_distance}")
+    while True:  # terminates with probability 1, as generate_frozenlake
+        frozen = rng.random((size, size)) < p
+        a, b = rng.choice(size * size, 2, replace=False)
+        start, goal = (int(a) // size, int(a) % size), (int(b) // size, int(b) % size)
+        rows = [["F" if f else "H" for f in row] for row in frozen]
+        rows[start[0]][start[1]], rows[goal[0]][goal[1]] = "S", "G"
+        grid = ["".join(row) for row in rows]
+        path = shortest_path(grid, start, goal)
+        if path is not None and len(path) >= min_distance:
+            return grid, start, goal
+
+
 class FrozenLakeEnv(_GridEnv):
     """Walk from the start to the goal (G) without falling into a hole (O).
 
@@ -448,6 +469,14 @@ class FrozenLakeEnv(_GridEnv):
     are those of its shortest path (:func:`shortest_path`, ``max_actions_per_turn`` moves a
     turn) plus ``k``, told in the intro: with 0 only a policy that reads the board wins (one
     that ignores it must guess the one route), on random maps where a fixed route fails.
+
+    ``goal``: ``"corner"``, the start top left and the goal bottom right (gymnasium's layout);
+    ``"random"``, both drawn among the cells of each map, at least ``min_distance`` moves apart
+    (:func:`generate_frozenlake_random`): with ``turn_budget=0`` a policy blind to the board
+    wins a few percent of the maps (measured in docs/trainer.md), one that reads it all.
+    ``show_offset``: each board is followed by where the goal lies from the player ("The goal
+    is 2 down and 1 left."): text a small model reads at once, while the holes on the way
+    are still only on the board.
     """
 
     title = "FrozenLake."
@@ -472,6 +501,9 @@ class FrozenLakeEnv(_GridEnv):
         format_penalty: float = -0.1,
         render_mode: str | None = None,
         turn_budget: int | None = None,
+        goal: str = "corner",
+        min_distance: int = 2,
+        show_offset: bool = False,
     ):
         super().__init__(
             max_turns=max_turns,
@@ -482,18 +514,26 @@ class FrozenLakeEnv(_GridEnv):
         if turn_budget is not None and turn_budget < 0:
             raise ValueError(f"turn_budget must be >= 0 or None, got {turn_budget}")
         self.turn_budget = turn_budget
+        if goal not in ("corner", "random"):
+            raise ValueError(f"goal must be 'corner' or 'random', got {goal!r}")
+        self.goal_mode, self.min_distance, self.show_offset = goal, int(min_distance), bool(show_offset)
         knobs = _knobs(FROZENLAKE_DIFFICULTIES, difficulty, _FROZENLAKE_DEFAULTS, size=size, p=p)
         self.difficulty = difficulty
         self.size, self.p, self.is_slippery = int(knobs["size"]), float(knobs["p"]), bool(is_slippery)
         self.grid: list[str] = []
         self.player: list[int] = [0, 0]
+        self.goal: Cell = (self.size - 1, self.size - 1)
 
     def _reset(self, task_id: Any | None, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        self.grid = generate_frozenlake(self._task_rng(task_id), self.size, self.p)
-        self.player, self.success = [0, 0], False
+        rng = self._task_rng(task_id)
+        if self.goal_mode == "random":
+            self.grid, start, self.goal = generate_frozenlake_random(rng, self.size, self.p, self.min_distance)
+        else:
+            self.grid, start, self.goal = generate_frozenlake(rng, self.size, self.p), (0, 0), (self.size - 1, self.size - 1)
+        self.player, self.success = list(start), False
         if self.turn_budget is None:
             return self._intro(), {"success": False}
-        moves = len(shortest_path(self.grid, (0, 0), (self.size - 1, self.size - 1)) or [])
+        moves = len(shortest_path(self.grid, start, self.goal) or [])
         self.max_turns = -(-moves // self.max_actions_per_turn) + self.turn_budget
         return f"{self._intro()}\nYou have {self.max_turns} turns.", {"success": False, "max_turns": self.max_turns}
 
@@ -519,12 +559,23 @@ class FrozenLakeEnv(_GridEnv):
         (:func:`shortest_path`): the expert of the trainer's SFT data
         (:mod:`rockroll.trainer.rollout.sft_data`). ``ValueError`` once the episode is over."""
         y, x = self.player
-        path = None if self.grid[y][x] in "HG" else shortest_path(self.grid, (y, x), (self.size - 1, self.size - 1))
+        path = None if self.grid[y][x] in "HG" else shortest_path(self.grid, (y, x), self.goal)
         if not path:
             raise ValueError("no expert move: the episode is over")
         return path[0]
 
+    def _offset(self) -> str:
+        dy, dx = self.goal[0] - self.player[0], self.goal[1] - self.player[1]
+        parts = [f"{abs(d)} {word}" for d, word in ((dy, "down" if dy > 0 else "up"), (dx, "right" if dx > 0 else "left"))
+                 if d]
+        return f"The goal is {' and '.join(parts)}." if parts else "You are on the goal."
+
     def _board(self) -> str:
+        if self.show_offset:
+            return f"{self._grid_text()}\n{self._offset()}"
+        return self._grid_text()
+
+    def _grid_text(self) -> str:
         rows = []
         for y, line in enumerate(self.grid):
             row = ""
@@ -538,9 +589,59 @@ class FrozenLakeEnv(_GridEnv):
 
     def _get_state(self) -> dict[str, Any]:
         return {"grid": list(self.grid), "player": list(self.player), "success": self.success,
-                "max_turns": self.max_turns}
+                "max_turns": self.max_turns, "goal": list(self.goal)}
 
     def _set_state(self, state: dict[str, Any]) -> None:
         self.grid, self.player = list(state["grid"]), list(state["player"])
         self.success = bool(state["success"])
+        self.goal = tuple(state.get("goal", (self.size - 1, self.size - 1)))  # type: ignore[assignment]
         self.max_turns = int(state.get("max_turns", self.max_turns))  # a map's own budget (turn_budget)
+
+
+def board_blind_baselines(envs: list[FrozenLakeEnv], depth: int | None = None) -> dict[str, float]:
+    """How often a policy that never reads the board wins the maps of ``envs`` (reset, one move
+    a turn, each within its ``max_turns``): ``random``, a uniform choice of the four moves
+    (exact: every sequence of up to ``depth`` moves weighted 4^-k); ``best_fixed_route``, the
+    best single sequence of moves. Every policy blind to the board is a mixture of fixed
+    sequences, so none wins more often than the best one. ``depth`` (default: the longest
+    budget, which makes both exact) bounds the sequences searched.
+    """
+    n = len(envs)
+    depth = depth or max(env.max_turns for env in envs)
+    size = envs[0].size
+    holes = np.array([[[c == "H" for c in row] for row in env.grid] for env in envs])  # (n, size, size)
+    goal = np.array([env.goal for env in envs])
+    budget = np.array([env.max_turns for env in envs])
+    start = np.array([env.player for env in envs])
+    moves = list(DIRECTIONS.values())
+    random_win = np.zeros(n)
+
+    def move(pos, alive, d, k):  # every map's next cell, whether it is still playing, whether it won now
+        y = np.clip(pos[:, 0] + d[0], 0, size - 1)
+        x = np.clip(pos[:, 1] + d[1], 0, size - 1)
+        active = alive & (k < budget)
+        hit = active & (y == goal[:, 0]) & (x == goal[:, 1])
+        return np.stack([y, x], 1), active & ~hit & ~holes[np.arange(n), y, x], hit
+
+    def walk(pos, alive, k, prob):  # the uniform policy: every sequence, weighted 4^-k
+        if k == depth or not alive.any():
+            return
+        for d in moves:
+            nxt, still, hit = move(pos, alive, d, k)
+            random_win[:] += (prob / 4) * hit
+            walk(nxt, still, k + 1, prob / 4)
+
+    def search(pos, alive, k):  # the most maps won along one path of the tree
+        if k == depth or not alive.any():
+            return 0
+        top = 0
+        for d in moves:
+            nxt, still, hit = move(pos, alive, d, k)
+            top = max(top, int(hit.sum()) + search(nxt, still, k + 1))
+        return top
+
+    alive = np.ones(n, bool)
+    walk(start.copy(), alive, 0, 1.0)
+    best = search(start.copy(), alive, 0)
+    return {"random": float(random_win.mean()), "best_fixed_route": best / n,
+            "max_budget": int(budget.max()), "mean_budget": float(budget.mean())}

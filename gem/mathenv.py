@@ -259,6 +259,13 @@ class MathEnv(GemEnv):
         obs = "Correct." if correct else f"Incorrect. The correct answer is {self.answer}."
         return obs, 1.0 if correct else 0.0, True, {"success": correct, "answer": self.answer}
 
+    def expert_action(self) -> str:
+        """The answer, boxed: the expert of the trainer's SFT data. ``ValueError`` once the
+        episode is over (one reply ends it)."""
+        if self._done or not self.answer:
+            raise ValueError("no expert answer: the episode is over")
+        return f"\\boxed{{{self.answer}}}"
+
     def _get_state(self) -> dict[str, Any]:
         return {"kind": self.kind, "question": self.question, "answer": self.answer}
 

@@ -494,6 +494,15 @@ class SWEEnv(SandboxToolEnv):
                 f"(the working directory):\n\n{task.problem_statement}\n\n"
                 "Change the code, not the tests: they are replaced by the originals when the work is graded.")
 
+    def expert_commands(self, task: SWETask) -> list[str]:
+        """The gold patch applied with ``git apply`` from a here-document (its marker never a
+        line of the patch), in one turn."""
+        marker = "ROCKROLL_GOLD_PATCH"
+        while marker in task.patch.splitlines():
+            marker += "_"
+        body = task.patch if task.patch.endswith("\n") else task.patch + "\n"
+        return [f"git apply <<'{marker}'\n{body}{marker}"]
+
     async def _evaluate(self, sandbox: AsyncSandbox, task: SWETask, action: Action, text: str) -> Evaluation:
         base = task.base_commit or BASE_REF
         diff_result = await self._env_run(sandbox, "diff.sh", _DIFF_SCRIPT.format(base=shlex.quote(base)), timeout=60)

@@ -83,6 +83,9 @@ class TerminalEnv(SandboxToolEnv):
     def agent_instruction(self, task: TerminalTask) -> str:
         return task.instruction
 
+    def expert_commands(self, task: TerminalTask) -> list[str]:
+        return [task.solution]  # the oracle solution, one bash script
+
     async def _evaluate(self, sandbox: AsyncSandbox, task: TerminalTask, action: Action, text: str) -> Evaluation:
         result = await self._env_run(sandbox, "check.sh", task.check, timeout=self.check_timeout)
         passed = result.ok

@@ -341,6 +341,26 @@ class SandboxToolEnv(GemEnv):
         and tools (``rock/Agent-v0``): what to do, not how to act in this env."""
         raise NotImplementedError(f"{type(self).__name__} gives no instruction for agents")
 
+    def expert_commands(self, task: Any) -> list[str]:
+        """The shell commands that solve ``task`` (its oracle), run one a turn by
+        :meth:`expert_action`; ``TypeError`` where the env has none."""
+        raise TypeError(f"{type(self).__name__} has no expert")
+
+    def agent_expert_reply(self, task: Any) -> str:
+        """What an expert model answers an agent's call on ``task`` (``rock/Agent-v0``'s
+        expert, :meth:`rockroll.gem.agent_env.AgentEnv.expert_action`); ``TypeError`` where
+        the task set has none."""
+        raise TypeError(f"{type(self).__name__} has no expert reply for agents")
+
+    def expert_action(self) -> str:
+        """The expert's reply on this turn: the ``turn``-th of :meth:`expert_commands` as a
+        fenced bash block, then ``<submit/>`` (the trainer's SFT data). ``ValueError`` when no
+        episode runs."""
+        if self.task is None or self._done or not self._started:
+            raise ValueError("no expert move: no episode is running")
+        commands = self.expert_commands(self.task)
+        return f"```bash\n{commands[self._turn]}\n```" if self._turn < len(commands) else "<submit/>"
+
     # ---- helpers for subclasses -------------------------------------------------------------
     @property
     def task_ids(self) -> list[str]:

@@ -536,7 +536,8 @@ class LoggingConfig:
 class EvalConfig:
     """Evaluation with the current weights every ``every`` steps (0: never), before step 0 and
     after the last step: ``episodes`` per env from each task's first observation, on a fixed
-    list of seeds, at the generation temperature. Written to ``<logging.dir>/eval.jsonl`` with
+    list of seeds, at the generation temperature (``temperature``: another one; 0 is greedy).
+    Written to ``<logging.dir>/eval.jsonl`` with
     the success rate's 95 % Wilson interval (``eval/success_lo``, ``eval/success_hi``), the
     episode count and the seed.
 
@@ -550,9 +551,12 @@ class EvalConfig:
     seed: int = 1_000_003  # the env and sampling seeds of the evaluation episodes (the same at every evaluation)
     # held-out tasks to evaluate every env on, disjoint from envs[].task_ids (null: the envs' own task_ids)
     task_ids: list[Any] | None = None
+    # the sampling temperature of evaluation episodes (null: generation.temperature; 0: greedy)
+    temperature: float | None = None
 
     def validate(self, p: str) -> None:
         _check(self.every >= 0, f"{p}.every", "must be >= 0")
+        _check(self.temperature is None or self.temperature >= 0, f"{p}.temperature", "must be >= 0")
         _check(self.episodes >= 1, f"{p}.episodes", "must be >= 1")
         _check(self.task_ids is None or len(self.task_ids) > 0, f"{p}.task_ids", "must not be empty")
 

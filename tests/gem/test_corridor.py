@@ -20,9 +20,11 @@ def test_oracle_wins_every_task_and_the_other_end_loses_it(env):
     assert sorted(env.task_ids) == ["left-1", "left-2", "left-3", "right-1", "right-2", "right-3"]
     for task in CORRIDOR_TASKS:
         env.reset(options={"task_id": task.id})
-        env.step(f"```bash\n{task.solution}\n```")
-        assert env.step("<submit/>")[1] == 1.0, task.id
+        env.step(env.expert_action())  # the oracle through the expert of SFT data
+        assert env.step(env.expert_action())[1] == 1.0, task.id
         goal = task.id.split("-")[0]
+        # rock/Agent-v0's expert answers each of the agent's calls with the goal's direction
+        assert env.agent_expert_reply(task) == goal.title() and env.agent_action_words == ("Left", "Right")
         wrong = ("Right" if goal == "left" else "Left")
         env.reset(options={"task_id": task.id})
         env.step(f"```bash\nfor i in 1 2 3 4; do ./play {wrong}; done\n```")

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 from rockroll.gem import FrozenLakeEnv, MathEnv, SokobanEnv
-from rockroll.gem.grid import DIRECTIONS, generate_frozenlake, generate_sokoban, parse_moves, shortest_path
+from rockroll.gem.grid import (DIRECTIONS, board_blind_baselines, generate_frozenlake, generate_frozenlake_random,
+                               generate_sokoban, parse_moves, shortest_path)
 from rockroll.gem.mathenv import PROBLEM_TYPES, check_answer, generate_problem, parse_value
 from rockroll.registry.builtin import BUILTIN_ENVS, register_builtin
 
@@ -326,6 +327,90 @@ def test_frozenlake_turn_budget_is_the_shortest_path():
     assert two.max_turns == -(-len(solve_frozenlake(two.grid)) // 2) + 1
 
 
+def test_frozenlake_random_goal_moves_start_and_goal_and_the_expert_reads_them():
+    """``goal="random"``: start and goal differ from map to map, at least 2 moves apart; the
+    board shows the goal where it is; the expert wins every map in its shortest-path budget
+    and a saved state keeps the goal."""
+    starts, goals = set(), set()
+    for task in range(32):
+        env = FrozenLakeEnv(size=4, p=0.8, max_actions_per_turn=1, turn_budget=0, goal="random")
+        obs, info = env.reset(options={"task_id": task})
+        start, goal = tuple(env.player), env.goal
+        starts.add(start)
+        goals.add(goal)
+        assert env.grid[start[0]][start[1]] == "S" and env.grid[goal[0]][goal[1]] == "G"
+        best = len(shortest_path(env.grid, start, goal))
+        assert best >= 2 and env.max_turns == best and f"You have {best} turns." in obs
+        board = obs.split("\n\n")[1].splitlines()[:4]
+        assert board[goal[0]][goal[1]] == "G" and board[start[0]][start[1]] == "P"
+        if task == 0:
+            env.step(env.expert_action())
+            state = env.save_state()
+            other = FrozenLakeEnv(size=4, p=0.8, max_actions_per_turn=1, turn_budget=0, goal="random")
+            other.reset(options={"task_id": 5})
+            other.reset(options={"state": state})
+            assert other.goal == goal
+            env = other
+        while True:
+            *_, term, trunc, info = env.step(env.expert_action())
+            if term or trunc:
+                break
+        assert term and info["success"], task
+    assert len(starts) >= 10 and len(goals) >= 10
+    with pytest.raises(ValueError, match="goal"):
+        FrozenLakeEnv(goal="middle")
+    with pytest.raises(ValueError, match="min_distance"):
+        generate_frozenlake_random(np.random.default_rng(0), 2, 0.8, min_distance=3)
+
+
+def test_frozenlake_board_blind_baselines():
+    """``board_blind_baselines`` on hand-made maps, then the measured claim: with moving goals
+    (at least 4 moves apart) and the shortest path's budget a board-blind policy wins at most
+    0.1 of 4x4 maps, while the corner layout leaves a fixed route many wins."""
+    def env_of(grid, budget):  # a 2x2 map from the player's corner
+        env = FrozenLakeEnv(size=2, max_actions_per_turn=1, turn_budget=0)
+        env.reset(options={"task_id": 0})
+        env.grid, env.player, env.max_turns = grid, [0, 0], budget
+        env.goal = next((y, x) for y, row in enumerate(grid) for x, c in enumerate(row) if c == "G")
+        return env
+    # goal right of the start, one turn: random wins 1/4; the route "Right" wins it.
+    out = board_blind_baselines([env_of(["SG", "FF"], 1)])
+    assert out["random"] == pytest.approx(0.25) and out["best_fixed_route"] == 1.0
+    # two turns, goal diagonal, no holes: Right-Down and Down-Right win: 2/16; a route wins.
+    out = board_blind_baselines([env_of(["SF", "FG"], 2)])
+    assert out["random"] == pytest.approx(2 / 16) and out["best_fixed_route"] == 1.0
+    # two maps that need opposite first moves (the other cell is a hole): no route wins both.
+    out = board_blind_baselines([env_of(["SH", "FG"], 2), env_of(["SF", "HG"], 2)])
+    assert out["random"] == pytest.approx(1 / 16) and out["best_fixed_route"] == 0.5
+
+    def maps(goal):  # examples/frozenlake_read_cpu.yaml's held-out maps (its eval.task_ids)
+        envs = []
+        for task in range(100_000, 100_256):
+            env = FrozenLakeEnv(size=4, p=0.8, max_actions_per_turn=1, turn_budget=0, goal=goal, min_distance=4)
+            env.reset(options={"task_id": task})
+            envs.append(env)
+        return envs
+    moving, corner = board_blind_baselines(maps("random")), board_blind_baselines(maps("corner"))
+    assert moving["best_fixed_route"] <= 0.1 and moving["random"] <= 0.1
+    assert corner["best_fixed_route"] >= 0.3
+
+
+def test_the_baselines_script_prints_a_table_and_writes_json(tmp_path):
+    """``examples/frozenlake_baselines.py`` (docs/trainer.md's table) at its smallest."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "examples" / "frozenlake_baselines.py"
+    out = tmp_path / "b.json"
+    r = subprocess.run([sys.executable, str(script), "--maps", "8", "--goal", "corner", "random", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = json.loads(out.read_text())
+    assert [row["goal"] for row in rows] == ["corner", "random"] and all(row["maps"] == 8 for row in rows)
+    assert "best fixed route" in r.stdout and all(0 <= row["random"] <= row["best_fixed_route"] <= 1 for row in rows)
+
+
 @pytest.mark.parametrize("cls", [SokobanEnv, FrozenLakeEnv])
 def test_max_turns_truncates(cls):
     env = cls(max_turns=3)
@@ -391,6 +476,11 @@ def test_math_oracle_gets_one_and_wrong_gets_zero(seed, difficulty):
     env.reset(seed=seed)
     obs, reward, terminated, truncated, info = env.step(f"The answer is \\boxed{{{env.answer}}}.")
     assert (reward, terminated, truncated, info["success"]) == (1.0, True, False, True)
+    with pytest.raises(ValueError, match="episode is over"):
+        env.expert_action()
+    env.reset(seed=seed)
+    assert env.expert_action() == f"\\boxed{{{env.answer}}}"  # the SFT data's expert: the answer
+    assert env.step(env.expert_action())[1] == 1.0
     env.reset(seed=seed)
     wrong = Fraction(env.answer) + 1
     obs, reward, terminated, truncated, info = env.step(f"\\boxed{{{wrong}}}")

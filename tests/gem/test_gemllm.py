@@ -89,6 +89,30 @@ def test_a_gem_llm_game_plays_through_the_adapter_with_its_kwargs_overridable():
     assert "between 1 and 3" in small.reset(seed=0)[0]
 
 
+def test_the_guess_the_number_expert_bisects_what_the_hints_leave():
+    """``expert_action`` (the SFT data's expert) guesses the middle of the range gem-llm's hints
+    have left: on 1..10 it names the bisection's guesses and wins every number within 4 turns;
+    a game without an expert says so."""
+    env = make_env(GUESS)
+    for task in range(24):
+        env.reset(options={"task_id": task})
+        lo, hi, target = 1, 10, env.env.game_number
+        while True:
+            guess = (lo + hi) // 2
+            assert env.expert_action() == boxed(guess)
+            obs, reward, term, trunc, info = env.step(env.expert_action())
+            if term or trunc:
+                break
+            lo, hi = (guess + 1, hi) if guess < target else (lo, guess - 1)
+        assert reward == 1.0 and info["success"] and info["turn"] <= 4, task
+        with pytest.raises(ValueError, match="episode is over"):
+            env.expert_action()
+    other = make_env("gem:game:Minesweeper-v0-easy")
+    other.reset(seed=0)
+    with pytest.raises(TypeError, match="no expert"):
+        other.expert_action()
+
+
 def test_seeds_and_task_ids_pick_the_episode_and_a_bad_answer_is_graded_by_gem_llm():
     def hints(env, **reset):
         env.reset(**reset)

@@ -66,13 +66,30 @@ def test_oracle_solves_and_null_fails_every_task(env, tasks):
         _, reward, terminated, _, info = env.step("<submit/>")
         if not (terminated and reward == 0.0 and info["f2p_pass_fraction"] == 0.0 and info["p2p_pass_fraction"] == 1.0):
             failures.append(("null", task.id, reward, info))
-        env.reset(options={"task_id": task.id})
-        obs, reward, terminated, _, info = env.step(apply_patch(task.patch))
+        env.reset(options={"task_id": task.id})  # the gold patch through the shell: the SFT expert
+        obs, reward, terminated, _, info = env.step(env.expert_action())
         assert "exit code: 0" in obs, obs
-        obs, reward, terminated, _, info = env.step("<submit/>")
+        assert env.expert_action() == "<submit/>"
+        obs, reward, terminated, _, info = env.step(env.expert_action())
         if not (terminated and reward == 1.0 and info["resolved"]):
             failures.append(("oracle", task.id, reward, obs))
     assert failures == []
+
+
+def test_the_expert_applies_the_gold_patch_through_the_shell(env, tasks):
+    """The SFT data's expert on one task: its first reply is the gold patch applied by
+    ``git apply`` from a here-document in a fenced bash block (the marker never a line of the
+    patch), its second ``<submit/>``, and the task is resolved (every task: the oracle test above)."""
+    task = tasks[0]
+    env.reset(options={"task_id": task.id})
+    first = env.expert_action()
+    assert first.startswith("```bash\ngit apply <<'ROCKROLL_GOLD_PATCH'\n") and task.patch in first
+    obs, *_ = env.step(first)
+    assert "exit code: 0" in obs, obs
+    obs, reward, terminated, _, info = env.step(env.expert_action())
+    assert terminated and reward == 1.0 and info["resolved"], obs
+    marked = dataclasses.replace(task, patch=task.patch + "ROCKROLL_GOLD_PATCH\n")
+    assert "<<'ROCKROLL_GOLD_PATCH_'" in env.expert_commands(marked)[0]
 
 
 def _module(path: str) -> str:

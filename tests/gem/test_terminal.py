@@ -42,15 +42,19 @@ def test_first_observation_states_the_task_and_protocol(env):
 def test_oracle_solves_every_task_and_doing_nothing_fails_every_task(env):
     failures = []
     for task_id in env.task_ids:
-        env.reset(options={"task_id": task_id})
-        _, _, term, _, _ = env.step(f"```bash\n{env.task.solution}\n```")
-        obs, reward, term, _, info = env.step("<submit/>")
+        env.reset(options={"task_id": task_id})  # the oracle, as the expert of SFT data plays it
+        assert env.expert_action() == f"```bash\n{env.task.solution}\n```"
+        env.step(env.expert_action())
+        assert env.expert_action() == "<submit/>"
+        obs, reward, term, _, info = env.step(env.expert_action())
         if reward != 1.0 or not term:
             failures.append(f"oracle failed {task_id}: {obs}")
         env.reset(options={"task_id": task_id})
         obs, reward, term, _, info = env.step("submit")
         if reward != 0.0 or not term or info["success"]:
             failures.append(f"do-nothing passed {task_id}")
+        with pytest.raises(ValueError, match="no episode"):
+            env.expert_action()
     assert not failures, "\n".join(failures)
 
 

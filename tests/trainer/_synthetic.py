@@ -10,6 +10,10 @@ thousands of envs wait concurrently on one loop; :meth:`step` blocks, for thread
 drawn from a per-instance RNG so that envs of one group differ in speed. ``infra_error_rate``
 makes a step fail as infrastructure (``info["infra_error"]``).
 
+``ReadEnv`` is the smallest task that needs reading, with an expert: each task names a room and
+one of four words ("Room 17: say Left."), replying with the word wins; a policy blind to the
+text wins a quarter. ``expert_action()`` says the word (SFT data), ``action_words`` are the four.
+
 ``TwoStepEnv`` is the smallest multi-turn task: two turns, each asking for its own word and
 paying half the reward when answered, whatever the other turn did; what the policy must say
 depends on the observation of the turn (the multi-turn credit and masks are what it tests).
@@ -120,3 +124,28 @@ class LengthEnv(GemEnv):
 
     async def areset(self, *, seed=None, options=None):
         return self.reset(seed=seed, options=options)
+
+
+class ReadEnv(GemEnv):
+    """One turn: "Room <task id>: say <word>." with the word picked by the task id; 1.0 for
+    replying it (see the module docstring)."""
+
+    action_words = ("Up", "Down", "Left", "Right")
+
+    def __init__(self, *, room: bool = True, format_penalty: float = 0.0):
+        super().__init__(max_turns=1, format_penalty=format_penalty)
+        self.target, self.room = "", room
+
+    def _reset(self, task_id, options):
+        room = int(self._task_rng(task_id).integers(1000)) if task_id is None else int(task_id)
+        self.target = self.action_words[(room * 7 + room // 10) % 4]
+        return (f"Room {room}: say {self.target}." if self.room else f"Say {self.target}."), {"success": False}
+
+    def _step(self, action: str):
+        win = action.strip() == self.target
+        return ("Correct." if win else "No."), float(win), True, {"success": win}
+
+    def expert_action(self) -> str:
+        if self._done:
+            raise ValueError("no expert move: the episode is over")
+        return self.target

@@ -131,3 +131,25 @@ def test_an_agent_rewriting_its_history_starts_new_segments(tok, snapshot):
     turn = load_config({"algorithm": {"turn_credit": "discounted"}}).algorithm
     with pytest.raises(ValueError, match="split into segments"):
         compute_advantages(turn, batch, None, None, None)
+
+
+def test_the_corridor_expert_answers_the_agents_calls_and_wins(snapshot):
+    """``rock/Agent-v0``'s expert (SFT data): every call of the real agent on a corridor task is
+    answered with the goal's direction, and the episode is won, on either goal; a noisy expert
+    draws from Left and Right."""
+    env = AgentEnv(agent=CHAT_AGENT, task_set="corridor", snapshot=snapshot, sandbox_spec=SPEC, call_timeout=60)
+    try:
+        assert env.action_words == ("Left", "Right")
+        for task, word in (("left-2", "Left"), ("right-3", "Right")):
+            env.reset(options={"task_id": task})
+            replies = []
+            while True:
+                replies.append(env.expert_action())
+                *_, term, trunc, info = env.step(replies[-1])
+                if term or trunc:
+                    break
+            assert info["success"] and set(replies) == {word}, (task, replies, info)
+        with pytest.raises(ValueError, match="no episode"):
+            env.expert_action()
+    finally:
+        env.close()

@@ -76,3 +76,39 @@ def test_evaluation_plays_the_held_out_tasks_and_reports_the_interval(tmp_path):
     line = eval_line(3, out)
     assert line.startswith("eval at version 3: success ") and "(6 episodes, seed 5)" in line
     assert f"[{lo:.2f}, {hi:.2f}]" in line
+
+
+def test_eval_temperature_samples_evaluation_episodes_at_its_own_temperature(tmp_path):
+    """``eval.temperature`` (0: greedy) is the temperature of every evaluation request (in
+    batches of their own, on the same engine); without it evaluation samples at
+    ``generation.temperature``, as training does."""
+    envs = [EnvConfig(id="rock/FrozenLake-v0", kwargs={"max_actions_per_turn": 1})]
+    tok = load_tokenizer(load_config({}).tokenizer, envs, tmp_path / "tok")
+
+    class Recording(ScriptEngine):
+        def generate(self, prompts, sampling):
+            temps.append(sampling.temperature)
+            return super().generate(prompts, sampling)
+
+    def temperatures(eval_section):
+        cfg = load_config({"seed": 1, "generation": {"max_new_tokens": 2, "temperature": 0.7},
+                           "rollout": {"group_size": 2, "batch_groups": 1, "max_turns": 3, "batch_wait_ms": 10},
+                           "envs": [{"id": "rock/FrozenLake-v0", "kwargs": {"max_actions_per_turn": 1},
+                                     "task_ids": [0, 1]}], "eval": {"task_ids": [7, 8, 9], **eval_section}})
+        template = PromptTemplate(tok, cfg.tokenizer)
+        mgr = RolloutManager(cfg, Recording(tok, ["Right", "Down"], stop_id=template.stop_id), template)
+        mgr.pause()  # before the start: no training group at all
+        mgr.start()
+        try:
+            temps.clear()
+            out = mgr.evaluate(episodes=4, seed=5)
+        finally:
+            mgr.close()
+        assert out["eval/episodes"] == 4
+        return set(temps)
+
+    temps: list[float] = []
+    assert temperatures({"temperature": 0.0}) == {0.0}
+    assert temperatures({}) == {0.7}
+    with pytest.raises(ConfigError, match=r"eval\.temperature: must be >= 0"):
+        load_config({"eval": {"temperature": -1}})

@@ -97,9 +97,14 @@ def test_kl_penalty_holds_the_policy_near_its_reference(tmp_path):
     reference, so it says the word far less often. A KL term with the wrong sign would push the
     policy away from the reference, and it would say the word always."""
     algorithm = {"name": "grpo", "kl_coef": KL_COEF}
-    out = train(learning_config(tmp_path, algorithm, {}, ONE_TURN))
+    cfg = learning_config(tmp_path, algorithm, {}, ONE_TURN)
+    cfg["eval"]["episodes"] = 256  # an interval of about +-0.06 around 0.5, not +-0.12
+    out = train(cfg)
     curve = eval_rewards(tmp_path / "run")
-    assert curve[0] <= 0.3 and 0.3 <= curve[STEPS] <= 0.7, curve
+    # Bounds from a measured spread (docs/testing.md, "Learning bounds"): seeds 0-4 on 1 and 2
+    # torch threads ended at 0.48-0.58 (256 episodes; the same on both thread counts), a
+    # fresh machine's seed 0 at 0.28 (64 episodes), without the KL term 1.0 (seeds 0, 1).
+    assert curve[0] <= 0.3 and 0.15 <= curve[STEPS] <= 0.8, curve
     assert out["history"][-1]["loss/kl"] > 0
 
 

@@ -598,13 +598,13 @@ class RolloutManager:
     async def _evaluate(self, episodes: int, seed: int) -> dict[str, float]:
         cfg = self.cfg
 
-        async def episode(spec: EnvConfig, j: int) -> Sample:
+        async def episode(spec: EnvConfig, j: int, gen: BatchingGenerator) -> Sample:
             env = self._make_env(spec)
             tasks = cfg.eval.task_ids or spec.task_ids
             try:
                 task = tasks[j % len(tasks)] if tasks else None
                 s = await run_episode(
-                    env, self.template, self.gen, seed=mix_seeds(seed, j), task_id=task, sample_seed=mix_seeds(seed + 1, j),
+                    env, self.template, gen, seed=mix_seeds(seed, j), task_id=task, sample_seed=mix_seeds(seed + 1, j),
                     max_turns=cfg.rollout.max_turns, max_seq_len=cfg.rollout.max_seq_len,
                     max_new_tokens=cfg.generation.max_new_tokens, executor=self._env_exec)
                 s.env_id = spec.id
@@ -614,7 +614,18 @@ class RolloutManager:
             finally:
                 env.close()
 
-        done = await asyncio.gather(*(episode(spec, j) for spec in cfg.envs for j in range(episodes)))
+        gen = self.gen
+        if cfg.eval.temperature is not None:  # its own batches, on the same engine and lock
+            r = cfg.rollout
+            gen = BatchingGenerator(self.engine, dataclasses.replace(self.sampling, temperature=cfg.eval.temperature),
+                                    max_batch=r.max_batch_size, wait_s=r.batch_wait_ms / 1000, lock=self._engine_lock,
+                                    continuous=self._continuous())
+            gen.start()
+        try:
+            done = await asyncio.gather(*(episode(spec, j, gen) for spec in cfg.envs for j in range(episodes)))
+        finally:
+            if gen is not self.gen:
+                await gen.aclose()
         valid = [s for s in done if not s.infra_error]
         for s in done:
             if s.infra_error:
