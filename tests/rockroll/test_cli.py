@@ -69,6 +69,7 @@ def test_sandbox_shell_on_a_terminal_attaches_the_sandboxs_own_terminal():
 
     try:
         wait_for(b"'exit' to leave")
+        wait_for(b"/workspace# ")  # bash's readline is up: keys typed before it may be flushed
         os.write(master, b"stty size; echo $((6*7))-$TERM\r")
         wait_for(b"33 97")
         wait_for(b"42-xterm-256color")
@@ -143,7 +144,7 @@ def test_sandbox_ls_and_gc(tmp_path):
 def test_bench_group_lists_and_refuses_unknown_names():
     out = rr("bench", "list")
     assert out.returncode == 0
-    assert {line.split()[0] for line in out.stdout.splitlines()} == {"envs", "hub", "modelservice", "rollout", "sandbox", "terminal"}
+    assert {line.split()[0] for line in out.stdout.splitlines()} == {"envs", "hub", "modelservice", "network", "rollout", "sandbox", "terminal"}
     bad = rr("bench", "run", "nope")
     assert bad.returncode == 2 and "no benchmark 'nope'" in bad.stderr and "rollout" in bad.stderr
     private = rr("bench", "run", "_common")
