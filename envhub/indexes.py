@@ -55,9 +55,17 @@ def pip_hosts() -> list[str]:
     proc = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True)
     hosts, replaced = pip_config_hosts(proc.stdout if proc.returncode == 0 else "")
     if not replaced:
-        from pip._internal.models.index import PyPI  # pip's default index: its page and its files
-        hosts = [h for h in (PyPI.netloc, PyPI.file_storage_domain) if h not in hosts] + hosts
+        hosts = [h for h in pip_default_hosts() if h not in hosts] + hosts
     return hosts
+
+
+def pip_default_hosts() -> list[str]:
+    """pip's default index: its page's host and its files' host, read from pip itself — in a
+    child process: importing pip's internals here imports the stdlib's distutils, and a later
+    ``import setuptools`` (DeepSpeed's op builder) then fails its distutils check."""
+    code = "from pip._internal.models.index import PyPI; print(PyPI.netloc, PyPI.file_storage_domain)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    return proc.stdout.split() if proc.returncode == 0 else []
 
 
 def apt_hosts(patterns: Sequence[str] = APT_SOURCE_FILES) -> list[str]:

@@ -20,9 +20,21 @@ def test_pip_config_hosts_reads_index_urls_only():
 
 
 def test_pip_hosts_without_an_index_url_has_pips_default_index(monkeypatch):
-    from pip._internal.models.index import PyPI
-    monkeypatch.setattr(indexes.subprocess, "run", lambda *a, **k: type("P", (), {"returncode": 0, "stdout": ""})())
-    assert indexes.pip_hosts() == [PyPI.netloc, PyPI.file_storage_domain]
+    default = indexes.pip_default_hosts()
+    assert len(default) == 2 and all("." in h for h in default)  # the index's page and its files
+    monkeypatch.setattr(indexes, "pip_default_hosts", lambda: ["index.example", "files.example"])
+    real_run = indexes.subprocess.run
+    monkeypatch.setattr(indexes.subprocess, "run", lambda cmd, **k: real_run(
+        [cmd[0], "-c", "print(\"global.extra-index-url='https://extra.example/s'\")"], **k))
+    assert indexes.pip_hosts() == ["index.example", "files.example", "extra.example"]
+
+
+def test_reading_pips_defaults_leaves_setuptools_importable():
+    """pip's internals imported in this process would break DeepSpeed's later setuptools import."""
+    import sys
+
+    indexes.pip_hosts()
+    assert "distutils" not in sys.modules
 
 
 def test_apt_hosts_reads_both_formats(tmp_path):
