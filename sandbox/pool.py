@@ -228,7 +228,9 @@ class AsyncSandboxPool(AsyncPool):
                 return  # the interpreter is shutting down: executors refuse new work
 
     async def _discard(self, sb: AsyncSandbox) -> None:
-        with contextlib.suppress(SandboxError):
+        # RuntimeError: the interpreter is shutting down (a recycle that failed at exit): the
+        # executors refuse new work and the exit reaper closes sb; a task must not raise it
+        with contextlib.suppress(SandboxError, RuntimeError):
             await sb.close()
 
     async def close(self) -> None:
