@@ -11,15 +11,13 @@ company mirror allows that mirror, not the public index.
 
 from __future__ import annotations
 
-import glob
 import re
 import subprocess
 import sys
-from pathlib import Path
 from typing import Iterable, Sequence
 from urllib.parse import urlsplit
 
-from ..sandbox.deployment.images import APT_SOURCE_FILES
+from ..sandbox.deployment.images import APT_SOURCE_FILES, apt_source_entries, read_apt_sources
 
 ROLES = ("@pip", "@apt")
 _URL = re.compile(r"\bhttps?://[^\s'\"]+")
@@ -69,15 +67,10 @@ def pip_default_hosts() -> list[str]:
 
 
 def apt_hosts(patterns: Sequence[str] = APT_SOURCE_FILES) -> list[str]:
-    """The hosts of this machine's apt sources."""
+    """The hosts of this machine's apt sources (their ``deb`` entries, either format)."""
     hosts: list[str] = []
-    for path in (p for pattern in patterns for p in sorted(glob.glob(pattern))):
-        try:
-            text = Path(path).read_text(errors="replace")
-        except OSError:
-            continue
-        text = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
-        hosts += [h for h in url_hosts(text) if h not in hosts]
+    for uri, _ in apt_source_entries(read_apt_sources(patterns)[0]):
+        hosts += [h for h in url_hosts(uri) if h not in hosts]
     return hosts
 
 

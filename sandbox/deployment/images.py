@@ -78,17 +78,34 @@ def _is_debian_archive(uri: str) -> bool:
     return path == "debian"
 
 
+def apt_source_entries(texts: Sequence[str]) -> list[tuple[str, list[str]]]:
+    """Every ``deb`` (uri, suites) in apt source texts, either format, mixed freely. Pure function."""
+    entries = []
+    for text in texts:
+        parse = _deb822_entries if re.search(r"(?im)^\s*(types|uris)\s*:", text) else _one_line_entries
+        entries.extend(parse(text))
+    return entries
+
+
+def read_apt_sources(patterns: Sequence[str] = APT_SOURCE_FILES) -> tuple[list[str], list[str]]:
+    """The texts of this machine's apt source files, and their paths (unreadable ones skipped)."""
+    paths = [p for pattern in patterns for p in sorted(glob.glob(pattern))]
+    texts = []
+    for path in paths:
+        try:
+            texts.append(Path(path).read_text(errors="replace"))
+        except OSError:
+            continue
+    return texts, paths
+
+
 def parse_apt_sources(texts: Sequence[str], suite: str = "bookworm") -> str | None:
     """The Debian mirror URI found in apt source texts (either format, mixed freely).
 
     Prefers a Debian archive listing the plain ``suite`` (not ``-updates``/``-security``);
     else the first Debian archive at all; ``None`` when there is none. Pure function.
     """
-    entries = []
-    for text in texts:
-        parse = _deb822_entries if re.search(r"(?im)^\s*(types|uris)\s*:", text) else _one_line_entries
-        entries.extend(parse(text))
-    debian = [(uri.rstrip("/"), suites) for uri, suites in entries if _is_debian_archive(uri)]
+    debian = [(uri.rstrip("/"), suites) for uri, suites in apt_source_entries(texts) if _is_debian_archive(uri)]
     for uri, suites in debian:
         if suite in suites:
             return uri
@@ -97,13 +114,7 @@ def parse_apt_sources(texts: Sequence[str], suite: str = "bookworm") -> str | No
 
 def apt_mirror(suite: str = "bookworm", patterns: Sequence[str] = APT_SOURCE_FILES) -> str:
     """The host's Debian mirror, read from its apt sources at run time."""
-    paths = [p for pattern in patterns for p in sorted(glob.glob(pattern))]
-    texts = []
-    for path in paths:
-        try:
-            texts.append(Path(path).read_text(errors="replace"))
-        except OSError:
-            continue
+    texts, paths = read_apt_sources(patterns)
     mirror = parse_apt_sources(texts, suite)
     if mirror is None:
         raise ImageBuildError(
