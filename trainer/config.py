@@ -128,7 +128,7 @@ class EnvConfig:
     id: str = "rock/FrozenLake-v0"  # a gymnasium id (rock/...), a gem-llm id (gem:...) or an entry point module:Class
     weight: float = 1.0  # sampling weight among the mixture's entries
     kwargs: dict[str, Any] = field(default_factory=dict)  # keyword arguments of the env (gymnasium.make(id, **kwargs))
-    # tasks to train and evaluate on, as reset(options={'task_id': ...}) (null: the env draws)
+    # tasks to train and evaluate on, as reset(options={'task_id': ...}), or {range: [start, stop]} (null: the env draws)
     task_ids: list[Any] | None = None
     hub: str | None = None  # the hub the id is read from (filled from the run's `hubs` when it loads)
 
@@ -549,7 +549,8 @@ class EvalConfig:
     every: int = 0  # steps between evaluations (0: none at all)
     episodes: int = 32  # episodes per env at each evaluation
     seed: int = 1_000_003  # the env and sampling seeds of the evaluation episodes (the same at every evaluation)
-    # held-out tasks to evaluate every env on, disjoint from envs[].task_ids (null: the envs' own task_ids)
+    # held-out tasks to evaluate every env on, disjoint from envs[].task_ids, or {range: [start, stop]}
+    # (null: the envs' own task_ids)
     task_ids: list[Any] | None = None
     # the sampling temperature of evaluation episodes (null: generation.temperature; 0: greedy)
     temperature: float | None = None
@@ -942,8 +943,20 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
             close = [n for n in names if n.startswith(str(key)[:3])]
             hint = f" (did you mean {', '.join(sorted(close))}?)" if close else ""
             raise ConfigError(dotted, f"unknown key{hint}")
+        if key == "task_ids" and isinstance(value, dict):
+            value = _task_id_range(value, dotted)
         kwargs[key] = _convert(hints[key], value, dotted)
     return cls(**kwargs)
+
+
+def _task_id_range(value: dict, key: str) -> list[int]:
+    """``task_ids: {range: [start, stop]}``: the integer ids start .. stop - 1, for task sets
+    too large to list (20 000 FrozenLake maps to train on)."""
+    bounds = value.get("range")
+    _check(set(value) == {"range"} and isinstance(bounds, list) and len(bounds) == 2
+           and all(isinstance(b, int) and not isinstance(b, bool) for b in bounds) and bounds[0] < bounds[1],
+           key, f"must be a list of task ids or {{range: [start, stop]}} with integers start < stop, got {value!r}")
+    return list(range(bounds[0], bounds[1]))
 
 
 def load_config(source: str | Path | dict[str, Any], overrides: dict[str, Any] | None = None) -> TrainConfig:

@@ -45,6 +45,19 @@ def test_eval_task_ids_must_not_overlap_training_task_ids():
     assert cfg.eval.task_ids == [10, 11]
 
 
+def test_task_ids_take_a_range_and_it_is_checked_for_overlap():
+    env = {"id": "rock/FrozenLake-v0", "task_ids": {"range": [0, 20000]}}
+    cfg = load_config({"envs": [env], "eval": {"task_ids": {"range": [100000, 100256]}}})
+    assert cfg.envs[0].task_ids == list(range(20000))
+    assert cfg.eval.task_ids[0] == 100000 and cfg.eval.task_ids[-1] == 100255 and len(cfg.eval.task_ids) == 256
+    with pytest.raises(ConfigError, match=r"eval\.task_ids: must be disjoint from envs\[0\]\.task_ids.*'19999'"):
+        load_config({"envs": [env], "eval": {"task_ids": {"range": [19999, 20010]}}})
+    for bad in ({"range": [5, 5]}, {"range": [0]}, {"range": ["a", "b"]}, {"from": 0, "to": 3},
+                {"range": [0, 3], "step": 2}):
+        with pytest.raises(ConfigError, match=r"envs\[0\]\.task_ids: must be a list of task ids or \{range"):
+            load_config({"envs": [{**env, "task_ids": bad}]})
+
+
 def test_evaluation_plays_the_held_out_tasks_and_reports_the_interval(tmp_path):
     """Evaluation episodes cycle through ``eval.task_ids`` only (training groups through the
     env's own), and the metrics carry the interval, the episode count and the seed."""
