@@ -56,6 +56,7 @@ from .network import DNS_PORT, EXPOSE_MARK, PROXY_PORT, SUBNET
 
 SO_ORIGINAL_DST = 80
 SNIFF_S = 3.0  # how long the proxy waits for a client's first bytes
+SNIFF_MAX = 16384  # and how many it reads at most before judging them
 CONNECT_S = 10.0
 # How long an address a lookup gave stays granted: the upstream TTL within these bounds
 # (the module doc says why). A process may lower the floor before its sandboxes start.
@@ -216,10 +217,7 @@ class Gateway:
             reason = "address"  # not an address this sandbox's resolver gave for an allowed name, or no longer
         first = b""
         if reason is None and policy is not None and not by_cidr:
-            try:
-                first = await asyncio.wait_for(reader.read(16384), SNIFF_S)
-            except asyncio.TimeoutError:
-                first = b""
+            first = await _sniff(reader)
             reason = self._check_name(ip, first)
         if reason is not None:
             self.traffic.denied[reason] += 1
@@ -364,6 +362,24 @@ def _ask(server: str, query: bytes, qid: int) -> bytes:
             if len(data) >= 12 and struct.unpack(">H", data[:2])[0] == qid and data[2] & 0x80:
                 return data
     raise TimeoutError("no answer")
+
+
+async def _sniff(reader: asyncio.StreamReader) -> bytes:
+    """The client's first bytes: to the end of an HTTP request head or of the TLS record of
+    a ClientHello, which may come in several segments (bash writes a request line by line;
+    a ClientHello with post-quantum key shares outgrows one segment), within ``SNIFF_S``
+    and ``SNIFF_MAX``. What came by then is judged as it is (a head cut short names no host)."""
+    loop = asyncio.get_running_loop()
+    deadline, data = loop.time() + SNIFF_S, b""
+    while len(data) < SNIFF_MAX and (left := deadline - loop.time()) > 0:
+        try:
+            chunk = await asyncio.wait_for(reader.read(SNIFF_MAX - len(data)), left)
+        except asyncio.TimeoutError:
+            break
+        data += chunk
+        if not chunk or not wire.incomplete_head(data):
+            break
+    return data
 
 
 async def _splice(a_r, a_w, b_r, b_w, traffic: Traffic, inbound: bool) -> None:

@@ -151,6 +151,16 @@ def is_http(data: bytes) -> bool:
     return data.startswith(HTTP_METHODS)
 
 
+def incomplete_head(data: bytes) -> bool:
+    """Whether ``data`` is the start of an HTTP request head or a TLS record that has not
+    all come yet (more bytes would tell the name); False for anything else."""
+    if data and (data[0] == 0x16 and len(data) < 5 or any(m.startswith(data) and m != data for m in HTTP_METHODS)):
+        return True
+    if is_tls(data):
+        return len(data) < 5 + struct.unpack(">H", data[3:5])[0]
+    return is_http(data) and b"\r\n\r\n" not in data
+
+
 def http_host(data: bytes) -> str | None:
     """The ``Host`` of an HTTP/1 request head in ``data`` (no port, lower case), or None.
     A request with two Host headers reads as None (servers disagree on which wins)."""

@@ -391,6 +391,44 @@ def service(lab: Path) -> dict:
             "metrics": [line for line in metrics.splitlines() if "network" in line and not line.startswith("#")]}
 
 
+def scrape(lab: Path) -> dict:
+    """A /metrics scrape of two networked sandboxes: the packet filter's drops of both, read
+    with one ``*-save`` a table (every command the network module runs is counted here)."""
+    from fastapi.testclient import TestClient
+
+    from rockroll.sandbox.deployment import network
+    from rockroll.sandbox.server.app import create_app
+
+    ran: list[str] = []
+    real_run = network._run
+
+    def counted_run(argv, *args, **kwargs):
+        ran.append(argv[0])
+        return real_run(argv, *args, **kwargs)
+
+    network._run = counted_run
+    auth = {"Authorization": "Bearer t"}
+    r: dict = {"ids": [], "udp_sent": [1, 3]}
+    with TestClient(create_app(token="t")) as client:
+        for n in r["udp_sent"]:
+            made = client.post("/v1/sandboxes", headers=auth, json={"network": True, "memory_mb": 256})
+            made.raise_for_status()
+            sid = made.json()["id"]
+            r["ids"].append(sid)
+            cmd = f"for i in $(seq {n}); do echo x > /dev/udp/203.0.113.10/9999; done; " \
+                  "timeout 1 bash -c 'echo > /dev/tcp/2001:db8::10/80'; true"
+            client.post(f"/v1/sandboxes/{sid}/run", headers=auth, json={"cmd": cmd, "timeout": 30}).raise_for_status()
+        r["detail"] = [client.get(f"/v1/sandboxes/{sid}", headers=auth, params={"detail": True}).json()["stats"]
+                       ["network"]["denied"] for sid in r["ids"]]
+        ran.clear()
+        metrics = client.get("/metrics", headers=auth).text
+        r["commands_in_scrape"] = list(ran)
+        r["metrics"] = [line for line in metrics.splitlines() if "network_denied" in line and not line.startswith("#")]
+        for sid in r["ids"]:
+            client.delete(f"/v1/sandboxes/{sid}", headers=auth)
+    return r
+
+
 def ttl(lab: Path) -> dict:
     """DNS TTLs: an address is granted to its name for the answer's TTL, held within the
     gateway's bounds (the floor lowered to 2 s in this process, so the test waits 2 s, not
@@ -476,4 +514,4 @@ if __name__ == "__main__":
     lab, scenario = Path(sys.argv[1]), sys.argv[2]
     print(json.dumps({"restricted": restricted, "open": open_net, "etc": etc, "service": service,
                       "bench": bench, "docker": docker, "build": build,
-                      "leftovers": leftovers, "ray": ray_net, "ttl": ttl}[scenario](lab, *sys.argv[3:])))
+                      "leftovers": leftovers, "ray": ray_net, "ttl": ttl, "scrape": scrape}[scenario](lab, *sys.argv[3:])))

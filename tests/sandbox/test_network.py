@@ -126,6 +126,19 @@ def test_an_address_is_granted_for_its_dns_ttl_only(lab):
 
 
 @needs_lab
+def test_a_scrape_reads_the_packet_filter_once_for_every_sandbox(lab):
+    """/metrics of two networked sandboxes: each one's kernel drops exact and as its own
+    detail says, read with one ``*-save -c`` a table (three commands, not three a sandbox)."""
+    r = lab.run_host("scrape")
+    assert sorted(r["commands_in_scrape"]) == ["ip6tables-save", "iptables-save", "iptables-save"], r
+    for sid, sent, detail in zip(r["ids"], r["udp_sent"], r["detail"]):
+        assert detail.get("udp") == sent and detail.get("ipv6", 0) >= 1, detail
+        for reason, n in detail.items():
+            line = f'rockroll_sandbox_network_denied_total{{reason="{reason}",sandbox="{sid}"}} {float(n)}'
+            assert line in r["metrics"], (line, r["metrics"])
+
+
+@needs_lab
 def test_rules_of_an_owner_killed_with_9_are_reaped(lab):
     r = lab.run_host("leftovers")
     assert r["rules_while_alive"] > 0 and r["rules_after_kill"] == r["rules_while_alive"]
