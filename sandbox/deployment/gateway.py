@@ -3,11 +3,22 @@ sandbox's packets reach. One asyncio loop per process (a thread) serves every sa
 the process; each sandbox has its own listeners, bound to its own gateway address.
 
 - **Resolver** (UDP, the sandbox's ``nameserver``): a name the policy does not allow is
-  answered NXDOMAIN; an allowed one is resolved with the host's resolver (A only: the
+  answered NXDOMAIN; an allowed one is asked of the host's name servers (A only: the
   sandbox has no IPv6 egress), and every address that is not public (loopback, the host's
   own, link-local such as 169.254.169.254, private, the sandboxes' subnet) is taken out of
-  the answer and counted as ``rebinding``. Each address given is remembered with its name,
-  for this sandbox only.
+  the answer and counted as ``rebinding``. Each address given is *granted* to its name,
+  for this sandbox only, for the answer's TTL held within [``MIN_TTL_S``, ``MAX_TTL_S``];
+  the sandbox's answer carries that lifetime, and once it passes a new connection to the
+  address is refused (``address``) until a lookup grants it again. A name that moved
+  does not leave its old address open, and a rebinding that swaps a public address for
+  a private one is refused on both counts. Connections already open are not cut.
+  The floor: answers a few seconds long (CDNs, load balancers) would otherwise lapse
+  between a client's lookup and its connect, and clients that cache (Java, nscd) reuse an
+  answer for about that long; the ceiling: a day-long TTL should not keep an address a
+  name left open for a day. The upstream question is sent by the gateway itself (the C
+  library's resolver tells no TTL), to the name servers of ``/etc/resolv.conf``;
+  ``/etc/hosts`` is not read (what it names on a host is local: loopback, the host's own,
+  private service addresses, none of which a sandbox may reach anyway).
 - **Proxy** (TCP, every connection the sandbox opens, whatever its destination, redirected
   here by the filter): the original destination (``SO_ORIGINAL_DST``) must be public or in
   the policy's CIDRs, its port allowed, and, under a host allow-list, an address this
@@ -29,9 +40,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import ipaddress
+import re
+import secrets
 import socket
 import struct
 import threading
+import time
+from pathlib import Path
 from typing import Callable
 
 from ..egress import EgressPolicy, address_class
@@ -41,7 +56,12 @@ from .network import DNS_PORT, EXPOSE_MARK, PROXY_PORT, SUBNET
 
 SO_ORIGINAL_DST = 80
 SNIFF_S = 3.0  # how long the proxy waits for a client's first bytes
+SNIFF_MAX = 16384  # and how many it reads at most before judging them
 CONNECT_S = 10.0
+# How long an address a lookup gave stays granted: the upstream TTL within these bounds
+# (the module doc says why). A process may lower the floor before its sandboxes start.
+MIN_TTL_S, MAX_TTL_S = 30, 3600
+UPSTREAM_TIMEOUT_S, UPSTREAM_ATTEMPTS = 2.0, 2
 _loop: asyncio.AbstractEventLoop | None = None
 _loop_lock = threading.Lock()
 
@@ -94,10 +114,11 @@ class Gateway:
     ``expose``d ports."""
 
     def __init__(self, gateway_ip: str, address: str, policy: EgressPolicy | None, traffic: Traffic,
-                 resolve: Callable[[str], list[str]] | None = None):
+                 resolve: Callable[[str], tuple[list[str], int]] | None = None):
         self.gateway_ip, self.address, self.policy, self.traffic = gateway_ip, address, policy, traffic
-        self.resolve = resolve or _resolve
-        self.names: dict[str, set[str]] = collections.defaultdict(set)  # address -> names it was given for
+        self.resolve = resolve or resolve_upstream
+        # address -> {name it was given for: when that grant ends (time.monotonic())}
+        self.grants: dict[str, dict[str, float]] = {}
         self._servers: list = []
         self._tasks: set[asyncio.Task] = set()
 
@@ -192,14 +213,11 @@ class Gateway:
         if reason is None and policy is not None and not policy.allows_port(port):
             reason = "port"
         by_cidr = policy is not None and policy.cidr_allows(ip)
-        if reason is None and policy is not None and not by_cidr and ip not in self.names:
-            reason = "address"  # not an address this sandbox's resolver gave for an allowed name
+        if reason is None and policy is not None and not by_cidr and not self.granted(ip):
+            reason = "address"  # not an address this sandbox's resolver gave for an allowed name, or no longer
         first = b""
         if reason is None and policy is not None and not by_cidr:
-            try:
-                first = await asyncio.wait_for(reader.read(16384), SNIFF_S)
-            except asyncio.TimeoutError:
-                first = b""
+            first = await _sniff(reader)
             reason = self._check_name(ip, first)
         if reason is not None:
             self.traffic.denied[reason] += 1
@@ -222,9 +240,30 @@ class Gateway:
             name, reason = wire.http_host(first), "http_host"
         else:
             return None
-        if name and self.policy.allows_name(name) and name in self.names.get(ip, ()):
+        if name and self.policy.allows_name(name) and self.granted(ip, name):
             return None
         return reason
+
+    def granted(self, ip: str, name: str | None = None) -> bool:
+        """Whether a lookup of this sandbox gave ``ip`` (for ``name``, if given) and its
+        grant still holds."""
+        now = time.monotonic()
+        names = self.grants.get(ip, {})
+        return any(until > now for n, until in names.items() if name is None or n == name)
+
+    def grant(self, name: str, addresses: list[str], seconds: float) -> None:
+        """Grant ``addresses`` to ``name`` for ``seconds`` (a grant never shrinks); grants
+        that ended are dropped, so the table holds only what a sandbox may still use."""
+        now = time.monotonic()
+        for ip in addresses:
+            names = self.grants.setdefault(ip, {})
+            names[name] = max(names.get(name, 0.0), now + seconds)
+        for ip in list(self.grants):
+            live = {n: until for n, until in self.grants[ip].items() if until > now}
+            if live:
+                self.grants[ip] = live
+            else:
+                del self.grants[ip]
 
     def answer(self, query: bytes, reply: Callable[[bytes], None]) -> None:
         q = wire.parse_query(query)
@@ -242,16 +281,16 @@ class Gateway:
 
         async def lookup():
             try:
-                found = await asyncio.get_running_loop().run_in_executor(None, self.resolve, q.name)
+                found, ttl = await asyncio.get_running_loop().run_in_executor(None, self.resolve, q.name)
             except OSError:
                 reply(wire.answer(q, rcode=wire.NXDOMAIN))
                 return
             good = [a for a in found if self.refuse_address(a) is None]
             if len(good) < len(found):
                 self.traffic.denied["rebinding"] += 1
-            for a in good:
-                self.names[a].add(q.name)
-            reply(wire.answer(q, good, rcode=wire.NOERROR if good else wire.NXDOMAIN))
+            seconds = min(max(ttl, MIN_TTL_S), MAX_TTL_S)
+            self.grant(q.name, good, seconds)
+            reply(wire.answer(q, good, rcode=wire.NOERROR if good else wire.NXDOMAIN, ttl=int(seconds)))
 
         task = asyncio.ensure_future(lookup())
         self._tasks.add(task)
@@ -269,9 +308,78 @@ class _Resolver(asyncio.DatagramProtocol):
         self.gateway.answer(data, lambda out: self.transport.sendto(out, addr))
 
 
-def _resolve(name: str) -> list[str]:
-    infos = socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)
-    return sorted({info[4][0] for info in infos})
+_NAMESERVER = re.compile(r"^\s*nameserver\s+(\S+)", re.M)
+
+
+def nameservers(resolv_conf: Path = Path("/etc/resolv.conf")) -> list[str]:
+    """The name servers the host's resolver asks, in its order."""
+    try:
+        text = resolv_conf.read_text()
+    except OSError:
+        return []
+    return _NAMESERVER.findall(text)[:3]  # as many as the C library uses
+
+
+def resolve_upstream(name: str) -> tuple[list[str], int]:
+    """``name``'s IPv4 addresses and their TTL in seconds, asked of the host's name servers
+    (blocking: seconds at most). ``OSError`` when the name does not exist or no server
+    answers. With no name server configured, the C library's answer and ``MIN_TTL_S``."""
+    servers = nameservers()
+    if not servers:
+        infos = socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)
+        return sorted({info[4][0] for info in infos}), MIN_TTL_S
+    failures = []
+    for _ in range(UPSTREAM_ATTEMPTS):
+        for server in servers:
+            qid = secrets.randbits(16)
+            try:
+                data = _ask(server, wire.encode_query(qid, name), qid)
+                rcode, records = wire.answer_records(data)
+            except (OSError, ValueError) as e:
+                failures.append(f"{server}: {e}")
+                continue
+            if rcode == wire.NXDOMAIN:
+                raise OSError(f"{name}: no such name")
+            if rcode != wire.NOERROR:
+                failures.append(f"{server}: rcode {rcode}")
+                continue
+            # a truncated answer still holds true addresses: the gateway needs no more than some
+            return sorted({a for a, _ in records}), min((t for _, t in records), default=MIN_TTL_S)
+    raise OSError(f"{name}: no name server answered ({'; '.join(failures[-3:])})")
+
+
+def _ask(server: str, query: bytes, qid: int) -> bytes:
+    """One UDP exchange with ``server``: its response to ``qid`` (a connected socket takes
+    datagrams from that server only; others' ids are skipped until the timeout)."""
+    family = socket.AF_INET6 if ":" in server else socket.AF_INET
+    deadline = time.monotonic() + UPSTREAM_TIMEOUT_S
+    with socket.socket(family, socket.SOCK_DGRAM) as sock:
+        sock.connect((server, 53))
+        sock.send(query)
+        while (left := deadline - time.monotonic()) > 0:
+            sock.settimeout(left)
+            data = sock.recv(4096)
+            if len(data) >= 12 and struct.unpack(">H", data[:2])[0] == qid and data[2] & 0x80:
+                return data
+    raise TimeoutError("no answer")
+
+
+async def _sniff(reader: asyncio.StreamReader) -> bytes:
+    """The client's first bytes: to the end of an HTTP request head or of the TLS record of
+    a ClientHello, which may come in several segments (bash writes a request line by line;
+    a ClientHello with post-quantum key shares outgrows one segment), within ``SNIFF_S``
+    and ``SNIFF_MAX``. What came by then is judged as it is (a head cut short names no host)."""
+    loop = asyncio.get_running_loop()
+    deadline, data = loop.time() + SNIFF_S, b""
+    while len(data) < SNIFF_MAX and (left := deadline - loop.time()) > 0:
+        try:
+            chunk = await asyncio.wait_for(reader.read(SNIFF_MAX - len(data)), left)
+        except asyncio.TimeoutError:
+            break
+        data += chunk
+        if not chunk or not wire.incomplete_head(data):
+            break
+    return data
 
 
 async def _splice(a_r, a_w, b_r, b_w, traffic: Traffic, inbound: bool) -> None:

@@ -143,7 +143,8 @@ class SandboxHost:
     """One per node (a Ray async actor): that node's sandboxes by id, and warm pools by
     pool id. Every method returns ``("ok", value)`` or ``("err", packed error)``."""
 
-    _OPS = frozenset({"run", "read_file", "stat", "sessions", "close_session", "reset", "ping"})
+    # ``expose`` answers a port on this node's 127.0.0.1 (``runtime/ray.py`` checks the node)
+    _OPS = frozenset({"run", "read_file", "stat", "sessions", "close_session", "reset", "ping", "expose"})
 
     def __init__(self, node_id: str):
         self.node_id = node_id
@@ -200,6 +201,11 @@ class SandboxHost:
         if op not in self._OPS:
             return "err", pack_error(SandboxError(f"unknown operation {op!r}", sandbox_id=sid))
         return await self._guard(lambda: getattr(self._box(sid), op)(*args, **kwargs))
+
+    async def network_stats(self, sid: str):
+        """The sandbox's network counters (``AsyncSandbox.network_stats``), read off this
+        actor's loop: the packet filter's counts are a subprocess away."""
+        return await self._guard(lambda: asyncio.to_thread(self._box(sid).network_stats))
 
     # -- terminals: opened here, driven by the client's calls (``runtime/ray.py``)
     async def terminal_open(self, sid: str, kwargs: dict):
@@ -350,13 +356,22 @@ class HostRef:
 
     async def invoke(self, method: str, *args, sandbox_id: str | None = None):
         """Call an actor method that answers ``(status, value)``; raise what it raised."""
-        if self.lost:
-            raise SandboxLost(f"sandbox host on node {self.node_id[:8]} is gone", sandbox_id=sandbox_id)
+        self._ensure_alive(sandbox_id)
         with self.translating(sandbox_id):
             status, value = await getattr(self.actor, method).remote(*args)
-        if status == "err":
-            raise unpack_error(value)
-        return value
+        return _unpack(status, value)
+
+    def invoke_blocking(self, method: str, *args, sandbox_id: str | None = None,
+                        timeout: float = STATS_TIMEOUT_S):
+        """``invoke`` for a synchronous caller (``RaySandbox.network_stats``): waits on Ray."""
+        self._ensure_alive(sandbox_id)
+        with self.translating(sandbox_id):
+            status, value = _ray().get(getattr(self.actor, method).remote(*args), timeout=timeout)
+        return _unpack(status, value)
+
+    def _ensure_alive(self, sandbox_id: str | None) -> None:
+        if self.lost:
+            raise SandboxLost(f"sandbox host on node {self.node_id[:8]} is gone", sandbox_id=sandbox_id)
 
     async def raw(self, method: str, *args, timeout: float | None = None):
         """Call an actor method that returns plainly (stats, layer lists)."""
@@ -364,8 +379,19 @@ class HostRef:
             return await asyncio.wait_for(_awaited(getattr(self.actor, method).remote(*args)), timeout)
 
 
+def _unpack(status: str, value):
+    if status == "err":
+        raise unpack_error(value)
+    return value
+
+
 async def _awaited(ref):
     return await ref
+
+
+def this_node() -> str:
+    """The Ray node id of this process (the driver's, for the client)."""
+    return _ray().get_runtime_context().get_node_id()
 
 
 class RayCluster:

@@ -68,26 +68,46 @@ def encode_query(qid: int, name: str, qtype: int = QTYPE_A) -> bytes:
 
 def answer_addresses(data: bytes) -> tuple[int, list[str]]:
     """``(rcode, addresses)`` of a response's A/AAAA answers (tests read what a resolver said)."""
-    rcode = struct.unpack(">H", data[2:4])[0] & 0xF
-    an = struct.unpack(">H", data[6:8])[0]
-    i = 12
-    while data[i] != 0:
-        i += 1 + data[i]
-    i += 5
-    out = []
-    for _ in range(an):
-        if data[i] & 0xC0 == 0xC0:
-            i += 2
-        else:
-            while data[i] != 0:
-                i += 1 + data[i]
-            i += 1
-        rtype, _, _, rdlen = struct.unpack(">HHIH", data[i:i + 10])
-        i += 10
-        if rtype in (QTYPE_A, QTYPE_AAAA):
-            out.append(str(ipaddress.ip_address(data[i:i + rdlen])))
-        i += rdlen
-    return rcode, out
+    rcode, records = answer_records(data, (QTYPE_A, QTYPE_AAAA))
+    return rcode, [a for a, _ in records]
+
+
+def answer_records(data: bytes, qtypes: tuple[int, ...] = (QTYPE_A,)) -> tuple[int, list[tuple[str, int]]]:
+    """``(rcode, [(address, ttl)])`` of a response's answers of ``qtypes``. A recursive
+    resolver's answer to a name behind CNAMEs carries the chain: each address's TTL is the
+    least of its own and the chain's, since the answer holds only as long as every link.
+    Raises ``ValueError`` on a malformed response."""
+    try:
+        rcode = struct.unpack(">H", data[2:4])[0] & 0xF
+        an = struct.unpack(">H", data[6:8])[0]
+        i = _skip_name(data, 12) + 4
+        found, chain = [], []
+        for _ in range(an):
+            i = _skip_name(data, i)
+            rtype, _, ttl, rdlen = struct.unpack(">HHIH", data[i:i + 10])
+            i += 10
+            if i + rdlen > len(data):
+                raise ValueError("a record runs past the end")
+            if rtype in qtypes:
+                found.append((str(ipaddress.ip_address(data[i:i + rdlen])), ttl))
+            else:
+                chain.append(ttl)
+            i += rdlen
+    except (IndexError, struct.error) as e:
+        raise ValueError(f"malformed DNS response: {e}") from None
+    least = min(chain, default=0x7FFFFFFF)
+    return rcode, [(a, min(ttl, least)) for a, ttl in found]
+
+
+def _skip_name(data: bytes, i: int) -> int:
+    """The offset just past the (possibly compressed) name at ``i``."""
+    while True:
+        n = data[i]
+        if n & 0xC0 == 0xC0:
+            return i + 2
+        if n == 0:
+            return i + 1
+        i += 1 + n
 
 
 def is_tls(data: bytes) -> bool:
@@ -129,6 +149,16 @@ HTTP_METHODS = (b"GET ", b"POST ", b"PUT ", b"HEAD ", b"DELETE ", b"OPTIONS ", b
 
 def is_http(data: bytes) -> bool:
     return data.startswith(HTTP_METHODS)
+
+
+def incomplete_head(data: bytes) -> bool:
+    """Whether ``data`` is the start of an HTTP request head or a TLS record that has not
+    all come yet (more bytes would tell the name); False for anything else."""
+    if data and (data[0] == 0x16 and len(data) < 5 or any(m.startswith(data) and m != data for m in HTTP_METHODS)):
+        return True
+    if is_tls(data):
+        return len(data) < 5 + struct.unpack(">H", data[3:5])[0]
+    return is_http(data) and b"\r\n\r\n" not in data
 
 
 def http_host(data: bytes) -> str | None:

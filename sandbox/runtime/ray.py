@@ -17,7 +17,7 @@ from typing import Any, AsyncIterable, AsyncIterator, Callable, Sequence
 
 from ..base import AsyncSandbox, once, terminal_request
 from ..deployment.ray import (HostRef, cluster, import_layers, local_spec, missing_layers, model_token, ship,
-                              unpack_error)
+                              this_node, unpack_error)
 from ..errors import SandboxError, SandboxLost, SpecError
 from ..home import state_home
 from ..spec import CommandResult, SandboxSpec, Snapshot
@@ -104,6 +104,28 @@ class RaySandbox(AsyncSandbox):
 
     async def reset(self) -> None:
         await self._call("reset")
+
+    def network_stats(self) -> dict | None:
+        """The counters kept on the sandbox's node, asked of its host (a blocking Ray call,
+        seconds at most); None once closed or when the node is gone (its counts went with it)."""
+        if not self.alive:
+            return None
+        try:
+            return self.host.invoke_blocking("network_stats", self.id, sandbox_id=self.id)
+        except SandboxLost:
+            return None
+
+    async def expose(self, port: int) -> tuple[str, int]:
+        """Exposed by the node's host, on that node's 127.0.0.1: an address only a process
+        on the same node can use, so from another node this refuses rather than hand back
+        an address that leads nowhere (or to some other service on this machine)."""
+        self._ensure_open()
+        if await asyncio.to_thread(this_node) != self.node_id:
+            raise SandboxError(f"expose() through Ray answers an address on the sandbox's node "
+                               f"({self.node_id[:8]}), not this one: call it from a process on that node",
+                               sandbox_id=self.id)
+        host, host_port = await self._call("expose", port)
+        return host, host_port
 
     async def ping(self) -> bool:
         try:

@@ -21,6 +21,8 @@ from prometheus_client import (CollectorRegistry, Counter, Histogram, ProcessCol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from ..deployment.network import one_reading
+
 disable_created_metrics()  # no *_created series: they double every counter for nothing we plot
 
 # run() wall time: from a shell builtin (~1 ms) to a test suite (minutes)
@@ -109,7 +111,8 @@ def service_families(fleet) -> list:
 def network_families(fleet) -> list:
     """Per sandbox with a network: bytes through its gateway, connections it opened, and
     attempts the policy or the packet filter refused, by reason (``AsyncSandbox.network_stats``)."""
-    stats = [(sid, s) for sid, e in fleet.entries.items() if (s := e.sb.network_stats()) is not None]
+    with one_reading():  # the packet filter's counts of every sandbox here in one read
+        stats = [(sid, s) for sid, e in fleet.entries.items() if (s := e.sb.network_stats()) is not None]
     return [
         family("counter", "rockroll_sandbox_network_bytes", "Bytes through a sandbox's gateway: in (to the "
                "sandbox), out (from it).", ("sandbox", "direction"),

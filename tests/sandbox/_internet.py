@@ -22,7 +22,11 @@ NAMES = {
     "allowed.test": "203.0.113.10", "other.test": "203.0.113.20", "pypi.test": "203.0.113.30",
     "tls.test": "203.0.113.40", "rebind.test": "127.0.0.1", "meta.test": "169.254.169.254",
     "hostaddr.test": "198.51.100.1", "private.test": "10.0.0.5", "sub.wild.test": "203.0.113.10",
+    "moving.test": "203.0.113.10", "long.test": "203.0.113.10",
 }
+# TTLs other than 30 s; moving.test's address is DIR/moving.txt's when that file exists
+# (a test moves the name while a sandbox holds its old answer)
+TTLS = {"moving.test": 1, "long.test": 86400}
 BODIES = {"203.0.113.10": b"allowed-site", "203.0.113.20": b"other-site", "169.254.169.254": b"cloud-credentials"}
 
 
@@ -59,9 +63,10 @@ class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
     allow_reuse_address = True
 
 
-def dns() -> None:
+def dns(folder: Path) -> None:
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind((DNS_SERVER, 53))
+    moved = folder / "moving.txt"
 
     def serve():
         while True:
@@ -70,15 +75,17 @@ def dns() -> None:
             if q is None:
                 continue
             ip = NAMES.get(q.name)
+            if q.name == "moving.test" and moved.exists():
+                ip = moved.read_text().strip()
             if q.qtype == wire.QTYPE_A and ip:
-                sock.sendto(wire.answer(q, [ip]), addr)
+                sock.sendto(wire.answer(q, [ip], ttl=TTLS.get(q.name, 30)), addr)
             else:
                 sock.sendto(wire.answer(q, rcode=wire.NOERROR if ip else wire.NXDOMAIN), addr)
     threading.Thread(target=serve, daemon=True).start()
 
 
 def main(folder: Path) -> None:
-    dns()
+    dns(folder)
     servers = [Server((ip, 80), page(body)) for ip, body in BODIES.items()]
     servers.append(Server(("203.0.113.30", 80), partial(Quiet, directory=str(folder / "index"))))
     servers.append(Server(("203.0.113.10", 8080), Bulk))

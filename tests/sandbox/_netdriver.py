@@ -22,6 +22,21 @@ def out(x): print(json.dumps(x)); sys.exit(0)
 try:
     if kind == "resolve":
         out(sorted({i[4][0] for i in socket.getaddrinfo(args[0], 80, socket.AF_INET, socket.SOCK_STREAM)}))
+    if kind == "dns":  # name: ask the sandbox's name server itself; [rcode, [[address, ttl], ...]]
+        import random, struct
+        ns = [l.split()[1] for l in open("/etc/resolv.conf") if l.startswith("nameserver")][0]
+        qid = random.randrange(65536)
+        q = struct.pack(">HHHHHH", qid, 0x0100, 1, 0, 0, 0) + b"".join(
+            bytes([len(l)]) + l.encode() for l in args[0].split(".")) + b"\0" + struct.pack(">HH", 1, 1)
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(5)
+        s.sendto(q, (ns, 53))
+        d = s.recv(4096); i, recs = len(q), []  # the question comes back as sent
+        for _ in range(struct.unpack(">H", d[6:8])[0]):
+            i += 2  # the name: a pointer to the question's (the gateway answers so)
+            t, _, ttl, n = struct.unpack(">HHIH", d[i:i + 10]); i += 10
+            if t == 1: recs.append([socket.inet_ntoa(d[i:i + n]), ttl])
+            i += n
+        out([d[3] & 15, recs])
     if kind == "http":  # url [Host header]
         req = urllib.request.Request(args[0], headers={"Host": args[1]} if len(args) > 1 else {})
         out(urllib.request.urlopen(req, timeout=5).read().decode())
@@ -376,8 +391,127 @@ def service(lab: Path) -> dict:
             "metrics": [line for line in metrics.splitlines() if "network" in line and not line.startswith("#")]}
 
 
+def scrape(lab: Path) -> dict:
+    """A /metrics scrape of two networked sandboxes: the packet filter's drops of both, read
+    with one ``*-save`` a table (every command the network module runs is counted here)."""
+    from fastapi.testclient import TestClient
+
+    from rockroll.sandbox.deployment import network
+    from rockroll.sandbox.server.app import create_app
+
+    ran: list[str] = []
+    real_run = network._run
+
+    def counted_run(argv, *args, **kwargs):
+        ran.append(argv[0])
+        return real_run(argv, *args, **kwargs)
+
+    network._run = counted_run
+    auth = {"Authorization": "Bearer t"}
+    r: dict = {"ids": [], "udp_sent": [1, 3]}
+    with TestClient(create_app(token="t")) as client:
+        for n in r["udp_sent"]:
+            made = client.post("/v1/sandboxes", headers=auth, json={"network": True, "memory_mb": 256})
+            made.raise_for_status()
+            sid = made.json()["id"]
+            r["ids"].append(sid)
+            cmd = f"for i in $(seq {n}); do echo x > /dev/udp/203.0.113.10/9999; done; " \
+                  "timeout 1 bash -c 'echo > /dev/tcp/2001:db8::10/80'; true"
+            client.post(f"/v1/sandboxes/{sid}/run", headers=auth, json={"cmd": cmd, "timeout": 30}).raise_for_status()
+        r["detail"] = [client.get(f"/v1/sandboxes/{sid}", headers=auth, params={"detail": True}).json()["stats"]
+                       ["network"]["denied"] for sid in r["ids"]]
+        ran.clear()
+        metrics = client.get("/metrics", headers=auth).text
+        r["commands_in_scrape"] = list(ran)
+        r["metrics"] = [line for line in metrics.splitlines() if "network_denied" in line and not line.startswith("#")]
+        for sid in r["ids"]:
+            client.delete(f"/v1/sandboxes/{sid}", headers=auth)
+    return r
+
+
+def ttl(lab: Path) -> dict:
+    """DNS TTLs: an address is granted to its name for the answer's TTL, held within the
+    gateway's bounds (the floor lowered to 2 s in this process, so the test waits 2 s, not
+    30); once a name moved and its grant ran out, its old address is refused."""
+    from rockroll.sandbox.deployment import gateway
+
+    gateway.MIN_TTL_S = 2
+    moved = lab / "moving.txt"
+    moved.write_text("203.0.113.20")  # moving.test: other-site's address, TTL 1 s upstream
+    policy = EgressPolicy(hosts=("moving.test", "allowed.test", "long.test"), ports=(80,))
+    r: dict = {}
+    with open_sandbox(SandboxSpec(network=True, egress=policy, memory_mb=256, timeout_s=60)) as sb:
+        prepare(sb, lab)
+        r["ttls"] = {name: probe(sb, "dns", name) for name in ("moving.test", "allowed.test", "long.test")}
+        r["before_move"] = probe(sb, "http", "http://moving.test/")  # resolves again: a new 2 s grant
+        moved.write_text("203.0.113.10")
+        time.sleep(gateway.MIN_TTL_S + 0.5)  # past the grant
+        before = sb.network_stats()["denied"].get("address", 0)
+        r["old_address"] = probe(sb, "raw_http", "203.0.113.20", "80", "moving.test")
+        time.sleep(0.05)  # the proxy counts as it closes
+        r["old_address_counted"] = sb.network_stats()["denied"].get("address", 0) - before
+        r["after_move"] = probe(sb, "http", "http://moving.test/")
+        r["old_after_move"] = probe(sb, "raw_http", "203.0.113.20", "80", "moving.test")
+        r["stats"] = sb.network_stats()
+    return r
+
+
+def ray_net(lab: Path) -> dict:
+    """``backend="ray"``: a one-node Ray cluster started here, in the lab's host namespace
+    (node address 127.0.0.1 on that namespace's own loopback, so none of its ports is the
+    machine's), whose host actor makes the sandbox; the policy travels in the spec, the
+    counters and ``expose`` come back through Ray. Ray is shut down before this returns."""
+    import os
+    import shutil
+    import tempfile
+
+    import ray
+
+    from rockroll.sandbox.deployment import ray as raycluster
+
+    os.environ.pop("RAY_ADDRESS", None)  # a cluster of the suite's would be another namespace's
+    home = lab / "rayhome"
+    home.mkdir()
+    # Ray asks cloud metadata what it runs on unless $HOME holds a cluster config (test_ray.py)
+    (home / "ray_bootstrap_config.yaml").write_text("provider: {type: local}\n")
+    os.environ.update(HOME=str(home), RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
+    temp = tempfile.mkdtemp(prefix="rrn-")  # Ray's unix sockets want a short path
+    raycluster.keep_loopback()
+    policy = EgressPolicy(hosts=("allowed.test",), ports=(80,))
+    r: dict = {"attacks": {}}
+    try:
+        ray.init(address="local", _node_ip_address="127.0.0.1", num_cpus=2, include_dashboard=False,
+                 object_store_memory=100_000_000, _temp_dir=temp, namespace=raycluster.NAMESPACE,
+                 log_to_driver=False)
+        with open_sandbox(SandboxSpec(backend="ray", network=True, egress=policy, memory_mb=256,
+                                      timeout_s=60)) as sb:
+            r["client"] = type(sb.aio).__name__
+            r["resolv"] = sb.read_file("/etc/resolv.conf").decode()
+            prepare(sb, lab)
+            r["allowed_http"] = probe(sb, "http", "http://allowed.test/")
+            for name, args, reason in (
+                    ("direct_ip", ("tcp", "203.0.113.20", "80"), "address"),
+                    ("dns_not_allowed", ("resolve", "other.test"), "dns"),
+                    ("metadata", ("tcp", "169.254.169.254", "80"), "metadata"),
+                    ("udp", ("udp", "203.0.113.10", "9999"), "udp")):
+                before = sb.network_stats()["denied"].get(reason, 0)
+                result = probe(sb, *args)
+                time.sleep(0.05)  # the proxy counts as it closes
+                after = sb.network_stats()["denied"].get(reason, 0)
+                r["attacks"][name] = {"result": result, "reason": reason, "counted": after - before}
+            r["listen"] = probe(sb, "listen", "8000")
+            host, port = sb.expose(8000)
+            r["exposed"] = [host, host_connect(host, port)]
+            r["stats"] = sb.network_stats()
+        r["stats_after_close"] = sb.aio.network_stats()
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
+    return r
+
+
 if __name__ == "__main__":
     lab, scenario = Path(sys.argv[1]), sys.argv[2]
     print(json.dumps({"restricted": restricted, "open": open_net, "etc": etc, "service": service,
                       "bench": bench, "docker": docker, "build": build,
-                      "leftovers": leftovers}[scenario](lab, *sys.argv[3:])))
+                      "leftovers": leftovers, "ray": ray_net, "ttl": ttl, "scrape": scrape}[scenario](lab, *sys.argv[3:])))

@@ -58,3 +58,14 @@ def test_http_host():
     assert wire.http_host(b"GET / HTTP/1.1\r\nHost: a.test\r\nHost: b.test\r\n\r\n") is None
     assert wire.http_host(b"GET / HTTP/1.0\r\n\r\n") is None
     assert wire.is_http(b"POST /x HTTP/1.1\r\n") and not wire.is_http(b"\x16\x03\x01")
+
+
+@given(st.data())
+def test_a_head_cut_anywhere_reads_as_incomplete(data):
+    """The proxy reads on while a request head or a ClientHello is cut short (the name may
+    be in the next segment), and stops once it is whole."""
+    for whole in (b"GET /simple/ HTTP/1.1\r\nHost: index.example\r\nAccept: */*\r\n\r\n",
+                  client_hello("index.example")):
+        cut = data.draw(st.integers(1, len(whole) - 1))
+        assert wire.incomplete_head(whole[:cut]) and not wire.incomplete_head(whole)
+    assert not wire.incomplete_head(b"SSH-2.0-OpenSSH_9.6\r\n") and not wire.incomplete_head(b"\x00")

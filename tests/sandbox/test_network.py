@@ -111,6 +111,34 @@ def test_hub_build_setup_reaches_only_the_hosts_the_package_lists(lab):
 
 
 @needs_lab
+def test_an_address_is_granted_for_its_dns_ttl_only(lab):
+    """The gateway honours TTLs: the sandbox's answer carries the grant's lifetime (the
+    upstream TTL held within the floor, lowered to 2 s by the driver, and the 3600 s
+    ceiling); when a name moves, its old address is refused once the grant ran out."""
+    r = lab.run_host("ttl")
+    assert r["ttls"] == {"moving.test": [0, [["203.0.113.20", 2]]],  # 1 s upstream: the floor
+                         "allowed.test": [0, [["203.0.113.10", 30]]],  # as the lab's server said
+                         "long.test": [0, [["203.0.113.10", 3600]]]}, r["ttls"]  # a day: the ceiling
+    assert r["before_move"] == "other-site"
+    assert refused(r["old_address"]) and r["old_address_counted"] == 1, r
+    assert r["after_move"] == "allowed-site"  # looked up again: the new address, granted
+    assert refused(r["old_after_move"])
+
+
+@needs_lab
+def test_a_scrape_reads_the_packet_filter_once_for_every_sandbox(lab):
+    """/metrics of two networked sandboxes: each one's kernel drops exact and as its own
+    detail says, read with one ``*-save -c`` a table (three commands, not three a sandbox)."""
+    r = lab.run_host("scrape")
+    assert sorted(r["commands_in_scrape"]) == ["ip6tables-save", "iptables-save", "iptables-save"], r
+    for sid, sent, detail in zip(r["ids"], r["udp_sent"], r["detail"]):
+        assert detail.get("udp") == sent and detail.get("ipv6", 0) >= 1, detail
+        for reason, n in detail.items():
+            line = f'rockroll_sandbox_network_denied_total{{reason="{reason}",sandbox="{sid}"}} {float(n)}'
+            assert line in r["metrics"], (line, r["metrics"])
+
+
+@needs_lab
 def test_rules_of_an_owner_killed_with_9_are_reaped(lab):
     r = lab.run_host("leftovers")
     assert r["rules_while_alive"] > 0 and r["rules_after_kill"] == r["rules_while_alive"]

@@ -23,7 +23,8 @@ import pytest
 
 import ray  # the ray extra is a declared test dependency (make test installs it)
 
-from rockroll.sandbox import SandboxLost, SandboxSpec, SandboxFileError, open_sandbox  # noqa: E402
+from rockroll.sandbox import (SandboxError, SandboxLost, SandboxSpec, SandboxFileError, SpecError,  # noqa: E402
+                              open_sandbox)
 from rockroll.sandbox.errors import TerminalError  # noqa: E402
 from rockroll.sandbox.deployment import ray as raycluster  # noqa: E402
 from rockroll.sandbox.pool import SandboxPool  # noqa: E402
@@ -148,6 +149,29 @@ def test_sandboxes_are_placed_on_both_nodes(cluster):
         assert nodes == {n["NodeID"] for n in ray.nodes() if n["Alive"]}
         for sb in boxes:
             assert sb.run("echo $((6*7))").stdout == "42\n"
+    finally:
+        for sb in boxes:
+            sb.close()
+
+
+def test_expose_is_answered_on_the_sandboxes_node_only(cluster):
+    """``expose`` through Ray gives an address on the sandbox's node's 127.0.0.1: from a
+    driver on another node it is refused, typed, before the host is asked; on this node the
+    host actor answers (here the sandbox's own refusal: it has no network). The counters
+    come through Ray too (none without a network). The network itself is tested in a lab:
+    test_network_ray.py."""
+    here = ray.get_runtime_context().get_node_id()
+    boxes = [open_sandbox(SPEC) for _ in range(4)]
+    try:
+        by_node = {_node_of(sb): sb for sb in boxes}
+        assert set(by_node) == {n["NodeID"] for n in ray.nodes() if n["Alive"]} and here in by_node
+        elsewhere = next(sb for node, sb in by_node.items() if node != here)
+        with pytest.raises(SandboxError, match="sandbox's node") as err:
+            elsewhere.expose(8000)
+        assert err.value.sandbox_id == elsewhere.id
+        with pytest.raises(SpecError, match="network=True"):
+            by_node[here].expose(8000)
+        assert by_node[here].network_stats() is None and elsewhere.network_stats() is None
     finally:
         for sb in boxes:
             sb.close()
