@@ -5,8 +5,8 @@ root, reached without a veth, a route or a rule in the creator's namespace.
 The sandbox's network namespace (owned by its user namespace) has no interface but
 ``lo``. It holds ``ADDRESS`` on ``lo`` and a default route through ``lo``, so a packet to
 anywhere is delivered back into the namespace, where its ``OUTPUT`` rules send each TCP
-connection (but to 127.0.0.0/8) to ``ADDRESS:PROXY_PORT`` and each UDP datagram to port
-53 to ``ADDRESS:DNS_PORT`` (DNAT: REDIRECT to 127.0.0.1 is refused there as a martian);
+connection (but to 127.0.0.0/8) to ``ADDRESS:PROXY_PORT`` and UDP to its name server
+(``ADDRESS:53``) to ``ADDRESS:DNS_PORT`` (DNAT: REDIRECT to 127.0.0.1 is refused there as a martian);
 ICMP, other UDP, other protocols and IPv6 are dropped and counted by reason
 (``network.KERNEL_REASONS``). The sockets listening there are the gateway's: made *in*
 the sandbox's namespace by a helper (``nshelper.py``, a process of the creator's user
@@ -71,7 +71,7 @@ iptables-restore -w <<'EOF'
 -A OUTPUT -d 127.0.0.0/8 -j RETURN
 -A OUTPUT -m mark --mark {mark} -j RETURN
 -A OUTPUT -p tcp -j DNAT --to-destination {ADDRESS}:{PROXY_PORT}
--A OUTPUT -p udp --dport 53 -j DNAT --to-destination {ADDRESS}:{DNS_PORT}
+-A OUTPUT -p udp -d {ADDRESS} --dport 53 -j DNAT --to-destination {ADDRESS}:{DNS_PORT}
 COMMIT
 *filter
 :INPUT ACCEPT [0:0]
