@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shlex
 import socket
 import sys
@@ -379,12 +380,14 @@ def service(lab: Path) -> dict:
             "metrics": [line for line in metrics.splitlines() if "network" in line and not line.startswith("#")]}
 
 
-def _helpers() -> list[int]:
-    """Processes of the unprivileged network's helper (``nshelper.py``) on this host."""
+def _helpers(parent: int | None = None) -> list[int]:
+    """Processes of the unprivileged network's helper (``nshelper.py``) on this host (whose
+    parent is ``parent``, if given)."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            if b"nshelper.py" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if b"nshelper.py" in Path(f"/proc/{pid}/cmdline").read_bytes() and (
+                    parent is None or f"\nPPid:\t{parent}\n" in Path(f"/proc/{pid}/status").read_text()):
                 found.append(int(pid))
         except OSError:
             pass
@@ -432,7 +435,7 @@ def unprivileged(lab: Path) -> dict:
         prepare(sb, lab)
         r["interfaces"] = sb.run("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '").stdout.split()
         r["resolv"] = sb.read_file("/etc/resolv.conf").decode()
-        r["helpers_while_open"] = len(_helpers())
+        r["helpers_while_open"] = len(_helpers(os.getpid()))
         r["host_loopback"] = probe(sb, "tcp", "127.0.0.1", "8111")
         r["host_loopback_hits"] = len(hits) - 1
         r["direct_public_ip"] = probe(sb, "raw_http", "203.0.113.20", "80", "any.example")
@@ -449,7 +452,13 @@ def unprivileged(lab: Path) -> dict:
         host, port = sb.expose(8000)
         r["exposed"] = [host, host_connect(host, port)]
         r["stats"] = sb.network_stats()
-    r["helpers_after_close"] = len(_helpers())
+    capped = EgressPolicy(cidrs=("203.0.113.0/24",), bandwidth_mbit=8)
+    with open_sandbox(SandboxSpec(network=True, egress=capped, timeout_s=60)) as sb:
+        prepare(sb, lab)
+        r["capped_by_cidr"] = probe(sb, "raw_http", "203.0.113.20", "80", "anything")
+        classes = sb.aio._deploy.network.helper.run("tc -s class show dev lo")
+        r["capped_classes"] = [int(m) for m in re.findall(r"rate 8Mbit.*?\n Sent (\d+) bytes", classes, re.S)]
+    r["helpers_after_close"] = len(_helpers(os.getpid()))
     r["sockets_left"] = _sockets() - sockets_before
     srv.close()
 

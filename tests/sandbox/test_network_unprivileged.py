@@ -74,6 +74,9 @@ def test_unprivileged_sandbox_reaches_neither_the_hosts_loopback_nor_its_address
     assert r["listen"] == "listening"
     assert r["host_before_expose"].startswith("error:")
     assert r["exposed"] == ["127.0.0.1", "from-the-sandbox"]
+    # egress.bandwidth_mbit: lo's two capped classes (one per direction) carry the proxied connection
+    assert "other-site" in r["capped_by_cidr"]
+    assert len(r["capped_classes"]) == 2 and all(sent > 0 for sent in r["capped_classes"]), r["capped_classes"]
     denied = r["stats"]["denied"]
     assert denied.get("metadata") == 2 and denied.get("host") == 1 and denied.get("rebinding") == 1, denied
     assert r["helpers_while_open"] >= 1
