@@ -428,7 +428,7 @@ def unprivileged(lab: Path) -> dict:
     threading.Thread(target=serve, daemon=True).start()
     r["host_loopback_from_host"] = host_connect("127.0.0.1", 8111)
     spec = SandboxSpec(network=True, memory_mb=256, timeout_s=60)
-    with open_sandbox(spec) as warm:  # the gateway's loop and its sockets exist from here on
+    with open_sandbox(spec):  # the gateway's loop and its sockets exist from here on
         pass
     sockets_before = _sockets()
     with open_sandbox(spec) as sb:
