@@ -88,7 +88,8 @@ def test_unprivileged_sandbox_reaches_neither_the_hosts_loopback_nor_its_address
                     reason="needs root to switch to nobody, setpriv and a matching system python")
 def test_unprivileged_network_opens_with_only_loopback(world_tmp):  # noqa: F811
     """No lab: the owner runs as nobody in a network namespace of its own with nothing in
-    it (``unshare --net``), so nothing is sent anywhere; the sandbox opens, and sees ``lo``."""
+    it (``unshare --net``), so nothing is sent anywhere; the sandbox opens, and sees ``lo``,
+    after a restore too."""
     nobody_package(world_tmp)
     script = textwrap.dedent("""
         import os
@@ -99,6 +100,9 @@ def test_unprivileged_network_opens_with_only_loopback(world_tmp):  # noqa: F811
                          "awk '{print $2, $4}'").stdout, end='')
             print(sb.run('cat /etc/resolv.conf').stdout.split()[1])
             print(sorted(sb.network_stats()))
+            sb.restore(sb.snapshot())  # a new guest, a new namespace: wired again
+            print(sb.run("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; ip -4 -o addr show | "
+                         "awk '{print $2, $4}'").stdout, end='')
     """)
     env = nobody_env(world_tmp, ROCKROLL_SANDBOX_NETWORK_GUARD=os.environ.get("ROCKROLL_SANDBOX_NETWORK_GUARD", ""))
     out = subprocess.run(["unshare", "--net", *AS_NOBODY, SYSTEM_PY, "-c", script], capture_output=True,
@@ -106,4 +110,5 @@ def test_unprivileged_network_opens_with_only_loopback(world_tmp):  # noqa: F811
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [
         "lo", "lo 127.0.0.1/8", "lo 10.0.2.100/32", "10.0.2.100",
-        "['bytes_in', 'bytes_out', 'connections', 'denied', 'dns_queries']"], out.stdout
+        "['bytes_in', 'bytes_out', 'connections', 'denied', 'dns_queries']",
+        "lo", "lo 127.0.0.1/8", "lo 10.0.2.100/32"], out.stdout
