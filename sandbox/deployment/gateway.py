@@ -114,22 +114,32 @@ class Gateway:
     ``expose``d ports."""
 
     def __init__(self, gateway_ip: str, address: str, policy: EgressPolicy | None, traffic: Traffic,
-                 resolve: Callable[[str], tuple[list[str], int]] | None = None):
+                 resolve: Callable[[str], tuple[list[str], int]] | None = None,
+                 new_socket: Callable[[], socket.socket] | None = None):
         self.gateway_ip, self.address, self.policy, self.traffic = gateway_ip, address, policy, traffic
         self.resolve = resolve or resolve_upstream
+        # a TCP socket that reaches the sandbox's listeners (``expose``): one of this
+        # namespace, marked, or one made in the sandbox's (``usernet.py``)
+        self.new_socket = new_socket or _marked_socket
         # address -> {name it was given for: when that grant ends (time.monotonic())}
         self.grants: dict[str, dict[str, float]] = {}
         self._servers: list = []
         self._tasks: set[asyncio.Task] = set()
 
     # -- life -------------------------------------------------------------------------
-    def start(self) -> None:
-        _call(self._start())
+    def start(self, listeners: tuple[socket.socket, socket.socket] | None = None) -> None:
+        """Listen on the gateway's address, or on ``listeners`` (TCP bound and listening,
+        UDP bound: the proxy's and the resolver's, made elsewhere), which it then owns."""
+        _call(self._start(listeners))
 
-    async def _start(self) -> None:
-        server = await asyncio.start_server(self._proxy, self.gateway_ip, PROXY_PORT, reuse_address=True)
-        transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
-            lambda: _Resolver(self), local_addr=(self.gateway_ip, DNS_PORT))
+    async def _start(self, listeners) -> None:
+        if listeners is None:
+            server = await asyncio.start_server(self._proxy, self.gateway_ip, PROXY_PORT, reuse_address=True)
+            udp = {"local_addr": (self.gateway_ip, DNS_PORT)}
+        else:
+            server = await asyncio.start_server(self._proxy, sock=listeners[0])
+            udp = {"sock": listeners[1]}
+        transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(lambda: _Resolver(self), **udp)
         self._servers += [server, transport]
 
     def close(self) -> None:
@@ -152,8 +162,11 @@ class Gateway:
 
     async def _expose(self, port: int) -> int:
         async def carry(reader, writer):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, EXPOSE_MARK)
+            try:
+                sock = await asyncio.get_running_loop().run_in_executor(None, self.new_socket)
+            except OSError:
+                writer.close()
+                return
             sock.setblocking(False)
             try:
                 await asyncio.wait_for(asyncio.get_running_loop().sock_connect(sock, (self.address, port)), CONNECT_S)
@@ -185,7 +198,7 @@ class Gateway:
         reason = address_class(ip)
         if reason == "loopback" or reason == "multicast":
             return reason
-        if host_address(ip):
+        if host_address(ip) or ip == self.gateway_ip:
             return "host"
         if addr.version == 4 and addr in SUBNET:
             return "sandbox"
@@ -382,6 +395,13 @@ async def _sniff(reader: asyncio.StreamReader) -> bytes:
     return data
 
 
+def _marked_socket() -> socket.socket:
+    """A TCP socket whose packets the sandbox's filter lets in (``network.EXPOSE_MARK``)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, EXPOSE_MARK)
+    return sock
+
+
 async def _splice(a_r, a_w, b_r, b_w, traffic: Traffic, inbound: bool) -> None:
     """Copy both ways until both sides are done; count the bytes (``inbound``: a is the host)."""
     async def pipe(src, dst, count_out: bool):
@@ -410,7 +430,8 @@ class SandboxNetwork:
     veth pair before a guest starts (its gateway address goes into the sandbox's
     ``resolv.conf``), ``attach(pid)`` wires the namespace of ``pid`` and starts the
     gateway, ``detach`` undoes both (a restore wires the next guest anew); the counters
-    and the exposed ports' owner live as long as the sandbox."""
+    and the exposed ports' owner live as long as the sandbox. As root; without root,
+    ``usernet.UserNetwork`` wires the same gateway another way."""
 
     def __init__(self, policy: EgressPolicy | None):
         self.policy = policy
@@ -430,17 +451,29 @@ class SandboxNetwork:
         self.gateway = Gateway(self.link.gateway, self.link.address, self.policy, self.traffic)
         self.gateway.start()
 
+    def _wired(self) -> bool:
+        return self.link is not None
+
+    def _kernel_now(self) -> dict[str, int]:
+        """The current guest's kernel drops (its wiring is up)."""
+        return network.kernel_drops(self.link)
+
+    def _unwire(self) -> dict[str, int]:
+        """Take the current guest's wiring down; its kernel drops until then."""
+        link, self.link = self.link, None
+        return network.unplumb(link)
+
     def detach(self) -> None:
-        gateway, link, self.gateway, self.link = self.gateway, self.link, None, None
+        gateway, self.gateway = self.gateway, None
         if gateway is not None:
             gateway.close()
-        if link is not None:
-            self._kernel_drops.update(network.unplumb(link))
+        if self._wired():
+            self._kernel_drops.update(self._unwire())
 
     def stats(self) -> dict:
         kernel = collections.Counter(self._kernel_drops)
-        if self.link is not None:
-            kernel.update(network.kernel_drops(self.link))
+        if self._wired():
+            kernel.update(self._kernel_now())
         return self.traffic.snapshot(kernel)
 
     def expose(self, port: int) -> tuple[str, int]:

@@ -25,6 +25,7 @@ from .disk import SandboxDisk
 from .gateway import NetworkedDeployment, SandboxNetwork
 from .process import GuestHandle, GuestProcess, fork_guest
 from .rootfs import RootfsPlan, host_network_plan, network_plan, plan_for_image
+from .usernet import UserNetwork
 
 if TYPE_CHECKING:
     from .reaper import RunRegistry
@@ -138,11 +139,6 @@ class LocalDeployment(NetworkedDeployment):
 
     def __init__(self, spec: SandboxSpec, sandbox_id: str, run: RunRegistry):
         check_isolation()
-        if spec.network is True and os.geteuid() != 0:
-            raise IsolationUnavailable(
-                "network=True on the local backend needs root (a network namespace of its own, wired "
-                "by a veth to a gateway on the host); run as root, or leave the network off",
-                sandbox_id=sandbox_id)
         self.spec, self.id, self.run = spec, sandbox_id, run
         self.plan = plan_for_image(spec.image, run.home)
         self.dir = run.add(sandbox_id, self.kill_now)
@@ -150,10 +146,12 @@ class LocalDeployment(NetworkedDeployment):
             (self.dir / "rootfs").mkdir(exist_ok=True)
         # network="host": the host's resolver files over the image, as Docker's --network host
         self.net = host_network_plan(self.dir / "net") if spec.network == "host" else RootfsPlan((), ())
-        self.network = SandboxNetwork(spec.egress) if spec.network is True else None
+        self.userns = os.geteuid() != 0
+        # as root a veth to the gateway (network.py); in a user namespace, lo and sockets
+        # made in the sandbox's namespace (usernet.py): the same gateway and policy
+        self.network = (UserNetwork if self.userns else SandboxNetwork)(spec.egress) if spec.network is True else None
         self.gen = 0
         self.guest = GuestProcess(self.dir)
-        self.userns = os.geteuid() != 0
         self.disk = SandboxDisk(spec.disk_mb, run.dir, self.dir, userns=self.userns, home=run.home)
         self.limits = Limits(cpus=spec.cpus, memory_mb=spec.memory_mb, pids=spec.pids)
         self.cgroup = None
@@ -208,7 +206,9 @@ class LocalDeployment(NetworkedDeployment):
         self.guest.record(init_pid)
         self.disk.mounted(self.guest.proc.pid)
         if self.network is not None:
-            self.network.attach(init_pid)
+            # in a user namespace, the outer process: init is not dumpable, and its memory
+            # belongs to the host's user namespace, where the owner may not enter it
+            self.network.attach(self.guest.proc.pid if self.userns else init_pid)
 
     def stop_guest(self) -> None:
         """Kill the current guest (and with it the whole pid namespace); delete the old

@@ -75,13 +75,18 @@ def _run(argv: list[str], stdin: str | None = None, check: bool = True) -> subpr
     return proc
 
 
-def allocate() -> Link:
-    """Take a free index: its veth pair, both ends here until ``plumb`` moves one."""
+def check_guard(what: str) -> None:
+    """The test suite's guard (tests/conftest.py): tests give sandboxes a network only from
+    namespaces they made, never from the one ``$ROCKROLL_SANDBOX_NETWORK_GUARD`` names."""
     guard = os.environ.get("ROCKROLL_SANDBOX_NETWORK_GUARD")
     if guard and guard == _netns_id():
-        # the test suite's guard (tests/conftest.py): tests wire sandboxes only in namespaces they made
-        raise SandboxStartError("sandbox network: refusing to add a veth and rules to this network namespace "
+        raise SandboxStartError(f"sandbox network: refusing to {what} this network namespace "
                                 "($ROCKROLL_SANDBOX_NETWORK_GUARD names it); run this in a namespace of its own")
+
+
+def allocate() -> Link:
+    """Take a free index: its veth pair, both ends here until ``plumb`` moves one."""
+    check_guard("add a veth and rules to")
     slots = SUBNET.num_addresses // 4
     start = random.randrange(1, slots)
     for attempt in range(64):
@@ -252,6 +257,19 @@ def kernel_drops(link: Link) -> dict[str, int]:
             shared["all"] = _drops_by_index()
         by_index = shared["all"]
     return dict(by_index.get(link.index) or dict.fromkeys(KERNEL_REASONS, 0))
+
+
+_COUNTED = re.compile(r"^\s*(\d+)\s+\d+\s+DROP\b.*/\* (\w+) \*/")
+
+
+def count_drops(listing: str) -> dict[str, int]:
+    """The packets of each ``KERNEL_REASONS`` comment in ``listing`` (``iptables -L -v -x -n``'s)."""
+    counts = dict.fromkeys(KERNEL_REASONS, 0)
+    for line in listing.splitlines():
+        m = _COUNTED.match(line)
+        if m and m.group(2) in counts:
+            counts[m.group(2)] += int(m.group(1))
+    return counts
 
 
 _CHAIN = re.compile(r"^:RR(\d+)-")

@@ -5,7 +5,10 @@ was counted. ``python _netdriver.py LABDIR SCENARIO``."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import re
 import shlex
 import socket
 import sys
@@ -13,6 +16,7 @@ import time
 from pathlib import Path
 
 from rockroll.sandbox import EgressPolicy, SandboxSpec, open_sandbox
+from rockroll.sandbox.deployment.usernet import ADDRESS
 
 # Runs inside the sandbox (its python3): one probe per call, one line of result.
 PROBE = r'''
@@ -119,7 +123,7 @@ def restricted(lab: Path) -> dict:
     r: dict = {}
     with open_sandbox(SandboxSpec(network=True, egress=policy, memory_mb=512, timeout_s=60)) as sb:
         prepare(sb, lab)
-        gw = sb.aio._deploy.network.link.gateway
+        gw = sb.aio._deploy.network.gateway.gateway_ip  # the veth's host end; without root, lo's address
         r["resolv"] = sb.read_file("/etc/resolv.conf").decode()
         r["allowed_http"] = probe(sb, "http", "http://allowed.test/")
         r["wildcard_http"] = probe(sb, "http", "http://sub.wild.test/")
@@ -510,8 +514,110 @@ def ray_net(lab: Path) -> dict:
     return r
 
 
+def _helpers(parent: int | None = None) -> list[int]:
+    """Processes of the unprivileged network's helper (``nshelper.py``) on this host (whose
+    parent is ``parent``, if given)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if b"nshelper.py" in Path(f"/proc/{pid}/cmdline").read_bytes() and (
+                    parent is None or f"\nPPid:\t{parent}\n" in Path(f"/proc/{pid}/status").read_text()):
+                found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def _sockets() -> int:
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+    return count
+
+
+def unprivileged(lab: Path) -> dict:
+    """Run as an unprivileged user (``NetLab.run_host_unprivileged``): what only that path
+    has to show (the policy's attacks are ``restricted``'s). The host's own loopback, the
+    open network, expose, and what is left after a close and after a kill -9."""
+    import signal
+    import subprocess
+    import threading
+
+    r: dict = {"euid": os.geteuid()}
+    hits: list = []
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 8111))
+    srv.listen()
+
+    def serve():
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            hits.append(1)
+            c.sendall(b"host-loopback")
+            c.close()
+    threading.Thread(target=serve, daemon=True).start()
+    r["host_loopback_from_host"] = host_connect("127.0.0.1", 8111)
+    spec = SandboxSpec(network=True, memory_mb=256, timeout_s=60)
+    with open_sandbox(spec):  # the gateway's loop and its sockets exist from here on
+        pass
+    sockets_before = _sockets()
+    with open_sandbox(spec) as sb:
+        prepare(sb, lab)
+        r["interfaces"] = sb.run("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '").stdout.split()
+        r["resolv"] = sb.read_file("/etc/resolv.conf").decode()
+        r["helpers_while_open"] = len(_helpers(os.getpid()))
+        r["host_loopback"] = probe(sb, "tcp", "127.0.0.1", "8111")
+        r["host_loopback_hits"] = len(hits) - 1
+        r["direct_public_ip"] = probe(sb, "raw_http", "203.0.113.20", "80", "any.example")
+        r["any_name"] = probe(sb, "http", "http://other.test/")
+        r["metadata"] = probe(sb, "tcp", "169.254.169.254", "80")
+        r["lab_host"] = probe(sb, "tcp", "198.51.100.1", "8111")
+        r["rebind"] = probe(sb, "resolve", "rebind.test")
+        r["flush_rules"] = sb.run("iptables -F OUTPUT; iptables -t nat -F OUTPUT; ip link add x type dummy; "
+                                  "ip route del default", timeout=10).exit_code
+        r["cap_net_admin"] = int(sb.run("grep CapEff /proc/self/status").stdout.split()[1], 16) >> 12 & 1
+        r["metadata_after_flush"] = probe(sb, "tcp", "169.254.169.254", "80")
+        r["listen"] = probe(sb, "listen", "8000")
+        r["host_before_expose"] = host_connect(ADDRESS, 8000)
+        host, port = sb.expose(8000)
+        r["exposed"] = [host, host_connect(host, port)]
+        r["stats"] = sb.network_stats()
+    capped = EgressPolicy(cidrs=("203.0.113.0/24",), bandwidth_mbit=8)
+    with open_sandbox(SandboxSpec(network=True, egress=capped, timeout_s=60)) as sb:
+        prepare(sb, lab)
+        r["capped_by_cidr"] = probe(sb, "raw_http", "203.0.113.20", "80", "anything")
+        classes = sb.aio._deploy.network.helper.run("tc -s class show dev lo")
+        r["capped_classes"] = [int(m) for m in re.findall(r"rate 8Mbit.*?\n Sent (\d+) bytes", classes, re.S)]
+    r["helpers_after_close"] = len(_helpers(os.getpid()))
+    r["sockets_left"] = _sockets() - sockets_before
+    srv.close()
+
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import time\n"
+        "from rockroll.sandbox import SandboxSpec, open_sandbox\n"
+        "sb = open_sandbox(SandboxSpec(network=True, timeout_s=30))\n"
+        "print(sb.aio._deploy.network.helper.proc.pid, flush=True)\n"
+        "time.sleep(600)\n")], stdout=subprocess.PIPE, text=True, cwd="/")
+    helper = int(child.stdout.readline())
+    r["helper_alive"] = os.path.exists(f"/proc/{helper}")
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    for _ in range(100):
+        if helper not in _helpers():
+            break
+        time.sleep(0.1)
+    r["helper_after_kill"] = helper in _helpers()
+    return r
+
+
 if __name__ == "__main__":
     lab, scenario = Path(sys.argv[1]), sys.argv[2]
     print(json.dumps({"restricted": restricted, "open": open_net, "etc": etc, "service": service,
                       "bench": bench, "docker": docker, "build": build,
-                      "leftovers": leftovers, "ray": ray_net, "ttl": ttl, "scrape": scrape}[scenario](lab, *sys.argv[3:])))
+                      "leftovers": leftovers, "ray": ray_net, "ttl": ttl, "scrape": scrape,
+                      "unprivileged": unprivileged}[scenario](lab, *sys.argv[3:])))
+

@@ -109,8 +109,21 @@ class NetLab:
         """Run ``_netdriver.py ARGS`` as the host (in the host namespace); its JSON output."""
         # The lab's host may be wired: builds there get the allow-list, not the suite's "host".
         env = {**{k: v for k, v in os.environ.items() if k != "ROCKROLL_BUILD_NETWORK"}, "PYTHONPATH": str(HERE)}
-        out = subprocess.run(["ip", "netns", "exec", self.host, sys.executable, str(HERE / "_netdriver.py"),
-                              str(self.folder), *args], capture_output=True, text=True, timeout=timeout, env=env)
+        return self._driver([sys.executable, str(HERE / "_netdriver.py"), str(self.folder), *args], env, timeout)
+
+    def run_host_unprivileged(self, folder: Path, *args: str, timeout: float = 300) -> dict:
+        """``run_host``, as uid 65534 with the system Python and a copy of the package made
+        in ``folder`` (``_nobody.py``; the lab's folder must be readable by all)."""
+        from _nobody import AS_NOBODY, SYSTEM_PY, nobody_env, nobody_package
+
+        pkg = nobody_package(folder, HERE / "_netdriver.py")
+        subprocess.run(["chmod", "-R", "a+rX", str(self.folder)], check=True)
+        env = nobody_env(folder, ROCKROLL_SANDBOX_NETWORK_GUARD=os.environ.get("ROCKROLL_SANDBOX_NETWORK_GUARD", ""))
+        return self._driver([*AS_NOBODY, SYSTEM_PY, str(pkg / "_netdriver.py"), str(self.folder), *args], env, timeout)
+
+    def _driver(self, argv: list[str], env: dict[str, str], timeout: float) -> dict:
+        out = subprocess.run(["ip", "netns", "exec", self.host, *argv], capture_output=True, text=True,
+                             timeout=timeout, env=env)
         if out.returncode:
             raise RuntimeError(f"the driver failed ({out.returncode}):\n{out.stdout[-4000:]}\n{out.stderr[-8000:]}")
         return json.loads(out.stdout.strip().splitlines()[-1])
