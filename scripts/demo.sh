@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `make demo`, phase by phase, each timed; the table at the end. The two long jobs run at
 # once: the SWE tasks build in the background (a Debian base, one package's test suite
-# screened for bugs: `build-swe --demo`) while the training extras install and the GRPO run
-# trains; the SWE episode is played once both are done.
+# screened for bugs: `build-swe --demo`) while the training extras install and the SFT and
+# GRPO runs train; the SWE episode is played once both are done.
 #   VENV       the virtualenv to install into (.venv)
 #   DEMO_DIR   the training run's folder (runs/demo); the SWE build's log is $DEMO_DIR-swe.log
 #   DEMO_ARGS  more options for `rockroll train`, after the demo's (e.g. --steps 20)
@@ -48,10 +48,13 @@ trap 'kill -- -$swe 2>/dev/null || true' EXIT
 echo "building the demo's SWE tasks in the background (log: $SWE_LOG)"
 timed "train extras (torch, Transformers, DeepSpeed)" $PIP install -c constraints.txt -e '.[train]'
 rm -rf "$DEMO_DIR"
+timed "SFT on expert episodes (FrozenLake)" $BIN/rockroll sft examples/frozenlake_demo_cpu.yaml \
+  --set logging.dir="$DEMO_DIR" --set checkpoint.dir="$DEMO_DIR/ckpt"
 # shellcheck disable=SC2086  # DEMO_ARGS is a list of options
-timed "GRPO on FrozenLake" $BIN/rockroll train examples/frozenlake_cpu.yaml --steps 50 \
-  --set logging.dir="$DEMO_DIR" --set checkpoint.dir="$DEMO_DIR/ckpt" ${DEMO_ARGS:-}
-timed "reward curve" $BIN/python examples/show_curve.py "$DEMO_DIR"
+timed "GRPO from the SFT model" $BIN/rockroll train examples/frozenlake_demo_cpu.yaml \
+  --set model.init_from="$DEMO_DIR/sft/model" --set logging.dir="$DEMO_DIR" \
+  --set checkpoint.dir="$DEMO_DIR/ckpt" ${DEMO_ARGS:-}
+timed "held-out curve" $BIN/python examples/show_curve.py "$DEMO_DIR"
 timed "waiting for the SWE tasks" wait_swe
 trap - EXIT
 timed "one rock/SWE-v0 episode" $BIN/python examples/swe_demo.py
