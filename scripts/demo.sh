@@ -6,6 +6,7 @@
 #   VENV       the virtualenv to install into (.venv)
 #   DEMO_DIR   the training run's folder (runs/demo); the SWE build's log is $DEMO_DIR-swe.log
 #   DEMO_ARGS  more options for `rockroll train`, after the demo's (e.g. --steps 20)
+#   DEMO_SFT_ARGS  more options for `rockroll sft`, after the demo's (e.g. --steps 20)
 set -euo pipefail
 VENV=${VENV:-.venv}
 BIN=$VENV/bin
@@ -48,8 +49,9 @@ trap 'kill -- -$swe 2>/dev/null || true' EXIT
 echo "building the demo's SWE tasks in the background (log: $SWE_LOG)"
 timed "train extras (torch, Transformers, DeepSpeed)" $PIP install -c constraints.txt -e '.[train]'
 rm -rf "$DEMO_DIR"
+# shellcheck disable=SC2086  # DEMO_SFT_ARGS is a list of options
 timed "SFT on expert episodes (FrozenLake)" $BIN/rockroll sft examples/frozenlake_demo_cpu.yaml \
-  --set logging.dir="$DEMO_DIR" --set checkpoint.dir="$DEMO_DIR/ckpt"
+  --set logging.dir="$DEMO_DIR" --set checkpoint.dir="$DEMO_DIR/ckpt" ${DEMO_SFT_ARGS:-}
 # shellcheck disable=SC2086  # DEMO_ARGS is a list of options
 timed "GRPO from the SFT model" $BIN/rockroll train examples/frozenlake_demo_cpu.yaml \
   --set model.init_from="$DEMO_DIR/sft/model" --set logging.dir="$DEMO_DIR" \

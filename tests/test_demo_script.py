@@ -1,5 +1,5 @@
-"""`make demo` as a user runs it (`scripts/demo.sh`), with a two-step training run: every
-phase runs and is timed, the reward curve, the SWE episode and the sandbox demo print; a demo
+"""`make demo` as a user runs it (`scripts/demo.sh`), with two-step SFT and RL runs: every
+phase runs and is timed, the held-out curve of both stages, the SWE episode and the sandbox demo print; a demo
 that fails leaves nothing it started in the background running."""
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PHASES = ("install rockroll (no extras)", "first sandbox answers", "train extras (torch, Transformers, DeepSpeed)",
-          "GRPO on FrozenLake", "reward curve", "SWE tasks, built in the background meanwhile",
+          "SFT on expert episodes (FrozenLake)", "GRPO from the SFT model", "held-out curve", "SWE tasks, built in the background meanwhile",
           "waiting for the SWE tasks", "one rock/SWE-v0 episode", "sandbox demo", "make demo, in all")
 
 
-def demo(tmp_path: Path, hub: str, args: str) -> subprocess.CompletedProcess:
+def demo(tmp_path: Path, hub: str, args: str, sft_args: str = "--steps 2") -> subprocess.CompletedProcess:
     # This venv (its packages are the ones make demo installs: pip finds them satisfied).
     env = {**os.environ, "VENV": sys.prefix, "ROCKROLL_HUB": hub, "DEMO_DIR": str(tmp_path / "demo"),
-           "DEMO_ARGS": args}
+           "DEMO_ARGS": args, "DEMO_SFT_ARGS": sft_args}
     return subprocess.run(["bash", "scripts/demo.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=1100, start_new_session=True)
 
@@ -38,7 +38,10 @@ def test_make_demo_runs_and_times_every_phase(swe_hub, tmp_path):
     out = proc.stdout
     assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
     assert "a sandbox answered" in out
+    assert "sft steps 0..2: loss" in out  # the SFT stage, then RL from its model
     assert "steps 0..2: reward" in out and (run_dir / "curve.png").is_file()  # the curve, and its plot
+    assert "SFT step 2" in out and "RL version 2" in out  # both stages' held-out evaluations
+    assert (run_dir / "heldout.png").is_file()
     assert "already published" in (tmp_path / "demo-swe.log").read_text()  # --demo's package, on the hub
     assert "Submitted. Tests that had to be fixed:" in out  # the SWE episode's transcript
     assert "acquire from warm pool" in out  # the sandbox demo's table
