@@ -645,3 +645,31 @@ def board_blind_baselines(envs: list[FrozenLakeEnv], depth: int | None = None) -
     best = search(start.copy(), alive, 0)
     return {"random": float(random_win.mean()), "best_fixed_route": best / n,
             "max_budget": int(budget.max()), "mean_budget": float(budget.mean())}
+
+
+def local_reader_success(envs: list[FrozenLakeEnv]) -> float:
+    """How often a policy that reads perfectly what is next to it wins the maps of ``envs``
+    (reset, one move a turn, each within its ``max_turns``), exactly: at each turn it knows
+    which of the four neighbours are holes or the edge and where the goal lies, and picks
+    uniformly among the moves onto a safe cell that bring it closer to the goal (else among
+    the safe moves, else any). It never looks two cells ahead, so it walks into dead ends a
+    shortest path goes around: the ceiling of one-step reading on maps where the budget is
+    the shortest path (``turn_budget=0``)."""
+    def win(env: FrozenLakeEnv, cell: Cell, left: int) -> float:
+        if left == 0:
+            return 0.0
+        n, goal = env.size, env.goal
+        steps = {name: (y, x) for name, d in DIRECTIONS.items()
+                 if 0 <= (y := cell[0] + d[0]) < n and 0 <= (x := cell[1] + d[1]) < n}
+        safe = {name: c for name, c in steps.items() if env.grid[c[0]][c[1]] != "H"}
+        dist = abs(goal[0] - cell[0]) + abs(goal[1] - cell[1])
+        closer = {name: c for name, c in safe.items() if abs(goal[0] - c[0]) + abs(goal[1] - c[1]) < dist}
+        choices = list((closer or safe or steps).values())
+        total = 0.0
+        for c in choices:
+            if env.grid[c[0]][c[1]] == "H":
+                continue
+            total += 1.0 if c == tuple(goal) else win(env, c, left - 1)
+        return total / len(choices)
+
+    return float(np.mean([win(env, tuple(env.player), env.max_turns) for env in envs]))

@@ -14,7 +14,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 from rockroll.gem import FrozenLakeEnv, MathEnv, SokobanEnv
 from rockroll.gem.grid import (DIRECTIONS, board_blind_baselines, generate_frozenlake, generate_frozenlake_random,
-                               generate_sokoban, parse_moves, shortest_path)
+                               generate_sokoban, local_reader_success, parse_moves, shortest_path)
 from rockroll.gem.mathenv import PROBLEM_TYPES, check_answer, generate_problem, parse_value
 from rockroll.registry.builtin import BUILTIN_ENVS, register_builtin
 
@@ -393,6 +393,34 @@ def test_frozenlake_board_blind_baselines():
     moving, corner = board_blind_baselines(maps("random")), board_blind_baselines(maps("corner"))
     assert moving["best_fixed_route"] <= 0.1 and moving["random"] <= 0.1
     assert corner["best_fixed_route"] >= 0.3
+
+
+def test_frozenlake_local_reader_success():
+    """``local_reader_success``: exact on hand-made 3x3 maps, then the measured ceiling of
+    one-step reading on the 4x4 example's held-out maps (docs/trainer.md: why 0.9 needs more)."""
+    def env_of(grid, budget):
+        env = FrozenLakeEnv(size=3, max_actions_per_turn=1, turn_budget=0)
+        env.reset(options={"task_id": 0})
+        env.grid, env.max_turns = grid, budget
+        env.player = next([y, x] for y, row in enumerate(grid) for x, c in enumerate(row) if c == "S")
+        env.goal = next((y, x) for y, row in enumerate(grid) for x, c in enumerate(row) if c == "G")
+        return env
+    # every step toward the goal is safe: it always wins within the shortest path's 4 turns
+    assert local_reader_success([env_of(["SFF", "FHF", "FFG"], 4)]) == 1.0
+    # the only way round the wall of holes first leads away: it steps back toward G and loops
+    dead_end = env_of(["SHG", "FHF", "FFF"], 6)
+    assert shortest_path(dead_end.grid, (0, 0), (0, 2)) is not None
+    assert local_reader_success([dead_end]) == 0.0
+    # two moves toward G: Right wins, Down meets holes and must step back (too late): 1/2
+    fork = env_of(["SFF", "FHF", "HFG"], 4)
+    assert local_reader_success([fork]) == pytest.approx(0.5)
+    assert local_reader_success([fork, dead_end]) == pytest.approx(0.25)
+    envs = []
+    for task in range(100_000, 100_256):
+        env = FrozenLakeEnv(size=4, p=0.8, max_actions_per_turn=1, turn_budget=0, goal="random", min_distance=4)
+        env.reset(options={"task_id": task})
+        envs.append(env)
+    assert 0.6 < local_reader_success(envs) < 0.85  # 0.744: far below 0.9, far above board-blind
 
 
 def test_the_baselines_script_prints_a_table_and_writes_json(tmp_path):
