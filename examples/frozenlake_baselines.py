@@ -9,7 +9,10 @@ examples start at 1000), with the turn budget of each map (``turn_budget=0``: it
   sequences up to the map's budget, each of probability 4^-k);
 - ``best fixed route``: the best open-loop sequence of moves, searched over every sequence up to
   ``--depth`` moves; every policy that ignores what it sees is a mixture of such sequences, so
-  none wins more often than the best one does.
+  none wins more often than the best one does;
+- ``local reader``: a policy that reads its four neighbours and the goal's direction perfectly
+  and steps onto a safe cell toward the goal (``local_reader_success``, exact): the ceiling of
+  one-step reading, short of 1 where a shortest path first goes around a dead end.
 
 Prints a table and writes JSON (``--out``).
 """
@@ -20,7 +23,7 @@ import argparse
 import json
 import itertools
 
-from rockroll.gem.grid import FrozenLakeEnv, board_blind_baselines
+from rockroll.gem.grid import FrozenLakeEnv, board_blind_baselines, local_reader_success
 
 
 def maps(size: int, p: float, goal: str, first: int, count: int) -> list[FrozenLakeEnv]:
@@ -47,11 +50,12 @@ def main() -> None:
         envs = maps(size, p, goal, args.first, args.maps)
         depth = args.depth or max(env.max_turns for env in envs)
         rows.append({"size": size, "p": p, "goal": goal, "maps": args.maps, "depth": depth,
-                     **board_blind_baselines(envs, depth)})
-    print(f"{'size':>4} {'p':>4} {'goal':>7} {'maps':>5} {'random':>7} {'best fixed route':>17} {'budget (mean, max)':>19}")
+                     **board_blind_baselines(envs, depth), "local_reader": local_reader_success(envs)})
+    print(f"{'size':>4} {'p':>4} {'goal':>7} {'maps':>5} {'random':>7} {'best fixed route':>17} {'local reader':>13} "
+          f"{'budget (mean, max)':>19}")
     for r in rows:
         print(f"{r['size']:>4} {r['p']:>4} {r['goal']:>7} {r['maps']:>5} {r['random']:>7.3f} "
-              f"{r['best_fixed_route']:>17.3f} {r['mean_budget']:>12.2f}, {r['max_budget']}")
+              f"{r['best_fixed_route']:>17.3f} {r['local_reader']:>13.3f} {r['mean_budget']:>12.2f}, {r['max_budget']}")
     from pathlib import Path
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(rows, indent=1))
