@@ -4,7 +4,7 @@ test: docs/testing.md, "Learning bounds", says how its output set the bounds).
     OMP_NUM_THREADS=1 nice -n 5 .venv/bin/python -m tests.trainer._measure_bounds algorithms \\
         --threads 1 --seeds 0 1 2 3 4 [--algos grpo ppo] [--nondeterministic] [--out rows.jsonl]
     OMP_NUM_THREADS=2 nice -n 5 .venv/bin/python -m tests.trainer._measure_bounds frozenlake --threads 2 \
-        [--set eval.episodes=64]
+        [--set eval.episodes=32]
 
 Each run appends one JSON row (kind, algorithm, seed, threads, deterministic, the asserted
 numbers) to ``--out`` and prints it.

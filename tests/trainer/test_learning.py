@@ -138,7 +138,7 @@ def test_kl_penalty_holds_the_policy_near_its_reference(tmp_path):
 
 
 FROZENLAKE_STEPS = 40
-FROZENLAKE_SETS = {"envs.0.task_ids": "[0]", "rollout.batch_groups": "2", "eval.episodes": "32",
+FROZENLAKE_SETS = {"envs.0.task_ids": "[0]", "rollout.batch_groups": "2", "eval.episodes": "64",
                    "rollout.async_ratio": "0", "deterministic": "true"}
 
 
@@ -172,7 +172,8 @@ def test_rockroll_train_learns_frozenlake_end_to_end(tmp_path):
     rows = train_example("frozenlake_cpu.yaml", FROZENLAKE_STEPS, tmp_path, FROZENLAKE_SETS)
     # Bounds from a measured spread (docs/testing.md, "Learning bounds"): seeds 0-4 on 1 and 2
     # torch threads (and 0-2 with deterministic: false) started at 0.0 and ended at 0.69-0.75
-    # (32 episodes), the same on every setting, with no format error
+    # on 32 episodes, the same on every setting, with no format error; on the test's 64
+    # episodes 0.64-0.70 (a policy at 0.64 falls below 0.5 on 64 with 0.008, on 32 with 0.035)
     assert rows[0]["eval/success"] <= 0.1, rows[0]
     assert rows[FROZENLAKE_STEPS]["eval/success"] >= 0.5, rows[FROZENLAKE_STEPS]
     assert rows[FROZENLAKE_STEPS]["eval/format_errors"] == 0.0  # every reply was a direction
