@@ -3,7 +3,9 @@ the mean eval reward of a task it can learn in seconds from <= 0.3 to >= 0.8.
 
 The tasks (``_synthetic.py`` beside this file): a one-turn env rewarding one word of the
 policy's dozen-token vocabulary (``LatencyEnv``, "Say Up."), and a two-turn env asking for a
-different word each turn (``TwoStepEnv``), for the multi-turn credit. A trainer whose
+different word each turn (``TwoStepEnv``), for the multi-turn credit (the per-turn credit's
+run is bistable: bounded over its three seeds together, test_turn_credit_learns_both_turns).
+The bounds come from spreads measured with ``_measure_bounds.py`` (docs/testing.md). A trainer whose
 advantage has the wrong sign, whose response mask is off by a token or whose KL term pushes
 away from the reference passes the mechanical tests of test_train.py; it fails these.
 """
@@ -46,10 +48,14 @@ ALGORITHMS = {
     # rewards. Groups of 16, two per step (the same 32 episodes a step): a turn's advantage is 0
     # in a group where no episode got that turn right, and in groups of 8 the "Up" learned first
     # on turn 1 spreads to turn 2 (both turns are predicted at the same <|assistant|> token)
-    # before enough groups hold a right second answer: turn 2 collapsed to "Up" (eval 0.5)
-    "turn_credit": ({"name": "grpo", "turn_credit": "discounted", "gamma": 0.9},
+    # before enough groups hold a right second answer: turn 2 collapsed to "Up" (eval 0.5).
+    # Even so the run is bistable (docs/testing.md, "Learning bounds"): with gamma 0.9, 6 of
+    # seeds 0-9 reached 1.0 and 4 stopped at 0.5; with gamma 0.5 (less of turn 2's reward
+    # credited to turn 1's "Up") 8 of 10. test_turn_credit_learns_both_turns bounds it.
+    "turn_credit": ({"name": "grpo", "turn_credit": "discounted", "gamma": 0.5},
                     {"group_size": 16, "batch_groups": 2}, TWO_STEP),
 }
+BISTABLE = {"turn_credit"}  # bounded over its seeds together, not seed by seed
 STEPS = 30  # the one-turn task is learned by step 10, the two-step one by step 20-30
 KL_COEF = 1.0  # holds the GRPO run of the one-turn task near 0.5
 
@@ -82,13 +88,36 @@ def eval_rewards(run_dir) -> dict[int, float]:
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-@pytest.mark.parametrize("algo", list(ALGORITHMS))
+@pytest.mark.parametrize("algo", [a for a in ALGORITHMS if a not in BISTABLE])
 def test_algorithm_learns(tmp_path, algo, seed):
+    """Bounds from a measured spread (docs/testing.md, "Learning bounds"): over seeds 0-4, on 1
+    and 2 torch threads and with ``deterministic: false``, every algorithm here started at
+    0.03-0.06 and ended at 1.0 (64 episodes)."""
     algorithm, rollout, env = ALGORITHMS[algo]
     train(learning_config(tmp_path, algorithm, rollout, env, seed=seed))
     curve = eval_rewards(tmp_path / "run")
     assert curve[0] <= 0.3, curve  # the random policy rarely says the word
     assert curve[STEPS] >= 0.8, curve
+
+
+def test_turn_credit_learns_both_turns(tmp_path):
+    """Per-turn credit on the two-turn task, seeds 0, 1, 2. Its end is bistable: 1.0 (both
+    turns learned) or 0.5 (turn 1 learned, turn 2 collapsed to turn 1's word, after which every
+    turn-2 group ties and its advantage is 0 for good). Which seeds collapse is a matter of
+    floats, so a per-seed ">= 0.8" holds on the machine that picked the seeds, not on every
+    machine. Measured (docs/testing.md, "Learning bounds"), gamma 0.5: 8 of seeds 0-9 reached
+    1.0, the others 0.5; no run ended below 0.5. So every seed must learn turn 1 (>= 0.45)
+    and at least one of the three must learn both turns (>= 0.8): if a seed collapses with
+    probability 0.2, all three do with 0.008."""
+    algorithm, rollout, env = ALGORITHMS["turn_credit"]
+    ends = {}
+    for seed in (0, 1, 2):
+        train(learning_config(tmp_path / str(seed), algorithm, rollout, env, seed=seed))
+        curve = eval_rewards(tmp_path / str(seed) / "run")
+        assert curve[0] <= 0.3, (seed, curve)
+        ends[seed] = curve[STEPS]
+    assert min(ends.values()) >= 0.45, ends  # turn 1's word, in every seed
+    assert max(ends.values()) >= 0.8, ends  # both turns, in at least one
 
 
 def test_kl_penalty_holds_the_policy_near_its_reference(tmp_path):
@@ -109,6 +138,8 @@ def test_kl_penalty_holds_the_policy_near_its_reference(tmp_path):
 
 
 FROZENLAKE_STEPS = 40
+FROZENLAKE_SETS = {"envs.0.task_ids": "[0]", "rollout.batch_groups": "2", "eval.episodes": "64",
+                   "rollout.async_ratio": "0", "deterministic": "true"}
 
 
 def train_example(name: str, steps: int, tmp_path: Path, sets: dict[str, str]) -> dict[int, dict]:
@@ -138,9 +169,11 @@ def test_rockroll_train_learns_frozenlake_end_to_end(tmp_path):
     idle). The synchronous run gives the same numbers, step for step, idle or loaded, so a
     failure here means the code changed, not the machine. (The asynchronous path learns in
     test_algorithm_learns[decoupled_ppo] and the model-service test below.)"""
-    rows = train_example("frozenlake_cpu.yaml", FROZENLAKE_STEPS, tmp_path, {
-        "envs.0.task_ids": "[0]", "rollout.batch_groups": "2", "eval.episodes": "32",
-        "rollout.async_ratio": "0", "deterministic": "true"})
+    rows = train_example("frozenlake_cpu.yaml", FROZENLAKE_STEPS, tmp_path, FROZENLAKE_SETS)
+    # Bounds from a measured spread (docs/testing.md, "Learning bounds"): seeds 0-4 on 1 and 2
+    # torch threads (and 0-2 with deterministic: false) started at 0.0 and ended at 0.69-0.75
+    # on 32 episodes, the same on every setting, with no format error; on the test's 64
+    # episodes 0.64-0.70 (a policy at 0.64 falls below 0.5 on 64 with 0.008, on 32 with 0.035)
     assert rows[0]["eval/success"] <= 0.1, rows[0]
     assert rows[FROZENLAKE_STEPS]["eval/success"] >= 0.5, rows[FROZENLAKE_STEPS]
     assert rows[FROZENLAKE_STEPS]["eval/format_errors"] == 0.0  # every reply was a direction
