@@ -139,6 +139,15 @@ def pooled(per_seed: list[dict]) -> list[dict]:
     return out
 
 
+def band(ax, x: list, points: list[dict], label: str) -> str:
+    """A curve of pooled ``success`` with its ``wilson95`` band; returns its colour (for the
+    per-seed lines). Shared with ``scripts/compare_credit.py``."""
+    line, = ax.plot(x, [p["success"] for p in points], marker="o", label=label)
+    ax.fill_between(x, [p["wilson95"][0] for p in points], [p["wilson95"][1] for p in points], alpha=0.2,
+                    color=line.get_color())
+    return line.get_color()
+
+
 def plot(results: dict, title: str, out: Path) -> None:
     import matplotlib
 
@@ -149,16 +158,14 @@ def plot(results: dict, title: str, out: Path) -> None:
     for arm in (a for a in ARMS if a in results):
         pts = results[arm]["pooled"]
         x = [p["seconds"] for p in pts]
-        line, = ax.plot(x, [p["success"] for p in pts], marker="o", label=arm)
-        ax.fill_between(x, [p["wilson95"][0] for p in pts], [p["wilson95"][1] for p in pts], alpha=0.2,
-                        color=line.get_color())
+        color = band(ax, x, pts, arm)
         for seed_run in results[arm]["per_seed"].values():
             ax.plot([p["seconds"] for p in seed_run["points"]], [p["success"] for p in seed_run["points"]],
-                    lw=0.8, alpha=0.35, color=line.get_color())
+                    lw=0.8, alpha=0.35, color=color)
         if arm == "sft-rl":  # where RL took over
             cut = next((p["seconds"] for p in pts if p["phase"] == "rl"), None)
             if cut is not None:
-                ax.axvline(cut, ls=":", color=line.get_color(), lw=0.8)
+                ax.axvline(cut, ls=":", color=color, lw=0.8)
     ax.set_title(title, fontsize=9)
     ax.set_xlabel("wall seconds since the arm started (mean over seeds; evaluations included)")
     ax.set_ylabel("held-out success: pooled, Wilson 95 %; thin: per seed", fontsize=8)
