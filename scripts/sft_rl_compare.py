@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 import threading
@@ -100,29 +101,30 @@ def point(row: dict, seconds_offset: float = 0.0, phase: str = "") -> dict:
             "success": row["eval/success"], "episodes": int(row.get("eval/episodes", 0))}
 
 
-def run_arm(arm: str, args, overrides: dict, seed: int) -> dict:
-    with tempfile.TemporaryDirectory() as d:
-        root = Path(d)
-        t0 = time.monotonic()
-        if arm == "rl-scratch":
-            cfg = config(args.config, overrides, seed, root / "rl", {"steps": args.rl_steps})
-            rows, _ = stage(train, cfg, root / "rl" / "eval.jsonl", t0)
-            points = [point(r, phase="rl") for r in rows]
-        else:
-            steps = args.sft_only_steps if arm == "sft-only" else args.warm_steps
-            every = args.sft_eval_every if arm == "sft-only" else steps
-            cfg = config(args.config, overrides, seed, root / "sft",
-                         {"sft.steps": steps, "eval.every": every, "sft.output_dir": str(root / "model")})
-            rows, _ = stage(sft, cfg, root / "sft" / "sft" / "eval.jsonl", t0)
-            points = [point(r, phase="sft") for r in rows]
-            if arm == "sft-rl":
-                t1 = time.monotonic()
-                cfg = config(args.config, overrides, seed, root / "rl",
-                             {"steps": args.rl_after_steps, "model.init_from": str(root / "model")})
-                rows, _ = stage(train, cfg, root / "rl" / "eval.jsonl", t1)
-                offset = t1 - t0
-                points += [{**point(r, offset, "rl"), "step": steps + r["step"]} for r in rows[1:]]  # rows[0]: the warm start again
-        return {"seconds": round(time.monotonic() - t0, 1), "points": points}
+def run_arm(arm: str, args, overrides: dict, seed: int, work: Path) -> dict:
+    # the runs' folders stay until the script ends: the process-wide model service of an agent
+    # env keeps appending its call records to the last RL run's folder
+    root = work / f"{arm}-{seed}"
+    t0 = time.monotonic()
+    if arm == "rl-scratch":
+        cfg = config(args.config, overrides, seed, root / "rl", {"steps": args.rl_steps})
+        rows, _ = stage(train, cfg, root / "rl" / "eval.jsonl", t0)
+        points = [point(r, phase="rl") for r in rows]
+    else:
+        steps = args.sft_only_steps if arm == "sft-only" else args.warm_steps
+        every = args.sft_eval_every if arm == "sft-only" else steps
+        cfg = config(args.config, overrides, seed, root / "sft",
+                     {"sft.steps": steps, "eval.every": every, "sft.output_dir": str(root / "model")})
+        rows, _ = stage(sft, cfg, root / "sft" / "sft" / "eval.jsonl", t0)
+        points = [point(r, phase="sft") for r in rows]
+        if arm == "sft-rl":
+            t1 = time.monotonic()
+            cfg = config(args.config, overrides, seed, root / "rl",
+                         {"steps": args.rl_after_steps, "model.init_from": str(root / "model")})
+            rows, _ = stage(train, cfg, root / "rl" / "eval.jsonl", t1)
+            offset = t1 - t0
+            points += [{**point(r, offset, "rl"), "step": steps + r["step"]} for r in rows[1:]]  # rows[0]: the warm start again
+    return {"seconds": round(time.monotonic() - t0, 1), "points": points}
 
 
 def pooled(per_seed: list[dict]) -> list[dict]:
@@ -198,8 +200,9 @@ def main() -> None:
     ap.add_argument("--rl-steps", type=int, required=True, help="RL from scratch: steps (eval.every from the config)")
     ap.add_argument("--warm-steps", type=int, required=True, help="sft-rl: SFT steps before RL")
     ap.add_argument("--rl-after-steps", type=int, required=True, help="sft-rl: RL steps after SFT")
-    ap.add_argument("--only", nargs="*", default=None, choices=ARMS,
-                    help="run only these arms, keeping the others' results already in OUT.json")
+    ap.add_argument("--only", nargs="*", default=None, choices=ARMS, help="run only these arms")
+    ap.add_argument("--fresh", action="store_true",
+                    help="rerun every arm and seed (else those already in OUT.json, with the same meta, are kept)")
     ap.add_argument("--out", required=True, help="OUT: writes OUT.json and OUT.png")
     args = ap.parse_args()
     overrides = {}
@@ -220,19 +223,24 @@ def main() -> None:
             "rl_after_steps": args.rl_after_steps, "rl_eval_every": cfg.eval.every,
             "sft_sources": [{"kind": s.kind, "episodes": s.episodes, "epsilon": s.epsilon} for s in cfg.sft.sources],
             "budget": "wall clock, matched by the step counts; x = measured seconds"}
-    old = json.loads(out.with_suffix(".json").read_text()) if args.only and out.with_suffix(".json").exists() else {}
-    results = old.get("arms", {}) if old.get("meta") == meta else {}
-    for arm in ARMS:
-        if args.only is not None and arm not in args.only:
-            continue
-        per_seed = {}
-        for seed in args.seeds:
-            per_seed[str(seed)] = run_arm(arm, args, overrides, seed)
-            r = per_seed[str(seed)]
-            print(f"{arm} seed {seed}: {r['seconds']:.0f} s,",
-                  [(p["step"], round(p["success"], 2)) for p in r["points"]], file=sys.stderr, flush=True)
-        results[arm] = {"per_seed": per_seed, "pooled": pooled(list(per_seed.values()))}
-        out.with_suffix(".json").write_text(json.dumps({"meta": meta, "arms": results}, indent=1))  # after each arm
+    old = json.loads(out.with_suffix(".json").read_text()) if out.with_suffix(".json").exists() else {}
+    results = old.get("arms", {}) if old.get("meta") == meta and not args.fresh else {}
+    work = Path(tempfile.mkdtemp(prefix="sft_rl_compare-"))
+    try:
+        for arm in ARMS:
+            if args.only is not None and arm not in args.only:
+                continue
+            per_seed = results.get(arm, {}).get("per_seed", {})
+            for seed in args.seeds:
+                if str(seed) in per_seed:
+                    continue
+                per_seed[str(seed)] = r = run_arm(arm, args, overrides, seed, work)
+                print(f"{arm} seed {seed}: {r['seconds']:.0f} s,",
+                      [(p["step"], round(p["success"], 2)) for p in r["points"]], file=sys.stderr, flush=True)
+                results[arm] = {"per_seed": per_seed, "pooled": pooled(list(per_seed.values()))}
+                out.with_suffix(".json").write_text(json.dumps({"meta": meta, "arms": results}, indent=1))  # each seed
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     plot(results, f"{args.name}: held-out eval ({len(args.seeds)} seeds), SFT-only / RL from scratch / SFT then RL", out)
     print(table(results))
 
