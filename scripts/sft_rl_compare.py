@@ -216,15 +216,17 @@ def main() -> None:
         ap.error("the config has no eval.task_ids: the comparison is on held-out tasks")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"task": args.name, "config": args.config, "overrides": overrides, "seeds": args.seeds,
+    meta = {"task": args.name, "config": args.config, "overrides": overrides,
             "train_task_ids": [list(e.task_ids or []) for e in cfg.envs], "eval_task_ids (held out)": cfg.eval.task_ids,
-            "eval_episodes_per_seed": cfg.eval.episodes, "sft_only_steps": args.sft_only_steps,
-            "sft_eval_every": args.sft_eval_every, "rl_steps": args.rl_steps, "warm_steps": args.warm_steps,
-            "rl_after_steps": args.rl_after_steps, "rl_eval_every": cfg.eval.every,
+            "eval_episodes_per_seed": cfg.eval.episodes, "rl_eval_every": cfg.eval.every,
             "sft_sources": [{"kind": s.kind, "episodes": s.episodes, "epsilon": s.epsilon} for s in cfg.sft.sources],
             "budget": "wall clock, matched by the step counts; x = measured seconds"}
+    knobs = {"sft-only": {"sft_steps": args.sft_only_steps, "sft_eval_every": args.sft_eval_every},
+             "rl-scratch": {"rl_steps": args.rl_steps},
+             "sft-rl": {"sft_steps": args.warm_steps, "rl_steps": args.rl_after_steps}}
     old = json.loads(out.with_suffix(".json").read_text()) if out.with_suffix(".json").exists() else {}
-    results = old.get("arms", {}) if old.get("meta") == meta and not args.fresh else {}
+    results = {} if old.get("meta") != meta or args.fresh else {  # an arm's seeds are kept when its knobs are the same
+        arm: r for arm, r in old.get("arms", {}).items() if r.get("knobs") == knobs.get(arm)}
     work = Path(tempfile.mkdtemp(prefix="sft_rl_compare-"))
     try:
         for arm in ARMS:
@@ -237,11 +239,12 @@ def main() -> None:
                 per_seed[str(seed)] = r = run_arm(arm, args, overrides, seed, work)
                 print(f"{arm} seed {seed}: {r['seconds']:.0f} s,",
                       [(p["step"], round(p["success"], 2)) for p in r["points"]], file=sys.stderr, flush=True)
-                results[arm] = {"per_seed": per_seed, "pooled": pooled(list(per_seed.values()))}
+                results[arm] = {"knobs": knobs[arm], "per_seed": per_seed, "pooled": pooled(list(per_seed.values()))}
                 out.with_suffix(".json").write_text(json.dumps({"meta": meta, "arms": results}, indent=1))  # each seed
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    plot(results, f"{args.name}: held-out eval ({len(args.seeds)} seeds), SFT-only / RL from scratch / SFT then RL", out)
+    seeds = ", ".join(f"{a}: {len(r['per_seed'])}" for a, r in results.items())
+    plot(results, f"{args.name}: held-out eval, SFT-only / RL from scratch / SFT then RL\n(seeds: {seeds})", out)
     print(table(results))
 
 
