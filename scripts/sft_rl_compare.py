@@ -1,8 +1,9 @@
-"""SFT-only, RL from scratch, and SFT then RL on one task, three seeds, held-out evaluation
+"""SFT-only, RL from scratch, and SFT then RL on one task over seeds (0, 1, 2 by default), held-out evaluation
 (issue #33, part 5): one PNG and one JSON per task, and a table on stdout.
 
     nice -n 10 .venv/bin/python scripts/sft_rl_compare.py examples/corridor_sft_rl_cpu.yaml \\
-        --name corridor --sft-only-steps 60 --warm-steps 20 --rl-steps 10 --rl-after-steps 8 \\
+        --set eval.every=4 --name "two-goal corridor (rock/Agent-v0)" --seeds 0 1 \\
+        --sft-only-steps 1000 --sft-eval-every 250 --rl-steps 8 --warm-steps 100 --rl-after-steps 4 \\
         --out docs/img/corridor_sft_rl
 
 The task is a training config (``CONFIG`` with ``--set KEY=VALUE`` overrides, as ``rockroll
@@ -23,7 +24,9 @@ and the x axis is the measured seconds since the arm started (each evaluation's 
 its line was written, evaluations included: every arm pays for its own). Each arm's seconds
 per seed are in the JSON. Each point is the held-out success pooled over the seeds' episodes
 with its 95 % Wilson interval (``trainer/algorithms/stats.py``); per-seed rates and seconds are
-in the JSON; thin lines in the PNG are the seeds.
+in the JSON; thin lines in the PNG are the seeds. Results are saved after each seed; a rerun
+keeps the seeds of every arm whose step counts are unchanged (``--seeds`` adds seeds,
+``--fresh`` reruns all).
 """
 
 from __future__ import annotations
