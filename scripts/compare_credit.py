@@ -25,7 +25,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "trainer"))
+sys.path.insert(0, str(ROOT / "scripts"))
 
+from sft_rl_compare import band  # noqa: E402  (the curve and its Wilson band)
 from test_learning import learning_config  # noqa: E402  (the learning tests' model and settings)
 
 from rockroll.trainer.algorithms.stats import wilson_interval  # noqa: E402
@@ -108,11 +110,9 @@ def main() -> None:
         for name in (n for n in names if n in results):
             pts = results[name]["points"]
             x = [p["step"] for p in pts]
-            line, = ax.plot(x, [p["success"] for p in pts], marker="o", label=name)
-            ax.fill_between(x, [p["wilson95"][0] for p in pts], [p["wilson95"][1] for p in pts], alpha=0.2,
-                            color=line.get_color())
+            color = band(ax, x, pts, name)
             for i in range(len(pts[0]["success_per_seed"])):  # each seed, thin: the spread the band does not show
-                ax.plot(x, [p["success_per_seed"][i] for p in pts], lw=0.8, alpha=0.35, color=line.get_color())
+                ax.plot(x, [p["success_per_seed"][i] for p in pts], lw=0.8, alpha=0.35, color=color)
         ax.set_title(f"{title}: held-out tasks, {args.seeds} seeds", fontsize=10)
         ax.set_xlabel("step")
         ax.set_ylim(-0.02, 1.02)

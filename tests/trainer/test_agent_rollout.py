@@ -153,3 +153,24 @@ def test_the_corridor_expert_answers_the_agents_calls_and_wins(snapshot):
             env.expert_action()
     finally:
         env.close()
+
+
+@pytest.mark.parametrize("history", ["all", "windowed"])
+def test_expert_episodes_of_the_agent_are_framed_as_its_rollouts(tok, snapshot, history):
+    """SFT data of ``rock/Agent-v0`` (``sft.sources: expert``) is token for token what a rollout
+    of the same replies trains on: each call's prompt rendered by the chat template from the
+    agent's request (not from the observation text), merged when it extends the sequence, a new
+    example where the agent rewrote its history (a rollout's new segment)."""
+    from rockroll.trainer.rollout.sft_data import expert_examples
+
+    agent = CHAT_AGENT if history == "all" else dataclasses.replace(
+        CHAT_AGENT, name="windowed", env={**CHAT_AGENT.env, "AGENT_HISTORY": "1"})
+    cfg, groups, _ = play(tok, snapshot, agent, "left-3", group_size=1)
+    rows = groups[0].samples[0].rows()
+    factory = lambda spec: AgentEnv(agent=agent, task_set="corridor", snapshot=snapshot,  # noqa: E731
+                                    sandbox_spec=SPEC, call_timeout=60)
+    got = expert_examples(cfg.envs[0], PromptTemplate(tok, cfg.tokenizer), factory, episodes=1, epsilon=0.0,
+                          seed=0, max_turns=6)
+    assert len(rows) == (1 if history == "all" else 2) == len(got)
+    for row, ex in zip(rows, got):
+        assert ex.success and ex.token_ids == row.token_ids and ex.mask == row.mask

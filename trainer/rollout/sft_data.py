@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..config import EnvConfig
-from .manager import PromptTemplate, request_ids
+from .manager import PromptTemplate, is_request, request_ids
 
 __all__ = ["SFTExample", "expert_examples", "messages_examples", "record_examples", "render_messages"]
 
@@ -52,7 +52,13 @@ def expert_examples(spec: EnvConfig, template: PromptTemplate, env_factory: Call
                     keep_failed: bool = True) -> list[SFTExample]:
     """``episodes`` episodes of ``spec``'s env played by its expert (tasks cycling through
     ``task_ids``, else ``spec.task_ids``, else drawn by the seeds), each move random with
-    probability ``epsilon``. ``TypeError`` when the env has no expert."""
+    probability ``epsilon``. ``TypeError`` when the env has no expert.
+
+    An agent env (``rock/Agent-v0``: each observation's ``info`` is the agent's model call,
+    :func:`~.manager.is_request`) is framed as a rollout frames it: each prompt is the call
+    rendered by the tokenizer's chat template, a call that extends the sequence so far merges
+    into it (its new tokens are prompt, mask 0), one that does not closes the example and
+    starts another (a rollout's new segment)."""
     rng = random.Random(seed)
     tasks = task_ids or spec.task_ids
     out = []
@@ -65,8 +71,9 @@ def expert_examples(spec: EnvConfig, template: PromptTemplate, env_factory: Call
                                 "use sft.sources of kind records or messages for it")
             options = {"task_id": tasks[j % len(tasks)]} if tasks else None
             obs, info = env.reset(seed=seed * 100_003 + j, options=options)
-            ids = template.first(obs, info.get("tools"))
-            mask = [0] * len(ids)
+            agent = is_request(info)
+            ids = template.request(info) if agent else template.first(obs, info.get("tools"))
+            mask, done = [0] * len(ids), []
             success = False
             for _ in range(max_turns):
                 words = getattr(core, "action_words", ())
@@ -81,13 +88,22 @@ def expert_examples(spec: EnvConfig, template: PromptTemplate, env_factory: Call
                 success = bool(info.get("success", False))
                 if term or trunc:
                     break
-                nxt = template.next(obs, reply_stopped=True)
+                if not agent:
+                    nxt = template.next(obs, reply_stopped=True)
+                else:
+                    nxt = template.request(info)
+                    if len(nxt) > len(ids) and nxt[: len(ids)] == ids:
+                        nxt = nxt[len(ids):]
+                    else:  # the agent rewrote its history: a new segment
+                        done.append((ids, mask))
+                        ids, mask = list(nxt), [0] * len(nxt)
+                        continue
                 ids += nxt
                 mask += [0] * len(nxt)
         finally:
             env.close()
         if success or keep_failed:
-            out.append(SFTExample(ids, mask, f"expert:{spec.id}", success))
+            out += [SFTExample(i, m, f"expert:{spec.id}", success) for i, m in done + [(ids, mask)]]
     return out
 
 
