@@ -84,6 +84,18 @@ def test_expert_noise_makes_imperfect_data_and_failed_episodes_can_be_dropped(te
     assert len(kept) == sum(e.success for e in noisy) and all(e.success for e in kept)
 
 
+def test_a_noisy_move_that_leaves_no_solution_ends_the_episode_as_failed(template):
+    """Sokoban: a random move can push the box into a corner, after which the expert has no
+    move (ValueError): the episode ends there, failed, instead of ending the data collection."""
+    spec = EnvConfig(id="rock/Sokoban-v0", kwargs={"size": [5, 5], "num_boxes": 1, "search_depth": 10,
+                                                    "max_turns": 10, "max_actions_per_turn": 1},
+                     task_ids=list(range(32)))
+    noisy = expert_examples(spec, template, make_env, episodes=32, epsilon=0.5, seed=0, max_turns=10)
+    assert len(noisy) == 32 and 0 < sum(e.success for e in noisy) < 32
+    clean = expert_examples(spec, template, make_env, episodes=8, epsilon=0.0, seed=0, max_turns=10)
+    assert all(e.success for e in clean)
+
+
 def test_an_env_without_an_expert_is_named(template):
     spec = EnvConfig(id="_synthetic:TwoStepEnv")
     with pytest.raises(TypeError, match="_synthetic:TwoStepEnv has no expert"):

@@ -80,7 +80,10 @@ def expert_examples(spec: EnvConfig, template: PromptTemplate, env_factory: Call
                 if epsilon and words and rng.random() < epsilon:
                     action = rng.choice(list(words))
                 else:
-                    action = core.expert_action()
+                    try:
+                        action = core.expert_action()
+                    except ValueError:  # a random move left no solution (a box in a corner): failed here
+                        break
                 reply = template.tok.encode(action, add_special_tokens=False) + [template.stop_id]
                 ids += reply
                 mask += [1] * len(reply)
