@@ -117,16 +117,24 @@ def attach_loop(image: Path) -> tuple[str, int]:
 # not be done one at a time: each thread picks a device number no other thread of this
 # process is attaching (creating it if need be), under a lock held only for the pick, and
 # attaches in parallel. Other processes may still take a device first: EBUSY, the next one.
+# Past the kernel's free one, devices that are bound already (sysfs shows their ``loop``
+# folder) are stepped over without trying them: the kernel's free one can stay busy (held
+# open exclusively, or being attached by another process) while the next hundreds are bound
+# by live sandboxes, and trying each of those would spend the retries on certain failures.
 _PICKING = threading.Lock()
 _ATTACHING: set[int] = set()
 
 
+def _bound(n: int) -> bool:
+    return os.path.exists(f"/sys/block/loop{n}/loop")
+
+
 def _pick(ctl: int, busy: set[int]) -> int:
     """A device number to attach: the kernel's free one, or past it the first that no thread
-    of ours is attaching and that was not ``busy`` for this caller (bound meanwhile)."""
+    of ours is attaching, that was not ``busy`` for this caller and that is not bound."""
     with _PICKING:
         n = fcntl.ioctl(ctl, LOOP_CTL_GET_FREE)
-        while n in _ATTACHING or n in busy:
+        while n in _ATTACHING or n in busy or _bound(n):
             n += 1
             try:
                 fcntl.ioctl(ctl, LOOP_CTL_ADD, n)

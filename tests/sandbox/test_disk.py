@@ -188,6 +188,34 @@ def test_gc_detaches_the_loop_devices_of_a_dead_run():
         subprocess.run(["losetup", "-d", dev], capture_output=True)  # only if the test failed
 
 
+def test_a_busy_free_device_before_many_bound_ones_does_not_exhaust_the_retries(tmp_path):
+    """The kernel's free loop device can be busy (held open exclusively, or mid-attach by
+    another process) while the devices after it are bound by live sandboxes: the attach steps
+    over the bound ones instead of spending its retries on them (CI ran out of retries so)."""
+    images = []
+    for i in range(80):
+        image = tmp_path / f"{i}.img"
+        with open(image, "wb") as f:
+            f.truncate(1 << 20)
+        images.append(image)
+    ctl = os.open("/dev/loop-control", os.O_RDWR)
+    held = None
+    attached = []
+    try:
+        free = disk.fcntl.ioctl(ctl, disk.LOOP_CTL_GET_FREE)
+        held = os.open(f"/dev/loop{free}", os.O_RDONLY | os.O_EXCL)  # an exclusive holder: EBUSY
+        for image in images:  # one after another: each bound device is in the next one's way
+            attached.append(disk.attach_loop(image))
+        devices = [dev for dev, _ in attached]
+        assert len(set(devices)) == len(images) and f"/dev/loop{free}" not in devices
+    finally:
+        for _, fd in attached:
+            os.close(fd)
+        if held is not None:
+            os.close(held)
+        os.close(ctl)
+
+
 def test_loop_devices_attach_in_parallel_each_to_its_own_image(tmp_path):
     """A burst of creates attaches loop devices from many threads at once (not one at a time:
     an attach can wait tens of ms on the kernel): every attach succeeds, on a device of its
