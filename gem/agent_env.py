@@ -137,11 +137,11 @@ class _Run:
     """An episode's agent: its key, its hand-off episode, its process, its pending call.
     ``end()`` is sync and thread-safe (the env's finalizer calls it)."""
 
-    def __init__(self, service: ModelService, sandbox_id: str):
+    def __init__(self, service: ModelService, sandbox_id: str, records: Path | None = None):
         self.service, self.mode = service, service.mode
         self.id = "agent-" + uuid.uuid4().hex[:16]
         self.mode.open(self.id)
-        self.key = service.admit(sandbox_id, self.id)
+        self.key = service.admit(sandbox_id, self.id, records)
         self.process: asyncio.Future | None = None
         self.pending: PendingCall | None = None
 
@@ -234,13 +234,16 @@ class AgentEnv(SandboxToolEnv):
         self.call_timeout, self.episode_timeout = float(call_timeout), float(episode_timeout)
         self.render = render
         self._runs = _Runs()
+        self._records: Path | None = None  # record_calls
         weakref.finalize(self, self._runs.end).atexit = False
 
     def record_calls(self, path: str | os.PathLike) -> None:
-        """Append the record of every model call this env's service answers to ``path`` (JSONL,
-        the schema of docs/modelservice.md): ``rockroll train`` names ``<logging.dir>/model_calls.jsonl``."""
+        """Append the record of every model call of this env's episodes to ``path`` (JSONL, the
+        schema of docs/modelservice.md): ``rockroll train`` names ``<logging.dir>/model_calls.jsonl``.
+        Per env, not per service: the process-wide service is shared by every run's envs, and
+        one run's records must not go to, or depend on, another run's folder."""
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self.service.recorder.path = Path(path)
+        self._records = Path(path)
 
     # ---- where and how tasks run: the task set's ------------------------------------------
     def _pool_for(self, task: Any) -> tuple[SandboxSpec, int, str | None]:
@@ -273,7 +276,7 @@ class AgentEnv(SandboxToolEnv):
         self.task = task
         await self.task_env._setup(sandbox, task)  # its tool-format first observation is not used
         await sandbox.write_file(TASK_FILE, self.task_env.agent_instruction(task))
-        run = self._runs.current = _Run(self.service, sandbox.id)
+        run = self._runs.current = _Run(self.service, sandbox.id, self._records)
         cmd = self.agent.command.replace("{task}", shlex.quote(TASK_FILE))
         env = {**self.agent.env, **sandbox_env(run.key)}
         run.process = asyncio.ensure_future(sandbox.run(cmd, timeout=self.episode_timeout, session=AGENT_SESSION,

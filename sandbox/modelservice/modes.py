@@ -37,9 +37,12 @@ class ModeError(Exception):
 
 @dataclass(frozen=True)
 class Caller:
-    """Who made a call: resolved from the key, never from anything the caller sends."""
+    """Who made a call: resolved from the key, never from anything the caller sends.
+    ``records``: a JSONL file this caller's records also go to (its training run's), set
+    only in-process by whoever admitted it: services are shared by runs, files are not."""
     sandbox_id: str
     episode: str
+    records: Path | None = None
 
 
 @dataclass(frozen=True)

@@ -50,10 +50,11 @@ class Recorder:
         self._lock = threading.Lock()
         self.records: collections.deque[dict] = collections.deque(maxlen=10_000)
 
-    def write(self, record: dict) -> None:
+    def write(self, record: dict, also: Path | None = None) -> None:
+        """Record to the service's file and to ``also`` (the caller's own, if any)."""
         line = json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
         with self._lock:
             self.records.append(record)
-            if self.path is not None:
-                with open(self.path, "a") as f:
+            for path in dict.fromkeys(p for p in (self.path, also) if p is not None):
+                with open(path, "a") as f:
                     f.write(line)

@@ -62,11 +62,12 @@ class ModelService:
         self.url: str | None = None
 
     # ----------------------------------------------------------------- keys
-    def admit(self, sandbox_id: str, episode: str | None = None) -> str:
-        """A new key whose calls are attributed to ``sandbox_id`` / ``episode``."""
+    def admit(self, sandbox_id: str, episode: str | None = None, records: str | Path | None = None) -> str:
+        """A new key whose calls are attributed to ``sandbox_id`` / ``episode``, and recorded
+        to ``records`` too (a JSONL file of the caller's: its run's) besides the service's."""
         key = "rr-" + secrets.token_urlsafe(32)
         with self._lock:
-            self._keys[key] = Caller(sandbox_id, episode or sandbox_id)
+            self._keys[key] = Caller(sandbox_id, episode or sandbox_id, Path(records) if records else None)
             self._calls[key] = 0
         return key
 
@@ -115,14 +116,19 @@ class ModelService:
         except Exception as e:  # noqa: BLE001 - a broken mode is a 500 to one caller, not a dead server
             return self._refused(call, e, start, mode)
         finished = [finish(c, call.tools, call.tool_choice, self.parser) for c in answer.choices]
-        self.recorder.write(record_of(call, answer, finished, time.monotonic() - start, mode))
+        self._record(call, answer, finished, start, mode)
         return 200, self._body(call, answer, finished)
+
+    def _record(self, call: Call, answer: Answer | None, finished: list, start: float, mode: str,
+                error: str | None = None) -> None:
+        self.recorder.write(record_of(call, answer, finished, time.monotonic() - start, mode, error),
+                            call.caller.records)
 
     def _refused(self, call: Call, e: Exception, start: float, mode: str) -> tuple[int, dict]:
         """A call the mode failed: recorded, and the caller's error (a ``ModeError``'s own
         status, anything else a 500 ``mode_failed``)."""
         message = e.message if isinstance(e, ModeError) else f"{type(e).__name__}: {e}"
-        self.recorder.write(record_of(call, None, [], time.monotonic() - start, mode, message))
+        self._record(call, None, [], start, mode, message)
         if isinstance(e, ModeError):
             return e.status, error_body(e.message, "invalid_request_error" if e.status < 500 else "server_error",
                                         code=e.code, param=e.param)
@@ -158,7 +164,7 @@ class ModelService:
             await pieces.aclose()  # a caller gone: stop generating
             answer = join_pieces(got)
             finished = [finish(c, None, None, self.parser) for c in answer.choices]
-            self.recorder.write(record_of(call, answer, finished, time.monotonic() - start, mode, error))
+            self._record(call, answer, finished, start, mode, error)
         if error is not None:
             yield f"data: {json.dumps(error_body(error, 'server_error', code='mode_failed'))}\n\n"
             return

@@ -127,6 +127,37 @@ def test_scripted_episode_is_graded_by_the_checker(agent_snapshot, service, stre
         env.close()
 
 
+def test_each_env_records_its_calls_in_its_own_runs_file(agent_snapshot, service, tmp_path):
+    """Envs of two runs share the process's model service: each env's calls go to the file
+    its run named (record_calls), and deleting the first run's folder breaks no call of the
+    second (the service used to record to whichever run named a file last)."""
+    envs = {run: make_env(agent_snapshot) for run in ("run1", "run2")}
+    try:
+        episodes = {}
+        for run, env in envs.items():
+            env.unwrapped.record_calls(tmp_path / run / "model_calls.jsonl")
+        for run, env in envs.items():  # a call is recorded once answered: by the step
+            obs, info = env.reset(seed=0)
+            assert "infra_error" not in info, info
+            episodes[run] = info["episode"]
+            obs, reward, term, trunc, info = env.step(bash_call("pwd"))
+            assert not term and "exit code: 0" in obs, obs
+
+        def recorded(run):
+            return [json.loads(x)["episode"] for x in (tmp_path / run / "model_calls.jsonl").read_text().splitlines()]
+
+        assert recorded("run1") == [episodes["run1"]] and recorded("run2") == [episodes["run2"]]
+        envs["run1"].close()
+        (tmp_path / "run1" / "model_calls.jsonl").unlink()
+        (tmp_path / "run1").rmdir()
+        obs, reward, term, trunc, info = envs["run2"].step(bash_call("echo 7 > n.txt"))
+        assert not term and "exit code: 0" in obs, obs
+        assert recorded("run2") == [episodes["run2"]] * 2
+    finally:
+        for env in envs.values():
+            env.close()
+
+
 def test_wrong_work_gets_zero(agent_snapshot):
     env = make_env(agent_snapshot)
     try:

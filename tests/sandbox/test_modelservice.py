@@ -359,6 +359,36 @@ class StreamingPolicy(BytePolicy):
                 self.waited_out = not await asyncio.to_thread(self.seen.wait, 60)
 
 
+def test_each_caller_records_to_its_own_file_and_a_deleted_one_breaks_no_other(tmp_path):
+    """One service answers the episodes of several runs (agent envs share the process's):
+    each key's records go to its own run's file as well as the service's, and a run folder
+    deleted (a finished run cleaned up) breaks no call of another run."""
+    shared = tmp_path / "service.jsonl"
+    (tmp_path / "run1").mkdir()
+    (tmp_path / "run2").mkdir()
+    with ModelService(PolicyMode(BytePolicy()), records=shared) as svc:
+        keys = {run: svc.admit(f"sb-{run}", f"ep-{run}", records=tmp_path / run / "calls.jsonl")
+                for run in ("run1", "run2")}
+
+        def ask(run: str, text: str) -> str:
+            client = openai.OpenAI(base_url=svc.url + "/v1", api_key=keys[run], max_retries=0)
+            return client.chat.completions.create(model="m", messages=[{"role": "user", "content": text}],
+                                                  max_tokens=4).choices[0].message.content
+
+        ask("run1", "a")
+        ask("run2", "b")
+        ask("run2", "c")
+        episodes = {run: [json.loads(x)["episode"] for x in (tmp_path / run / "calls.jsonl").read_text().splitlines()]
+                    for run in ("run1", "run2")}
+        assert episodes == {"run1": ["ep-run1"], "run2": ["ep-run2", "ep-run2"]}
+        (tmp_path / "run1" / "calls.jsonl").unlink()
+        (tmp_path / "run1").rmdir()
+        ask("run2", "d")  # run1's folder is gone: run2 is not affected
+        assert len((tmp_path / "run2" / "calls.jsonl").read_text().splitlines()) == 3
+    assert [json.loads(x)["episode"] for x in shared.read_text().splitlines()] == [
+        "ep-run1", "ep-run2", "ep-run2", "ep-run2"]
+
+
 def test_answers_stream_as_they_are_generated(tmp_path):
     policy = StreamingPolicy()
     with ModelService(PolicyMode(policy)) as svc:
