@@ -105,8 +105,7 @@ def point(row: dict, seconds_offset: float = 0.0, phase: str = "") -> dict:
 
 
 def run_arm(arm: str, args, overrides: dict, seed: int, work: Path) -> dict:
-    # the runs' folders stay until the script ends: the process-wide model service of an agent
-    # env keeps appending its call records to the last RL run's folder
+    # the runs' folders are in ``work``, a temporary folder removed when the script ends
     root = work / f"{arm}-{seed}"
     t0 = time.monotonic()
     if arm == "rl-scratch":
