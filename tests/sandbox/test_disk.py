@@ -188,16 +188,22 @@ def test_gc_detaches_the_loop_devices_of_a_dead_run():
         subprocess.run(["losetup", "-d", dev], capture_output=True)  # only if the test failed
 
 
+def sparse_images(folder, n: int) -> list:
+    """``n`` sparse 1 MiB files to back loop devices."""
+    images = []
+    for i in range(n):
+        image = folder / f"{i}.img"
+        with open(image, "wb") as f:
+            f.truncate(1 << 20)
+        images.append(image)
+    return images
+
+
 def test_a_busy_free_device_before_many_bound_ones_does_not_exhaust_the_retries(tmp_path):
     """The kernel's free loop device can be busy (held open exclusively, or mid-attach by
     another process) while the devices after it are bound by live sandboxes: the attach steps
     over the bound ones instead of spending its retries on them (CI ran out of retries so)."""
-    images = []
-    for i in range(80):
-        image = tmp_path / f"{i}.img"
-        with open(image, "wb") as f:
-            f.truncate(1 << 20)
-        images.append(image)
+    images = sparse_images(tmp_path, 80)
     ctl = os.open("/dev/loop-control", os.O_RDWR)
     held = None
     attached = []
@@ -222,12 +228,7 @@ def test_loop_devices_attach_in_parallel_each_to_its_own_image(tmp_path):
     own, backed by its own image, and each is gone once its last fd is closed (autoclear)."""
     import concurrent.futures
 
-    images = []
-    for i in range(48):
-        image = tmp_path / f"{i}.img"
-        with open(image, "wb") as f:
-            f.truncate(1 << 20)
-        images.append(image)
+    images = sparse_images(tmp_path, 48)
     with concurrent.futures.ThreadPoolExecutor(48) as pool:
         attached = list(pool.map(disk.attach_loop, images))
     try:
