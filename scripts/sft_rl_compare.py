@@ -190,6 +190,15 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def compact_ids(ids: list) -> list | dict:
+    """Task ids as the config writes them: ``{range: [start, stop]}`` for consecutive integers
+    (20 000 training maps are one line of the JSON, not 20 000), else the list."""
+    ids = list(ids)
+    if len(ids) > 2 and all(isinstance(i, int) for i in ids) and ids == list(range(ids[0], ids[0] + len(ids))):
+        return {"range": [ids[0], ids[0] + len(ids)]}
+    return ids
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("config", help="the task's training config (YAML), with an sft section and eval.task_ids")
@@ -219,7 +228,8 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"task": args.name, "config": args.config, "overrides": overrides,
-            "train_task_ids": [list(e.task_ids or []) for e in cfg.envs], "eval_task_ids (held out)": cfg.eval.task_ids,
+            "train_task_ids": [compact_ids(e.task_ids or []) for e in cfg.envs],
+            "eval_task_ids (held out)": compact_ids(cfg.eval.task_ids),
             "eval_episodes_per_seed": cfg.eval.episodes, "rl_eval_every": cfg.eval.every,
             "sft_sources": [{"kind": s.kind, "episodes": s.episodes, "epsilon": s.epsilon} for s in cfg.sft.sources],
             "budget": "wall clock, matched by the step counts; x = measured seconds"}
