@@ -38,6 +38,8 @@ __all__ = [
     "generate_frozenlake",
     "generate_frozenlake_random",
     "generate_sokoban",
+    "MOVE_KINDS",
+    "move_kind",
     "parse_moves",
     "shortest_path",
 ]
@@ -417,6 +419,30 @@ def shortest_path(grid: list[str], start: Cell, goal: Cell) -> list[str] | None:
                 came[(y, x)] = (cell, name)
                 queue.append((y, x))
     return None
+
+
+#: What one move does on a FrozenLake map (:func:`move_kind`), the order of a mistakes table.
+MOVE_KINDS = ("shortest", "hole", "dead end", "away")
+
+
+def move_kind(grid: list[str], cell: Cell, goal: Cell, move: str) -> str:
+    """What ``move`` from ``cell`` does on a FrozenLake map whose goal is reachable from there:
+    ``"shortest"``, it keeps to a shortest path (or reaches the goal); ``"hole"``, it steps into
+    a hole; ``"dead end"``, onto a safe cell nearer the goal by the grid distance but off every
+    shortest path (the trap of reading one cell ahead); ``"away"``, onto a safe cell no nearer,
+    or into the edge. With a turn budget of the shortest path every kind but the first loses."""
+    n, d = len(grid), DIRECTIONS[move]
+    nxt = (min(max(cell[0] + d[0], 0), n - 1), min(max(cell[1] + d[1], 0), n - 1))
+    if grid[nxt[0]][nxt[1]] == "H":
+        return "hole"
+    here, after = shortest_path(grid, cell, goal), shortest_path(grid, nxt, goal)
+    if here is None:
+        raise ValueError(f"the goal {goal} is not reachable from {cell}")
+    if after is not None and len(after) == len(here) - 1:
+        return "shortest"
+    def far(c: Cell) -> int:
+        return abs(goal[0] - c[0]) + abs(goal[1] - c[1])
+    return "dead end" if far(nxt) < far(cell) else "away"
 
 
 def _reachable(grid: list[str], start: Cell, goal: Cell) -> bool:

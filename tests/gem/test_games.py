@@ -14,7 +14,8 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 from rockroll.gem import FrozenLakeEnv, MathEnv, SokobanEnv
 from rockroll.gem.grid import (DIRECTIONS, board_blind_baselines, generate_frozenlake, generate_frozenlake_random,
-                               generate_sokoban, local_reader_success, parse_moves, shortest_path)
+                               generate_sokoban, local_reader_success, MOVE_KINDS, move_kind, parse_moves,
+                               shortest_path)
 from rockroll.gem.mathenv import PROBLEM_TYPES, check_answer, generate_problem, parse_value
 from rockroll.registry.builtin import BUILTIN_ENVS, register_builtin
 
@@ -421,6 +422,28 @@ def test_frozenlake_local_reader_success():
         env.reset(options={"task_id": task})
         envs.append(env)
     assert 0.6 < local_reader_success(envs) < 0.85  # 0.744: far below 0.9, far above board-blind
+
+
+def test_move_kind_names_what_a_move_does():
+    """``move_kind`` on hand-made maps: the four kinds of a mistakes table, the edge, the goal."""
+    # S . .      the shortest path goes Right, Right, Down, Down; Down from S is a dead end
+    # . H .      (nearer G by the grid distance, but the hole below it forces a way back)
+    # H . G
+    grid = ["SFF", "FHF", "HFG"]
+    assert move_kind(grid, (0, 0), (2, 2), "Right") == "shortest"
+    assert move_kind(grid, (0, 0), (2, 2), "Down") == "dead end"
+    assert move_kind(grid, (0, 0), (2, 2), "Up") == "away"  # into the edge: no move at all
+    assert move_kind(grid, (0, 0), (2, 2), "Left") == "away"
+    assert move_kind(grid, (1, 0), (2, 2), "Down") == "hole"
+    assert move_kind(grid, (1, 0), (2, 2), "Right") == "hole"
+    assert move_kind(grid, (2, 1), (2, 2), "Right") == "shortest"  # onto the goal
+    assert move_kind(grid, (0, 2), (2, 2), "Left") == "away"
+    # where both moves toward the goal keep to a shortest path, both are "shortest"
+    open_grid = ["SFF", "FFF", "FFG"]
+    assert {move_kind(open_grid, (0, 0), (2, 2), m) for m in ("Right", "Down")} == {"shortest"}
+    with pytest.raises(ValueError, match="not reachable"):
+        move_kind(["SH", "HG"], (0, 0), (1, 1), "Left")
+    assert set(MOVE_KINDS) == {"shortest", "hole", "dead end", "away"}
 
 
 def test_the_baselines_script_prints_a_table_and_writes_json(tmp_path):

@@ -314,3 +314,42 @@ def test_rl_after_sft_beats_the_warm_start_on_held_out_tasks(tmp_path):
         assert before["eval/success"] <= 0.4
         assert rows[0]["eval/success"] == pytest.approx(warm["eval/success"], abs=3 / 256)  # the warm start itself
         assert rows[20]["eval/success"] >= 0.9 and rows[20]["eval/success_lo"] > warm["eval/success_hi"], rows[20]
+
+
+def test_the_mistakes_script_names_every_move_of_a_model(tmp_path):
+    """``examples/frozenlake_mistakes.py`` (docs/trainer.md: where the 4x4 policy loses) on the
+    example's config and a model SFT wrote: each turn's kinds add up to its moves, every map
+    plays a first move, and every lost episode has a first mistake (keeping to a shortest path
+    within the shortest path's budget always wins, so a loss without one is a misnamed move)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[2]
+    cfg = yaml.safe_load((root / "examples" / "frozenlake_read_cpu.yaml").read_text())
+    cfg["model"] = {"hidden_size": 32, "num_layers": 1, "num_heads": 1, "intermediate_size": 64}
+    cfg["tokenizer"] = {"build_dir": str(tmp_path / "tok")}
+    cfg["logging"] = {"dir": str(tmp_path / "run"), "progress": False, "tensorboard": False, "plot": False}
+    cfg["checkpoint"] = {"dir": str(tmp_path / "ckpt")}
+    cfg["eval"]["every"] = 0
+    cfg["sft"].update(steps=3, sources=[{"kind": "expert", "episodes": 8, "epsilon": 0.1}])
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    model = sft(load_config(path))["model_dir"]
+    out = tmp_path / "m.json"
+    for fresh in ([], ["--fresh-prompt"]):  # the whole conversation, then one-turn chats
+        r = subprocess.run([sys.executable, str(root / "examples" / "frozenlake_mistakes.py"), model, "--config",
+                            str(path), "--maps", "12", "--out", str(out), *fresh], capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        got = json.loads(out.read_text())
+        kinds = ("shortest", "hole", "dead end", "away")
+        assert got["maps"] == 12 and got["turns"][0]["moves"] == 12 and got["fresh_prompt"] == bool(fresh)
+        assert all(t["moves"] == sum(t[k] for k in kinds) for t in got["turns"])
+        assert all(0 <= t["blind_uniform_hole_rate"] <= 1 and 0 <= t["blind_tie_order_hole_rate"] <= 1
+                   for t in got["turns"])
+        lost = round(12 * (1 - got["success"]))
+        assert sum(got["first_mistakes"].values()) == lost and "none" not in got["first_mistakes"]
+        assert f"success {12 - lost}/12" in r.stdout and "dead end" in r.stdout
