@@ -440,9 +440,8 @@ def move_kind(grid: list[str], cell: Cell, goal: Cell, move: str) -> str:
         raise ValueError(f"the goal {goal} is not reachable from {cell}")
     if after is not None and len(after) == len(here) - 1:
         return "shortest"
-    def far(c: Cell) -> int:
-        return abs(goal[0] - c[0]) + abs(goal[1] - c[1])
-    return "dead end" if far(nxt) < far(cell) else "away"
+    nearer = abs(goal[0] - nxt[0]) + abs(goal[1] - nxt[1]) < abs(goal[0] - cell[0]) + abs(goal[1] - cell[1])
+    return "dead end" if nearer else "away"
 
 
 def _reachable(grid: list[str], start: Cell, goal: Cell) -> bool:
