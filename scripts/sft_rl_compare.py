@@ -27,6 +27,13 @@ with its 95 % Wilson interval (``trainer/algorithms/stats.py``); per-seed rates 
 in the JSON; thin lines in the PNG are the seeds. Results are saved after each seed; a rerun
 keeps the seeds of every arm whose step counts are unchanged (``--seeds`` adds seeds,
 ``--fresh`` reruns all).
+
+One process runs its arms and seeds one after another. To use more cores, run one process per
+arm or seed, each with its own ``--out``, then join them (same config, overrides and step
+counts; nothing is rerun with ``--only`` and no arm):
+
+    scripts/sft_rl_compare.py CONFIG ... --only sft-rl --seeds 0 --out /tmp/a      # and so on, at once
+    scripts/sft_rl_compare.py CONFIG ... --merge /tmp/a.json /tmp/b.json --only --out docs/img/task
 """
 
 from __future__ import annotations
@@ -190,6 +197,28 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def merge(docs: list[dict], meta: dict, knobs: dict) -> dict:
+    """The arms of several runs' JSONs as one ``arms`` mapping: each arm's seeds joined and its
+    pooled points recomputed. A run made with another config, overrides or step counts cannot be
+    pooled with this one: ``ValueError`` names what differs, and nothing is written."""
+    arms: dict = {}
+    for doc in docs:
+        if doc.get("meta") != meta:
+            diff = sorted(k for k in {*meta, *doc.get("meta", {})} if meta.get(k) != doc.get("meta", {}).get(k))
+            raise ValueError(f"--merge: a run with other settings ({', '.join(diff)}) cannot be pooled with this one")
+        for arm, r in doc["arms"].items():
+            if r["knobs"] != knobs[arm]:
+                raise ValueError(f"--merge: {arm} ran with {r['knobs']}, this run's step counts are {knobs[arm]}")
+            seeds = arms.setdefault(arm, {"knobs": r["knobs"], "per_seed": {}})["per_seed"]
+            if twice := set(seeds) & set(r["per_seed"]):
+                raise ValueError(f"--merge: {arm} seed {', '.join(sorted(twice))} is in two of the files")
+            seeds.update(r["per_seed"])
+    for r in arms.values():
+        r["per_seed"] = dict(sorted(r["per_seed"].items(), key=lambda kv: int(kv[0])))
+        r["pooled"] = pooled(list(r["per_seed"].values()))
+    return arms
+
+
 def compact_ids(ids: list) -> list | dict:
     """Task ids as the config writes them: ``{range: [start, stop]}`` for consecutive integers
     (20 000 training maps are one line of the JSON, not 20 000), else the list."""
@@ -214,6 +243,8 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", default=None, choices=ARMS, help="run only these arms")
     ap.add_argument("--fresh", action="store_true",
                     help="rerun every arm and seed (else those already in OUT.json, with the same meta, are kept)")
+    ap.add_argument("--merge", nargs="+", default=[], metavar="JSON",
+                    help="join the seeds of these runs' JSONs (same config, overrides and step counts) into OUT")
     ap.add_argument("--out", required=True, help="OUT: writes OUT.json and OUT.png")
     args = ap.parse_args()
     overrides = {}
@@ -239,6 +270,12 @@ def main() -> None:
     old = json.loads(out.with_suffix(".json").read_text()) if out.with_suffix(".json").exists() else {}
     results = {} if old.get("meta") != meta or args.fresh else {  # an arm's seeds are kept when its knobs are the same
         arm: r for arm, r in old.get("arms", {}).items() if r.get("knobs") == knobs.get(arm)}
+    if args.merge:
+        try:
+            results = merge([json.loads(Path(p).read_text()) for p in args.merge], meta, knobs)
+        except (OSError, ValueError) as e:
+            ap.error(str(e))
+        out.with_suffix(".json").write_text(json.dumps({"meta": meta, "arms": results}, indent=1))
     work = Path(tempfile.mkdtemp(prefix="sft_rl_compare-"))
     try:
         for arm in ARMS:
