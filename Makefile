@@ -31,6 +31,7 @@ test: $(BIN)/python  ## install what the tests need, start their services, run t
 	$(BIN)/rockroll envs build-swe --default
 	$(BIN)/rockroll envs build-swe --package toolz==0.12.1 --agent mini-swe-agent  # tests/gem/test_mini_swe_agent.py
 	$(MAKE) test-vllm
+	@df -h . /tmp | sed 's/^/free disk: /'  # CI's disk is shared: a run that fills it says so up front
 	CI=$${CI:-true} $(BIN)/python -m pytest --ignore=tests/trainer/test_vllm.py
 
 $(VLLM_VENV)/bin/python:
