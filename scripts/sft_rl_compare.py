@@ -30,10 +30,10 @@ keeps the seeds of every arm whose step counts are unchanged (``--seeds`` adds s
 
 One process runs its arms and seeds one after another. To use more cores, run one process per
 arm or seed, each with its own ``--out``, then join them (same config, overrides and step
-counts; nothing is rerun with ``--only`` and no arm):
+counts; ``--merge`` runs nothing, unless ``--only ARM...`` names arms whose missing seeds to run):
 
     scripts/sft_rl_compare.py CONFIG ... --only sft-rl --seeds 0 --out /tmp/a      # and so on, at once
-    scripts/sft_rl_compare.py CONFIG ... --merge /tmp/a.json /tmp/b.json --only --out docs/img/task
+    scripts/sft_rl_compare.py CONFIG ... --merge /tmp/a.json /tmp/b.json --out docs/img/task
 """
 
 from __future__ import annotations
@@ -228,6 +228,17 @@ def compact_ids(ids: list) -> list | dict:
     return ids
 
 
+def describe(name: str, config_path: str, overrides: dict, cfg) -> dict:
+    """What makes two runs the same comparison: the task, its config and overrides, the task
+    sets and the SFT data (``merge`` and a rerun compare it)."""
+    return {"task": name, "config": config_path, "overrides": overrides,
+            "train_task_ids": [compact_ids(e.task_ids or []) for e in cfg.envs],
+            "eval_task_ids (held out)": compact_ids(cfg.eval.task_ids),
+            "eval_episodes_per_seed": cfg.eval.episodes, "rl_eval_every": cfg.eval.every,
+            "sft_sources": [{"kind": s.kind, "episodes": s.episodes, "epsilon": s.epsilon} for s in cfg.sft.sources],
+            "budget": "wall clock, matched by the step counts; x = measured seconds"}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("config", help="the task's training config (YAML), with an sft section and eval.task_ids")
@@ -240,7 +251,8 @@ def main() -> None:
     ap.add_argument("--rl-steps", type=int, required=True, help="RL from scratch: steps (eval.every from the config)")
     ap.add_argument("--warm-steps", type=int, required=True, help="sft-rl: SFT steps before RL")
     ap.add_argument("--rl-after-steps", type=int, required=True, help="sft-rl: RL steps after SFT")
-    ap.add_argument("--only", nargs="*", default=None, choices=ARMS, help="run only these arms")
+    ap.add_argument("--only", nargs="*", default=None, choices=ARMS,
+                    help="run only these arms (with --merge: none unless named here)")
     ap.add_argument("--fresh", action="store_true",
                     help="rerun every arm and seed (else those already in OUT.json, with the same meta, are kept)")
     ap.add_argument("--merge", nargs="+", default=[], metavar="JSON",
@@ -258,12 +270,7 @@ def main() -> None:
         ap.error("the config has no eval.task_ids: the comparison is on held-out tasks")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"task": args.name, "config": args.config, "overrides": overrides,
-            "train_task_ids": [compact_ids(e.task_ids or []) for e in cfg.envs],
-            "eval_task_ids (held out)": compact_ids(cfg.eval.task_ids),
-            "eval_episodes_per_seed": cfg.eval.episodes, "rl_eval_every": cfg.eval.every,
-            "sft_sources": [{"kind": s.kind, "episodes": s.episodes, "epsilon": s.epsilon} for s in cfg.sft.sources],
-            "budget": "wall clock, matched by the step counts; x = measured seconds"}
+    meta = describe(args.name, args.config, overrides, cfg)
     knobs = {"sft-only": {"sft_steps": args.sft_only_steps, "sft_eval_every": args.sft_eval_every},
              "rl-scratch": {"rl_steps": args.rl_steps},
              "sft-rl": {"sft_steps": args.warm_steps, "rl_steps": args.rl_after_steps}}
@@ -276,10 +283,11 @@ def main() -> None:
         except (OSError, ValueError) as e:
             ap.error(str(e))
         out.with_suffix(".json").write_text(json.dumps({"meta": meta, "arms": results}, indent=1))
+    only = [] if args.merge and args.only is None else args.only  # a merge joins; it runs only what is named
     work = Path(tempfile.mkdtemp(prefix="sft_rl_compare-"))
     try:
         for arm in ARMS:
-            if args.only is not None and arm not in args.only:
+            if only is not None and arm not in only:
                 continue
             per_seed = results.get(arm, {}).get("per_seed", {})
             for seed in args.seeds:

@@ -67,3 +67,24 @@ def test_the_cli_refuses_a_foreign_run_and_writes_nothing(tmp_path):
                         "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "cannot be pooled" in r.stderr and "config" in r.stderr, r.stderr[-2000:]
     assert not out.with_suffix(".json").exists() and not out.with_suffix(".png").exists()
+
+
+def test_the_cli_merge_joins_and_runs_nothing(compare, tmp_path):
+    """``--merge`` without ``--only`` joins the files and trains nothing: the seeds a merge lacks
+    (here every arm but one, and sft-only's seed 2) are not run behind the user's back."""
+    example = str(ROOT / "examples" / "frozenlake_read_cpu.yaml")
+    cfg = compare.config(example, {}, 0, tmp_path / "unused", {})
+    meta = compare.describe("t", example, {}, cfg)
+    parts = []
+    for seed, successes in ((1, [0.0, 0.4, 0.8]), (0, [0.0, 0.2, 0.6])):
+        parts.append(tmp_path / f"so_{seed}.json")
+        parts[-1].write_text(json.dumps(run("sft-only", seed, successes, meta=meta)))
+    out = tmp_path / "joined"
+    r = subprocess.run([sys.executable, str(SCRIPT), example, "--name", "t", "--sft-only-steps", "40",
+                        "--sft-eval-every", "20", "--rl-steps", "4", "--warm-steps", "20", "--rl-after-steps", "2",
+                        "--merge", *map(str, parts), "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    joined = json.loads(out.with_suffix(".json").read_text())
+    assert list(joined["arms"]) == ["sft-only"] and list(joined["arms"]["sft-only"]["per_seed"]) == ["0", "1"]
+    assert joined["arms"]["sft-only"]["pooled"][-1]["success"] == pytest.approx(0.7)  # (0.6 + 0.8) / 2, 100 each
+    assert out.with_suffix(".png").stat().st_size > 0 and " seed " not in r.stderr
