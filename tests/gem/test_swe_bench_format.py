@@ -19,6 +19,8 @@ import pytest
 from rockroll.envhub.export import export_docker
 from rockroll.gem.swe import SWEEnv, hub_swe_tasks
 from rockroll.gem.swe_mutate import unified_diff
+from rockroll.gem.tools import close_pools
+from rockroll.sandbox.sync import run_sync
 
 TAG = "rockroll/swebench-format-test:1"
 SITE = "$(python3 -c 'import site; print(site.getsitepackages()[0])')"
@@ -47,7 +49,11 @@ def record(swe_hub, tmp_path_factory):
     path = tmp_path_factory.mktemp("swebench") / "instances.jsonl"
     path.write_text(json.dumps(record) + "\n")
     yield path, record
-    subprocess.run(["docker", "rmi", "-f", TAG], capture_output=True)
+    # The envs' warm pools outlive env.close() (gem/tools.py): close them, so no container holds
+    # the image and removing it leaves no dangling 300 MB image behind on every run.
+    run_sync(close_pools())
+    rmi = subprocess.run(["docker", "rmi", TAG], capture_output=True, text=True)
+    assert rmi.returncode == 0 and "Deleted:" in rmi.stdout, rmi.stdout + rmi.stderr
 
 
 def test_swebench_record_runs_in_its_docker_image(record):
