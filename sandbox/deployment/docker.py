@@ -155,6 +155,7 @@ class DockerDeployment(NetworkedDeployment):
         self.disk = SandboxDisk(spec.disk_mb, run.dir, self.dir, userns=False, home=run.home)
         self._removals: list[threading.Thread] = []
         self._lock = threading.Lock()
+        self._killed = False  # kill_now ran: a container created after it is removed at once
 
     @property
     def upper(self) -> Path:
@@ -222,7 +223,15 @@ class DockerDeployment(NetworkedDeployment):
             image = self._chain_image(layers)
         except (docker.errors.DockerException, OSError) as e:
             raise SandboxStartError(f"cannot build the image of a snapshot: {e}", sandbox_id=self.id) from e
-        self.container = container = self._create(image)
+        container = self._create(image)
+        # kill_now runs on another thread (atexit, while a pool resets this sandbox on a deployment
+        # thread): a container created after it would outlive the process until the next gc.
+        with self._lock:
+            if self._killed:
+                _remove(container)
+                raise SandboxStartError("the sandbox was closed while its container was being created",
+                                        sandbox_id=self.id)
+            self.container = container
         try:
             self._upper = Path(container.attrs["GraphDriver"]["Data"]["UpperDir"])
             container.start()
@@ -277,6 +286,7 @@ class DockerDeployment(NetworkedDeployment):
         the container removals that restarts and this started. The cgroup is docker's:
         it goes with the container, so it is not removed here."""
         with self._lock:
+            self._killed = True
             self.guest.kill()
             self.stop_guest()
             for thread in self._removals:

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from rockroll.sandbox import GuestDied, SandboxSpec, SpecError, open_sandbox
+from rockroll.sandbox import GuestDied, SandboxError, SandboxSpec, SpecError, open_sandbox
 from rockroll.sandbox.deployment.rootfs import NO_NETWORK_ETC
 
 
@@ -223,6 +223,31 @@ def test_labels_and_removal_on_close(client, image):
     sb.close()
     sb.close()  # idempotent
     assert not client.containers.list(all=True, filters={"label": f"rockroll.sandbox={sb.id}"})
+
+
+def test_a_close_while_a_container_is_created_leaves_none(client, image):
+    """At exit, kill_now runs on the main thread while a pool may be resetting the sandbox on a
+    deployment thread: between the new container's create and its start. That container must
+    go too, not keep running after its owner until the next gc."""
+    sb = open_sandbox(dspec(image))
+    dep = sb.aio._deploy
+    create = dep._create
+
+    def create_then_exit(image_):
+        container = create(image_)
+        dep.kill_now()  # what the exit handler does, at the worst moment
+        return container
+
+    dep._create = create_then_exit
+    label = {"label": f"rockroll.sandbox={sb.id}"}
+    try:
+        with pytest.raises(SandboxError, match="closed while its container was being created"):
+            sb.reset()
+        assert not client.containers.list(all=True, filters=label)
+    finally:
+        sb.close()
+        for leftover in client.containers.list(all=True, filters=label):
+            leftover.remove(force=True)
 
 
 OWNER = textwrap.dedent("""
