@@ -570,7 +570,11 @@ class SFTSource:
     """One source of SFT data (``sft.sources``): ``kind: expert`` plays ``episodes`` episodes
     of every env whose env has an expert (``expert_action()``, :mod:`rockroll.trainer.rollout.sft_data`)
     on the env's training ``task_ids``, a fraction ``epsilon`` of the moves random
-    (``action_words``) so the data is imperfect; ``kind: records``, the model service's
+    (``action_words``) so the data is imperfect, and a fraction ``habit_rate`` replaced by one
+    fixed reply ``habit`` (a teacher with a habit: errors that are systematic, not random;
+    random moves leave the expert's move the likeliest in every state, so greedy decoding of
+    a model that copied them undoes them, while a habit above 1/2 becomes its move);
+    ``kind: records``, the model service's
     ``records.jsonl`` at ``path``; ``kind: messages``, chat transcripts in the OpenAI ``messages``
     JSONL format at ``path``."""
 
@@ -579,12 +583,17 @@ class SFTSource:
     episodes: int = 64  # expert: episodes per env
     epsilon: float = 0.0  # expert: the fraction of moves taken at random instead of the expert's
     keep_failed: bool = True  # expert: keep episodes that failed (with epsilon > 0 some do), else drop them
+    habit: str | None = None  # expert: the one reply of the teacher's habit (a move of the env, e.g. Right)
+    habit_rate: float = 0.0  # expert: the fraction of moves replaced by the habit
 
     def validate(self, p: str) -> None:
         _check(self.kind in SFT_SOURCES, f"{p}.kind", f"must be one of {', '.join(SFT_SOURCES)}")
         _check(self.kind == "expert" or bool(self.path), f"{p}.path", f"kind {self.kind} needs the JSONL file")
         _check(self.episodes >= 1, f"{p}.episodes", "must be >= 1")
         _check(0.0 <= self.epsilon <= 1.0, f"{p}.epsilon", "must be in [0, 1]")
+        _check(0.0 <= self.habit_rate <= 1.0, f"{p}.habit_rate", "must be in [0, 1]")
+        _check(not self.habit_rate or bool(self.habit), f"{p}.habit", "habit_rate > 0 needs the habit's reply")
+        _check(self.epsilon + self.habit_rate <= 1.0, f"{p}.habit_rate", "epsilon + habit_rate must be <= 1")
 
 
 @dataclass

@@ -74,6 +74,27 @@ def test_a_request_that_joins_a_running_batch_gets_what_it_gets_alone(engine):
     assert len(got["long"].token_ids) == 40 and got["a"].finish_reason in ("stop", "length")
 
 
+
+def test_rows_with_different_settings_in_one_batch_each_get_what_they_get_alone(engine):
+    """One batch whose rows sample differently (temperature, greedy, top-k, top-p, allowed
+    ids): rows are processed in groups of equal settings, and each draws with its own
+    generator, so every request gets the tokens and log-probs it gets alone."""
+    state = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    settings = [SamplingParams(temperature=0.7, top_k=5, max_new_tokens=6),
+                SamplingParams(temperature=0, top_p=0.9, max_new_tokens=6),
+                SamplingParams(temperature=1.0, top_p=0.8, max_new_tokens=6, allowed_token_ids=[3, 4, 5, 6, 2]),
+                SamplingParams(temperature=0.7, top_k=5, max_new_tokens=6),  # the first's settings, its own seed
+                SamplingParams(temperature=1.3, max_new_tokens=6)]
+    requests = [(p, _seeded(sp, 20 + i)) for i, (p, sp) in enumerate(zip([P1, P2, P3, P2, P1], settings))]
+    alone = [_alone(state, p, sp) for p, sp in requests]
+    got = [f.result() for f in engine.batcher.submit_many(requests)]
+    assert engine.batcher.max_rows == 5  # one batch
+    for i, (out, ref) in enumerate(zip(got, alone)):
+        assert out.token_ids == ref.token_ids, i
+        assert out.logprobs == pytest.approx(ref.logprobs, abs=1e-4), i
+    assert set(got[2].token_ids) <= {3, 4, 5, 6, 2}
+    assert got[0].token_ids != got[3].token_ids or got[0].logprobs != got[3].logprobs  # own generators
+
 def test_a_finished_request_leaves_the_batch_at_once(engine):
     """Submitted together, the 3-token request is answered at step <= 3 while the 40-token one
     goes on: its caller does not wait for the batch's longest reply."""

@@ -115,7 +115,7 @@ def test_greedy_log_probs_are_of_the_truncated_untempered_distribution(tok):
     prompt = tok.encode("Go Up", add_special_tokens=False)
     out = engine.generate([prompt], SamplingParams(temperature=0, top_p=0.5, max_new_tokens=1))[0]
     with torch.no_grad():
-        logits = model(input_ids=torch.tensor([prompt])).logits[0, -1]
+        logits = model(input_ids=torch.tensor([prompt], device=model.device)).logits[0, -1]  # the engine's device
     assert out.token_ids == [int(logits.argmax())]
     expect = torch.log_softmax(processed_logits(logits, 1.0, top_p=0.5), -1)[out.token_ids[0]]
     assert out.logprobs[0] == pytest.approx(float(expect), abs=1e-6)

@@ -84,6 +84,34 @@ def test_expert_noise_makes_imperfect_data_and_failed_episodes_can_be_dropped(te
     assert len(kept) == sum(e.success for e in noisy) and all(e.success for e in kept)
 
 
+def test_a_habit_above_one_half_becomes_the_datas_likeliest_reply_where_random_moves_do_not(tok, template):
+    """An expert that always says Down: with 60 % random moves Down is still the likeliest
+    reply (what a copied model's greedy decoding picks, so the noise washes out); with a 60 %
+    habit of Right, Right is (a systematic error the copy keeps). Bad settings name the key."""
+    def factory(spec):
+        env = make_env(spec)
+        env.unwrapped.expert_action = lambda: "Down"
+        return env
+
+    spec = EnvConfig(id=LAKE["id"], kwargs=LAKE["kwargs"], task_ids=list(range(32)))
+
+    def replies(**noise):
+        got = expert_examples(spec, template, factory, episodes=32, seed=0, max_turns=8, **noise)
+        words = "".join(_assistant_text(tok, e) for e in got).split("<|end|>")[:-1]
+        return {w: words.count(w) / len(words) for w in set(words)}
+
+    random_moves = replies(epsilon=0.6)
+    assert max(random_moves, key=random_moves.get) == "Down" and len(random_moves) == 4
+    habit = replies(epsilon=0.0, habit="Right", habit_rate=0.6)
+    assert set(habit) == {"Down", "Right"} and 0.5 < habit["Right"] < 0.75
+    both = replies(epsilon=0.2, habit="Right", habit_rate=0.5)  # Right 0.5 + 0.2 / 4, Down 0.3 + 0.2 / 4
+    assert 0.45 < both["Right"] < 0.65 and both["Down"] < both["Right"] - 0.1
+    for bad, key in (({"habit_rate": 0.5}, "habit"), ({"habit": "Right", "habit_rate": 1.5}, "habit_rate"),
+                     ({"habit": "Right", "habit_rate": 0.6, "epsilon": 0.6}, "habit_rate")):
+        with pytest.raises(ConfigError, match=rf"sft.sources\[0\]\.{key}:"):
+            load_config({"sft": {"sources": [{"kind": "expert", **bad}]}})
+
+
 def test_a_noisy_move_that_leaves_no_solution_ends_the_episode_as_failed(template):
     """Sokoban: a random move can push the box into a corner, after which the expert has no
     move (ValueError): the episode ends there, failed, instead of ending the data collection."""
@@ -176,7 +204,7 @@ def test_sft_resumes_where_it_stopped_and_its_model_is_the_warm_start(tmp_path):
     assert not (tmp_path / "unused").exists()  # the warm start's tokenizer, not a new one
     model = build_model(cfg.model, tok, seed=123)
     saved = whole["policy"].module.lm.state_dict()
-    assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())
+    assert all(torch.equal(v, saved[k].cpu()) for k, v in model.state_dict().items())
     with pytest.raises(ConfigError, match="model.init_from: a warm start replaces name_or_path"):
         load_config({"model": {"init_from": "x", "name_or_path": "y"}})
     with pytest.raises(ConfigError, match="tokenizer.add_tokens.*not tokens of the warm start"):

@@ -74,7 +74,7 @@ def test_every_algorithm_updates_the_policy(algo):
             logits.register_hook(logit_grads.append)
 
     hook = lm.lm_head.register_forward_hook(keep_logit_grad)
-    batch = collate(groups, 0)
+    batch = collate(groups, 0).to(policy.device)  # where the policy is (the GPU when there is one)
     try:
         with torch.no_grad():
             aux = {"ref_logp": token_logp(ref, batch, 1.0)[0]} if acfg.kl_coef else None
@@ -88,7 +88,7 @@ def test_every_algorithm_updates_the_policy(algo):
         start = i % (batch.size // g.shape[0]) * g.shape[0]
         rows = batch.mask[start: start + g.shape[0]]
         # position t predicts target t (token t + 1); the last position predicts nothing
-        predicts_response = torch.cat([rows, torch.zeros(rows.shape[0], 1, dtype=torch.bool)], 1)
+        predicts_response = torch.cat([rows, torch.zeros(rows.shape[0], 1, dtype=torch.bool, device=rows.device)], 1)
         assert g[~predicts_response].abs().max() == 0
         assert g[predicts_response].abs().sum() > 0
 
@@ -258,10 +258,10 @@ def test_ipa_masks_a_chunk_whose_behaviour_ratio_is_above_h_in_update_policy():
     mu = pi / 8, so pi_old / mu = 8 > H = 5 and that one-token chunk is masked out (before
     issue #40: a two-sided [0.5, 2] band on pi_theta / mu, and PPO's clip)."""
     policy = _tiny_policy()
-    batch = collate(multi_turn_groups(), 0)
+    batch = collate(multi_turn_groups(), 0).to(policy.device)
     with torch.no_grad():
         logp, _ = token_logp(policy.forward, batch, 1.0)
-    second_turn = (C.chunk_ids(batch.mask) == 1) & (torch.arange(batch.size) == 0).unsqueeze(-1)
+    second_turn = (C.chunk_ids(batch.mask) == 1) & (torch.arange(batch.size, device=policy.device) == 0).unsqueeze(-1)
     assert second_turn.sum() == 1
     batch.behav_logp = torch.where(second_turn, logp - LN(8.0), logp)
     met = update_policy(policy, AlgorithmConfig(ipa=IPAConfig(enabled=True)), batch, 1.0)
@@ -327,7 +327,7 @@ def test_micro_batches_take_the_same_step_as_one_pass(agg, engine):
     ref = lambda ids, m: (lm_ref(input_ids=ids, attention_mask=m).logits, None)  # noqa: E731
     whole = _tiny_policy(EngineConfig(lr=0.01, grad_clip=0.0))
     split = _tiny_policy(EngineConfig(kind=engine, zero_stage=1, lr=0.01, grad_clip=0.0, micro_batch_size=2))
-    batch = collate(multi_turn_groups(), 0)
+    batch = collate(multi_turn_groups(), 0).to(whole.device)
     with torch.no_grad():
         aux = {"ref_logp": token_logp(ref, batch, 1.0)[0]}
     mets = [update_policy(p, a, batch, 1.0, aux=aux) for p in (whole, split)]

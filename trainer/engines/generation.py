@@ -80,8 +80,12 @@ class TransformersEngine(ContinuousEngine):
     """
 
     def __init__(self, model: Any, pad_token_id: int, version: int = 0, *, max_batch: int = 256,
-                 on_load: str = "wait"):
-        self.model = model.eval()
+                 on_load: str = "wait", device: Any = None):
+        """``device``: where the model runs (None: the GPU when there is one, else the CPU;
+        the trainer builds models on the CPU and hands the engine its own copy)."""
+        from .offload import home_device  # torch, imported when an engine is made
+
+        self.model = model.eval().to(device or home_device())
         self.pad_token_id = int(pad_token_id)
         super().__init__(_KVBatch(self.model, self.pad_token_id), version=version, max_batch=max_batch,
                          on_load=on_load)

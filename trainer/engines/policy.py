@@ -40,8 +40,9 @@ class ActorModule(nn.Module):
         return out.logits, values
 
 
-def _cpu_clone(sd: dict[str, Any]) -> dict[str, Any]:
-    return {k: v.detach().to("cpu", copy=True) for k, v in sd.items()}
+def _clone(sd: dict[str, Any], device: Any) -> dict[str, Any]:
+    """Detached copies of ``sd``'s tensors on ``device`` (None: the CPU)."""
+    return {k: v.detach().to(device or "cpu", copy=True) for k, v in sd.items()}
 
 
 class TorchPolicy:
@@ -68,8 +69,11 @@ class TorchPolicy:
         self.optimizer.zero_grad(set_to_none=True)
         return float(norm)
 
-    def sync_state_dict(self) -> dict[str, Any]:
-        return _cpu_clone(self.module.lm.state_dict())
+    def sync_state_dict(self, device: Any = None) -> dict[str, Any]:
+        """A copy of the weights a generator loads, on ``device``: None (the CPU) for what
+        crosses processes or goes to disk, the policy's own device for a generator in this
+        process (a device-to-device copy, no round trip through host memory)."""
+        return _clone(self.module.lm.state_dict(), device)
 
     def save(self, folder: Path) -> None:
         torch.save({"module": self.module.state_dict(), "optimizer": self.optimizer.state_dict()},
@@ -145,14 +149,15 @@ class DeepSpeedPolicy:
         norm = self.engine.get_global_grad_norm()
         return float(norm) if norm is not None else 0.0
 
-    def sync_state_dict(self) -> dict[str, Any]:
+    def sync_state_dict(self, device: Any = None) -> dict[str, Any]:
+        """As :meth:`TorchPolicy.sync_state_dict`; ZeRO-3 gathers the partitions first."""
         if self.cfg.zero_stage == 3:
             import deepspeed
 
             params = list(self.module.lm.parameters())
             with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
-                return _cpu_clone(self.module.lm.state_dict())
-        return _cpu_clone(self.module.lm.state_dict())
+                return _clone(self.module.lm.state_dict(), device)
+        return _clone(self.module.lm.state_dict(), device)
 
     def save(self, folder: Path) -> None:
         torch.distributed.barrier()  # data parallel: rank 0 has prepared `folder` (checkpoint.save_checkpoint)

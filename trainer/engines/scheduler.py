@@ -38,7 +38,7 @@ import torch
 from .lifecycle import GenerationLoop
 from .sampling import GenOutput, SamplingParams, processed_logits
 
-__all__ = ["ContinuousBatcher", "Stepper", "sample_row"]
+__all__ = ["ContinuousBatcher", "Stepper", "sample_rows"]
 
 
 class Stepper(Protocol):
@@ -58,16 +58,33 @@ class Stepper(Protocol):
     def load_weights(self, state_dict: dict[str, Any]) -> None: ...
 
 
-def sample_row(logits: torch.Tensor, sp: SamplingParams, allowed: torch.Tensor | None,
-               gen: torch.Generator) -> tuple[int, float]:
-    """One token from one row's ``logits`` (V,) as ``sp`` says, and its log-probability under
-    the distribution it was sampled from (:func:`~.sampling.processed_logits`: allowed ids,
-    temperature, top-k, top-p, as the trainer computes it; temperature 0: argmax, log-prob at
-    temperature 1, as vLLM reports it). ``allowed``: the token ids constrained decoding may use."""
-    logp = torch.log_softmax(processed_logits(logits.cpu(), sp.temperature or 1.0, sp.top_k, sp.top_p, allowed), -1)
-    probs = logp.exp()
-    tok = int(probs.argmax()) if sp.temperature == 0 else int(torch.multinomial(probs, 1, generator=gen).item())
-    return tok, float(logp[tok])
+def sample_rows(logits: torch.Tensor, rows: list["_Request"]) -> list[tuple[int, float]]:
+    """One token for each row of ``logits`` (B, V) as its request's settings say, and its
+    log-probability under the distribution it was sampled from (:func:`~.sampling.processed_logits`:
+    allowed ids, temperature, top-k, top-p, as the trainer computes it; temperature 0: argmax,
+    log-prob at temperature 1, as vLLM reports it). Rows with the same settings are processed
+    together on the logits' device, and each draws with its own generator there; only the
+    tokens and their log-probs leave it (on a GPU, one small copy a step instead of the
+    vocabulary's log-probs of every row). On the CPU this draws exactly what one row at a time
+    did: the batched log-softmax is the per-row one, bit for bit."""
+    out: list[tuple[int, float]] = [(0, 0.0)] * len(rows)
+    by_settings: dict[tuple, list[int]] = {}
+    for i, r in enumerate(rows):
+        sp = r.sampling
+        allowed = None if sp.allowed_token_ids is None else tuple(sp.allowed_token_ids)
+        by_settings.setdefault((sp.temperature, sp.top_k, sp.top_p, allowed), []).append(i)
+    for idx in by_settings.values():
+        sp, allowed = rows[idx[0]].sampling, rows[idx[0]].allowed
+        logp = torch.log_softmax(processed_logits(logits[idx], sp.temperature or 1.0, sp.top_k, sp.top_p, allowed), -1)
+        probs = logp.exp()
+        if sp.temperature == 0:
+            toks = probs.argmax(-1)
+        else:
+            toks = torch.cat([torch.multinomial(probs[j], 1, generator=rows[i].generator(probs.device))
+                              for j, i in enumerate(idx)])
+        for i, tok, lp in zip(idx, toks.tolist(), logp.gather(-1, toks[:, None])[:, 0].tolist()):
+            out[i] = (tok, lp)
+    return out
 
 
 @dataclass
@@ -83,8 +100,14 @@ class _Request:
     version: int = -1
 
     def restart(self, version: int) -> None:
-        self.gen = torch.Generator().manual_seed(self.seed)
+        self.gen = None  # from the seed again, at the next draw
         self.ids, self.logprobs, self.version = [], [], version
+
+    def generator(self, device: torch.device) -> torch.Generator:
+        """The row's own generator on ``device`` (where it samples), seeded at its first draw."""
+        if self.gen is None or self.gen.device != device:
+            self.gen = torch.Generator(device=device).manual_seed(self.seed)
+        return self.gen
 
     def add(self, tok: int, lp: float) -> bool:
         """Record a sampled token; whether the request is now finished."""
@@ -160,8 +183,7 @@ class ContinuousBatcher(GenerationLoop):
             logits = self.stepper.decode([r.ids[-1] for r in rows])
             self.steps += 1
             # a cancelled caller (a redundant episode cut short) frees its row too
-            finished = [r.add(*sample_row(logits[i], r.sampling, r.allowed, r.gen)) or r.future.cancelled()
-                        for i, r in enumerate(rows)]
+            finished = [r.add(*drawn) or r.future.cancelled() for r, drawn in zip(rows, sample_rows(logits, rows))]
             if any(finished):  # 2. finished rows leave now
                 done = [r for r, f in zip(rows, finished) if f]
                 self.stepper.keep([i for i, f in enumerate(finished) if not f])
@@ -178,7 +200,7 @@ class ContinuousBatcher(GenerationLoop):
             for r in admit:
                 r.restart(self.version)
             logits = self.stepper.prefill([r.prompt for r in admit])
-            first = [r.add(*sample_row(logits[i], r.sampling, r.allowed, r.gen)) for i, r in enumerate(admit)]
+            first = [r.add(*drawn) for r, drawn in zip(admit, sample_rows(logits, admit))]
             done += [r for r, f in zip(admit, first) if f]
             if any(first):
                 n = len(rows)

@@ -208,7 +208,9 @@ class PolicyTrainer(Offloadable):
                              top_k=self.cfg.generation.top_k, top_p=self.cfg.generation.top_p)
 
     def weights(self) -> dict[str, Any]:
-        return self.policy.sync_state_dict()
+        # on the policy's device: the generator and the batch roles of this process load them
+        # from there (on one GPU, device to device)
+        return self.policy.sync_state_dict(self.policy.device)
 
     def restore(self) -> dict[str, Any] | None:
         ckpt = latest_checkpoint(self.cfg.checkpoint.dir) if self.cfg.checkpoint.resume else None

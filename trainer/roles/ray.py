@@ -251,7 +251,7 @@ class _PolicyTrainer(PolicyTrainer, _Placed):
         self.group: WeightGroup | None = None
 
     def weights(self) -> dict[str, Any]:
-        state = super().weights()  # every rank takes part (ZeRO-3 gathers the partitions)
+        state = self.policy.sync_state_dict()  # every rank takes part (ZeRO-3 gathers); on the CPU: it leaves the actor
         return state if self.shard[0] == 0 else {}
 
     def weights_checksum(self) -> str:

@@ -6,7 +6,9 @@
   is framed by :class:`~.manager.PromptTemplate` exactly as a rollout frames it (the first
   prompt, each reply and its stop token, each next turn), so SFT trains on the very token
   layout RL samples. ``epsilon``: the fraction of moves taken at random, so the data is
-  imperfect as real data is. Experts: FrozenLake and Sokoban (shortest solutions,
+  imperfect as real data is; ``habit_rate``: the fraction replaced by one fixed reply
+  ``habit``, a teacher whose errors are systematic (a model that copies the data keeps
+  them). Experts: FrozenLake and Sokoban (shortest solutions,
   :meth:`rockroll.gem.grid.FrozenLakeEnv.expert_action`, ``SokobanEnv.expert_action``) and
   WebShop (:meth:`rockroll.gem.webshop.WebShopEnv.expert_action`).
 - **Model-service records** (:func:`record_examples`, ``records.jsonl``,
@@ -49,10 +51,12 @@ def _unwrapped(env: Any) -> Any:
 
 def expert_examples(spec: EnvConfig, template: PromptTemplate, env_factory: Callable[[EnvConfig], Any], *,
                     episodes: int, epsilon: float, seed: int, max_turns: int, task_ids: list[Any] | None = None,
-                    keep_failed: bool = True) -> list[SFTExample]:
+                    keep_failed: bool = True, habit: str | None = None, habit_rate: float = 0.0
+                    ) -> list[SFTExample]:
     """``episodes`` episodes of ``spec``'s env played by its expert (tasks cycling through
     ``task_ids``, else ``spec.task_ids``, else drawn by the seeds), each move random with
-    probability ``epsilon``. ``TypeError`` when the env has no expert.
+    probability ``epsilon``, else ``habit`` with probability ``habit_rate``. ``TypeError``
+    when the env has no expert.
 
     An agent env (``rock/Agent-v0``: each observation's ``info`` is the agent's model call,
     :func:`~.manager.is_request`) is framed as a rollout frames it: each prompt is the call
@@ -77,8 +81,11 @@ def expert_examples(spec: EnvConfig, template: PromptTemplate, env_factory: Call
             success = False
             for _ in range(max_turns):
                 words = getattr(core, "action_words", ())
-                if epsilon and words and rng.random() < epsilon:
+                draw = rng.random()
+                if epsilon and words and draw < epsilon:
                     action = rng.choice(list(words))
+                elif habit_rate and draw < epsilon + habit_rate:
+                    action = habit
                 else:
                     try:
                         action = core.expert_action()
