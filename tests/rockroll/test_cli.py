@@ -144,7 +144,8 @@ def test_sandbox_ls_and_gc(tmp_path):
 def test_bench_group_lists_and_refuses_unknown_names():
     out = rr("bench", "list")
     assert out.returncode == 0
-    assert {line.split()[0] for line in out.stdout.splitlines()} == {"envs", "hub", "modelservice", "network", "rollout", "sandbox", "terminal"}
+    listed = {line.split()[0] for line in out.stdout.splitlines()}
+    assert listed == {"envs", "gpu", "hub", "modelservice", "network", "rollout", "sandbox", "terminal"}
     bad = rr("bench", "run", "nope")
     assert bad.returncode == 2 and "no benchmark 'nope'" in bad.stderr and "rollout" in bad.stderr
     private = rr("bench", "run", "_common")

@@ -74,7 +74,6 @@ def test_a_request_that_joins_a_running_batch_gets_what_it_gets_alone(engine):
     assert len(got["long"].token_ids) == 40 and got["a"].finish_reason in ("stop", "length")
 
 
-
 def test_rows_with_different_settings_in_one_batch_each_get_what_they_get_alone(engine):
     """One batch whose rows sample differently (temperature, greedy, top-k, top-p, allowed
     ids): rows are processed in groups of equal settings, and each draws with its own
@@ -94,6 +93,7 @@ def test_rows_with_different_settings_in_one_batch_each_get_what_they_get_alone(
         assert out.logprobs == pytest.approx(ref.logprobs, abs=1e-4), i
     assert set(got[2].token_ids) <= {3, 4, 5, 6, 2}
     assert got[0].token_ids != got[3].token_ids or got[0].logprobs != got[3].logprobs  # own generators
+
 
 def test_a_finished_request_leaves_the_batch_at_once(engine):
     """Submitted together, the 3-token request is answered at step <= 3 while the 40-token one

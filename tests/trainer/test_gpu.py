@@ -88,8 +88,8 @@ def test_a_run_on_the_gpu_syncs_its_weights_into_the_generator_on_the_device(tmp
 
 def test_the_weights_the_trainer_syncs_in_its_process_stay_on_the_gpu(tmp_path):
     """What the local roles load into the generator after each step: a copy of the policy's
-    weights on its GPU (a device-to-device copy, no round trip through host memory), which
-    the next optimizer step does not change."""
+    weights on its GPU (a device-to-device copy, no round trip through host memory), in
+    storage of its own, so the next optimizer step does not change it."""
     cfg = run_config(tmp_path)
     tok = load_tokenizer(cfg.tokenizer, cfg.envs, tmp_path / "tok")
     trainer = PolicyTrainer(cfg, build_model(cfg.model, tok, cfg.seed), tok)
