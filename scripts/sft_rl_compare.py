@@ -236,7 +236,8 @@ def describe(name: str, config_path: str, overrides: dict, cfg) -> dict:
             "eval_task_ids (held out)": compact_ids(cfg.eval.task_ids),
             "eval_episodes_per_seed": cfg.eval.episodes, "rl_eval_every": cfg.eval.every,
             "sft_sources": [{"kind": s.kind, "episodes": s.episodes, "epsilon": s.epsilon,
-                             **({"habit": s.habit, "habit_rate": s.habit_rate} if s.habit_rate else {})}
+                             **({"habit": s.habit, "habit_rate": s.habit_rate} if s.habit_rate else {}),
+                             **({"habit": s.habit, "habit_episodes": s.habit_episodes} if s.habit_episodes else {})}
                             for s in cfg.sft.sources],
             "budget": "wall clock, matched by the step counts; x = measured seconds"}
 

@@ -573,7 +573,9 @@ class SFTSource:
     (``action_words``) so the data is imperfect, and a fraction ``habit_rate`` replaced by one
     fixed reply ``habit`` (a teacher with a habit: errors that are systematic, not random;
     random moves leave the expert's move the likeliest in every state, so greedy decoding of
-    a model that copied them undoes them, while a habit above 1/2 becomes its move);
+    a model that copied them undoes them, while a habit above 1/2 becomes its move), and a
+    fraction ``habit_episodes`` of the episodes played by the habit alone (a teacher that
+    misreads a task from its first move: whole failed episodes, which a copy samples as often);
     ``kind: records``, the model service's
     ``records.jsonl`` at ``path``; ``kind: messages``, chat transcripts in the OpenAI ``messages``
     JSONL format at ``path``."""
@@ -585,6 +587,7 @@ class SFTSource:
     keep_failed: bool = True  # expert: keep episodes that failed (with epsilon > 0 some do), else drop them
     habit: str | None = None  # expert: the one reply of the teacher's habit (a move of the env, e.g. Right)
     habit_rate: float = 0.0  # expert: the fraction of moves replaced by the habit
+    habit_episodes: float = 0.0  # expert: the fraction of episodes played by the habit alone, every move
 
     def validate(self, p: str) -> None:
         _check(self.kind in SFT_SOURCES, f"{p}.kind", f"must be one of {', '.join(SFT_SOURCES)}")
@@ -592,7 +595,9 @@ class SFTSource:
         _check(self.episodes >= 1, f"{p}.episodes", "must be >= 1")
         _check(0.0 <= self.epsilon <= 1.0, f"{p}.epsilon", "must be in [0, 1]")
         _check(0.0 <= self.habit_rate <= 1.0, f"{p}.habit_rate", "must be in [0, 1]")
-        _check(not self.habit_rate or bool(self.habit), f"{p}.habit", "habit_rate > 0 needs the habit's reply")
+        _check(0.0 <= self.habit_episodes <= 1.0, f"{p}.habit_episodes", "must be in [0, 1]")
+        _check(not (self.habit_rate or self.habit_episodes) or bool(self.habit), f"{p}.habit",
+               "habit_rate or habit_episodes > 0 needs the habit's reply")
         _check(self.epsilon + self.habit_rate <= 1.0, f"{p}.habit_rate", "epsilon + habit_rate must be <= 1")
 
 

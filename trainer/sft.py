@@ -50,7 +50,7 @@ def load_examples(cfg: TrainConfig, template: PromptTemplate, env_factory: Calla
                 got = expert_examples(spec, template, env_factory, episodes=src.episodes, epsilon=src.epsilon,
                                       seed=cfg.seed + i if seed is None else seed, max_turns=cfg.rollout.max_turns,
                                       task_ids=task_ids, keep_failed=src.keep_failed, habit=src.habit,
-                                      habit_rate=src.habit_rate)
+                                      habit_rate=src.habit_rate, habit_episodes=src.habit_episodes)
                 out += got
                 counts[f"expert:{spec.id}"] = counts.get(f"expert:{spec.id}", 0) + len(got)
                 counts["expert_success"] = counts.get("expert_success", 0) + sum(bool(e.success) for e in got)

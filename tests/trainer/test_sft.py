@@ -87,7 +87,8 @@ def test_expert_noise_makes_imperfect_data_and_failed_episodes_can_be_dropped(te
 def test_a_habit_above_one_half_becomes_the_datas_likeliest_reply_where_random_moves_do_not(tok, template):
     """An expert that always says Down: with 60 % random moves Down is still the likeliest
     reply (what a copied model's greedy decoding picks, so the noise washes out); with a 60 %
-    habit of Right, Right is (a systematic error the copy keeps). Bad settings name the key."""
+    habit of Right, Right is (a systematic error the copy keeps); with habit_episodes, whole
+    episodes are the habit's and the others the expert's. Bad settings name the key."""
     def factory(spec):
         env = make_env(spec)
         env.unwrapped.expert_action = lambda: "Down"
@@ -106,8 +107,15 @@ def test_a_habit_above_one_half_becomes_the_datas_likeliest_reply_where_random_m
     assert set(habit) == {"Down", "Right"} and 0.5 < habit["Right"] < 0.75
     both = replies(epsilon=0.2, habit="Right", habit_rate=0.5)  # Right 0.5 + 0.2 / 4, Down 0.3 + 0.2 / 4
     assert 0.45 < both["Right"] < 0.65 and both["Down"] < both["Right"] - 0.1
+    # habit_episodes: whole episodes of the habit (a teacher that misreads the task), the rest clean
+    got = expert_examples(spec, template, factory, episodes=32, epsilon=0.0, seed=0, max_turns=8, habit="Right",
+                          habit_episodes=0.5)
+    kinds = [set(_assistant_text(tok, e).split("<|end|>")[:-1]) for e in got]
+    assert all(k in ({"Right"}, {"Down"}) for k in kinds)
+    assert 8 <= kinds.count({"Right"}) <= 24
     for bad, key in (({"habit_rate": 0.5}, "habit"), ({"habit": "Right", "habit_rate": 1.5}, "habit_rate"),
-                     ({"habit": "Right", "habit_rate": 0.6, "epsilon": 0.6}, "habit_rate")):
+                     ({"habit": "Right", "habit_rate": 0.6, "epsilon": 0.6}, "habit_rate"),
+                     ({"habit_episodes": 0.5}, "habit"), ({"habit": "Right", "habit_episodes": -0.1}, "habit_episodes")):
         with pytest.raises(ConfigError, match=rf"sft.sources\[0\]\.{key}:"):
             load_config({"sft": {"sources": [{"kind": "expert", **bad}]}})
 

@@ -8,7 +8,9 @@
   layout RL samples. ``epsilon``: the fraction of moves taken at random, so the data is
   imperfect as real data is; ``habit_rate``: the fraction replaced by one fixed reply
   ``habit``, a teacher whose errors are systematic (a model that copies the data keeps
-  them). Experts: FrozenLake and Sokoban (shortest solutions,
+  them); ``habit_episodes``: the fraction of episodes played by the habit alone (a teacher
+  that misreads some tasks from the first move on: failed episodes, whole). Experts:
+  FrozenLake and Sokoban (shortest solutions,
   :meth:`rockroll.gem.grid.FrozenLakeEnv.expert_action`, ``SokobanEnv.expert_action``) and
   WebShop (:meth:`rockroll.gem.webshop.WebShopEnv.expert_action`).
 - **Model-service records** (:func:`record_examples`, ``records.jsonl``,
@@ -51,12 +53,13 @@ def _unwrapped(env: Any) -> Any:
 
 def expert_examples(spec: EnvConfig, template: PromptTemplate, env_factory: Callable[[EnvConfig], Any], *,
                     episodes: int, epsilon: float, seed: int, max_turns: int, task_ids: list[Any] | None = None,
-                    keep_failed: bool = True, habit: str | None = None, habit_rate: float = 0.0
-                    ) -> list[SFTExample]:
+                    keep_failed: bool = True, habit: str | None = None, habit_rate: float = 0.0,
+                    habit_episodes: float = 0.0) -> list[SFTExample]:
     """``episodes`` episodes of ``spec``'s env played by its expert (tasks cycling through
     ``task_ids``, else ``spec.task_ids``, else drawn by the seeds), each move random with
-    probability ``epsilon``, else ``habit`` with probability ``habit_rate``. ``TypeError``
-    when the env has no expert.
+    probability ``epsilon``, else ``habit`` with probability ``habit_rate``; a fraction
+    ``habit_episodes`` of the episodes is ``habit`` at every move. ``TypeError`` when the env
+    has no expert.
 
     An agent env (``rock/Agent-v0``: each observation's ``info`` is the agent's model call,
     :func:`~.manager.is_request`) is framed as a rollout frames it: each prompt is the call
@@ -79,10 +82,14 @@ def expert_examples(spec: EnvConfig, template: PromptTemplate, env_factory: Call
             ids = template.request(info) if agent else template.first(obs, info.get("tools"))
             mask, done = [0] * len(ids), []
             success = False
+            # drawn only when asked for, so that the other knobs' episodes stay what they were
+            stuck = bool(habit_episodes) and rng.random() < habit_episodes
             for _ in range(max_turns):
                 words = getattr(core, "action_words", ())
                 draw = rng.random()
-                if epsilon and words and draw < epsilon:
+                if stuck:
+                    action = habit
+                elif epsilon and words and draw < epsilon:
                     action = rng.choice(list(words))
                 elif habit_rate and draw < epsilon + habit_rate:
                     action = habit
