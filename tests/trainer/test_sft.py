@@ -16,7 +16,7 @@ from rockroll.trainer.rollout.manager import PromptTemplate, RolloutManager, req
 from rockroll.trainer.rollout.sft_data import (
     SFTExample, expert_examples, messages_examples, record_examples, render_messages,
 )
-from rockroll.trainer.sft import pack, sft
+from rockroll.trainer.sft import load_examples, pack, sft
 from _scripted import ScriptEngine
 
 LAKE = {"id": "rock/FrozenLake-v0", "kwargs": {"size": 4, "p": 0.8, "max_turns": 8, "max_actions_per_turn": 1}}
@@ -113,6 +113,13 @@ def test_a_habit_above_one_half_becomes_the_datas_likeliest_reply_where_random_m
     kinds = [set(_assistant_text(tok, e).split("<|end|>")[:-1]) for e in got]
     assert all(k in ({"Right"}, {"Down"}) for k in kinds)
     assert 8 <= kinds.count({"Right"}) <= 24
+    # and a config's sources reach the data: both knobs at 1 leave nothing but the habit
+    cfg = load_config({"envs": [{**LAKE, "task_ids": list(range(8))}], "sft": {"sources": [
+        {"kind": "expert", "episodes": 4, "habit": "Right", "habit_episodes": 1.0},
+        {"kind": "expert", "episodes": 4, "habit": "Right", "habit_rate": 1.0}]}})
+    got, counts = load_examples(cfg, template, make_env)
+    assert counts[f"expert:{LAKE['id']}"] == len(got) == 8
+    assert all(set(_assistant_text(tok, e).split("<|end|>")[:-1]) == {"Right"} for e in got)
     for bad, key in (({"habit_rate": 0.5}, "habit"), ({"habit": "Right", "habit_rate": 1.5}, "habit_rate"),
                      ({"habit": "Right", "habit_rate": 0.6, "epsilon": 0.6}, "habit_rate"),
                      ({"habit_episodes": 0.5}, "habit"), ({"habit": "Right", "habit_episodes": -0.1}, "habit_episodes")):
