@@ -23,11 +23,18 @@ the process; each sandbox has its own listeners, bound to its own gateway addres
   here by the filter): the original destination (``SO_ORIGINAL_DST``) must be public or in
   the policy's CIDRs, its port allowed, and, under a host allow-list, an address this
   sandbox's resolver gave for an allowed name. Then, unless the address came from a CIDR,
-  the first bytes are read: a TLS ClientHello must carry a server name, an HTTP request
-  one ``Host``, that is allowed *and* was resolved to this address for this sandbox (so a
-  name cannot be fronted through another's address). Other protocols (nothing sent within
-  ``SNIFF_S``) pass on the address alone. The proxy connects from the host, so the far
-  end sees the host's address, as behind NAT.
+  the client's bytes are read: a TLS ClientHello must carry a server name that is allowed
+  *and* was resolved to this address for this sandbox (so a name cannot be fronted
+  through another's address); on plain HTTP *every* request is read and judged so
+  (``httpstream.py``: keep-alive, pipelining, absolute and authority targets, smuggling
+  shapes), a refused one answered with its 4xx and the connection closed. Other
+  protocols pass on the address alone, a server-first one too (nothing sent within
+  ``SNIFF_S``): the client's first bytes are judged whenever they come. The proxy
+  connects from the host, so the far end sees the host's address, as behind NAT. What
+  passes inside TLS it cannot see (domain fronting: docs/security.md).
+
+``close`` ends every connection still open (each handler returns, its sockets closed)
+before it returns: nothing is left of a sandbox's gateway, nothing printed.
 
 Why a proxy and not forwarding + NAT: the decision needs the name a connection is for,
 which only the resolver's memory and the first bytes tell; a packet filter sees neither.
@@ -39,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import ipaddress
 import re
 import secrets
@@ -51,13 +59,16 @@ from typing import Callable
 
 from ..egress import EgressPolicy, address_class
 from ..errors import SandboxError, SpecError
-from . import network, wire
+from . import httpstream, network, wire
 from .network import DNS_PORT, EXPOSE_MARK, PROXY_PORT, SUBNET
 
 SO_ORIGINAL_DST = 80
 SNIFF_S = 3.0  # how long the proxy waits for a client's first bytes
 SNIFF_MAX = 16384  # and how many it reads at most before judging them
 CONNECT_S = 10.0
+HEAD_S = 10.0  # how long a request head may take once its first byte came (httpstream.py)
+CLOSE_S = 5.0  # how long close() waits for the connections it ends
+REFUSED_GRACE_S = 2.0  # how long the answers to requests before a refused one may take to end
 # How long an address a lookup gave stays granted: the upstream TTL within these bounds
 # (the module doc says why). A process may lower the floor before its sandboxes start.
 MIN_TTL_S, MAX_TTL_S = 30, 3600
@@ -134,10 +145,11 @@ class Gateway:
 
     async def _start(self, listeners) -> None:
         if listeners is None:
-            server = await asyncio.start_server(self._proxy, self.gateway_ip, PROXY_PORT, reuse_address=True)
+            server = await asyncio.start_server(self._tracked(self._proxy_one), self.gateway_ip, PROXY_PORT,
+                                                reuse_address=True)
             udp = {"local_addr": (self.gateway_ip, DNS_PORT)}
         else:
-            server = await asyncio.start_server(self._proxy, sock=listeners[0])
+            server = await asyncio.start_server(self._tracked(self._proxy_one), sock=listeners[0])
             udp = {"sock": listeners[1]}
         transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(lambda: _Resolver(self), **udp)
         self._servers += [server, transport]
@@ -151,9 +163,12 @@ class Gateway:
     async def _close(self) -> None:
         for s in self._servers:
             s.close()
-        for t in list(self._tasks):
-            t.cancel()
         self._servers = []
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        if tasks:  # each closes its sockets as it ends: none is left open once close returns
+            await asyncio.wait(tasks, timeout=CLOSE_S)
 
     def expose(self, port: int) -> int:
         """Listen on 127.0.0.1 (a free port, returned) and carry each connection to the
@@ -173,22 +188,34 @@ class Gateway:
                 up_r, up_w = await asyncio.open_connection(sock=sock)
             except (OSError, asyncio.TimeoutError):
                 sock.close()
-                writer.close()
                 return
-            await _splice(reader, writer, up_r, up_w, self.traffic, inbound=True)
+            sandbox = _Upstream(up_r, up_w, writer, self.traffic, inbound=True)
+            try:
+                await sandbox.pipe_from(reader)
+            finally:
+                await sandbox.close()
 
         server = await asyncio.start_server(self._tracked(carry), "127.0.0.1", 0)
         self._servers.append(server)
         return server.sockets[0].getsockname()[1]
 
     def _tracked(self, handler):
+        """``handler`` as a server's connection callback that ``close`` can end."""
         async def run(reader, writer):
             task = asyncio.current_task()
             self._tasks.add(task)
             try:
                 await handler(reader, writer)
+            except (OSError, asyncio.IncompleteReadError):
+                pass
+            except asyncio.CancelledError:
+                # ``close`` cancels what is still open. asyncio's server then calls
+                # ``task.exception()``, which raises (and prints a traceback) for a task
+                # that ended cancelled: this one ends as a normal return instead.
+                pass
             finally:
                 self._tasks.discard(task)
+                writer.close()
         return run
 
     # -- policy -----------------------------------------------------------------------
@@ -206,17 +233,6 @@ class Gateway:
             return None
         return reason
 
-    async def _proxy(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        self._tasks.add(task)
-        try:
-            await self._proxy_one(reader, writer)
-        except (OSError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            self._tasks.discard(task)
-            writer.close()
-
     async def _proxy_one(self, reader, writer) -> None:
         sock = writer.get_extra_info("socket")
         raw = sock.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
@@ -228,34 +244,107 @@ class Gateway:
         by_cidr = policy is not None and policy.cidr_allows(ip)
         if reason is None and policy is not None and not by_cidr and not self.granted(ip):
             reason = "address"  # not an address this sandbox's resolver gave for an allowed name, or no longer
-        first = b""
-        if reason is None and policy is not None and not by_cidr:
-            first = await _sniff(reader)
-            reason = self._check_name(ip, first)
         if reason is not None:
             self.traffic.denied[reason] += 1
             return
+        if policy is None or by_cidr:  # an address alone decides
+            if (upstream := await self._connect(ip, port, writer)) is not None:
+                try:
+                    await upstream.pipe_from(reader)
+                finally:
+                    await upstream.close()
+            return
+        first = await _sniff(reader)
+        upstream = None
+        if not first:
+            # Nothing within SNIFF_S: a protocol whose server speaks first (SMTP, MySQL).
+            # The client's first bytes, whenever they come, are still judged: a client
+            # that waits before sending an HTTP request or a ClientHello gains nothing.
+            if (upstream := await self._connect(ip, port, writer)) is None:
+                return
+        await self._judged(ip, port, first, reader, writer, upstream)
+
+    async def _judged(self, ip: str, port: int, first: bytes, reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter, upstream: "_Upstream | None") -> None:
+        """The client's stream from ``first`` on (more is read while it is a head or a
+        ClientHello cut short, or empty), judged by what it is: HTTP request by request, a
+        ClientHello by its server name, anything else passed on the address alone. A
+        connection's start, and the stream after a protocol switch the server agreed to
+        (a tunnel's or an upgrade's contents are judged so in turn). Closes ``upstream``
+        (the one given, or one it makes)."""
+        try:
+            first = await _sniff(reader, first or await reader.read(SNIFF_MAX))
+            if wire.is_http(first):
+                await self._http(ip, port, first, reader, writer, upstream)
+            elif wire.is_tls(first) and not self._name_granted(ip, wire.tls_server_name(first)):
+                self.traffic.denied["sni"] += 1
+            elif first and (upstream is not None or (upstream := await self._connect(ip, port, writer))):
+                upstream.send(first)
+                await upstream.pipe_from(reader)
+        finally:
+            if upstream is not None:
+                await upstream.close()
+
+    async def _connect(self, ip: str, port: int, client: asyncio.StreamWriter) -> "_Upstream | None":
+        """A connection to the destination, counted, whose bytes are copied to ``client``
+        from now on (None: unreachable, counted so)."""
         try:
             up_r, up_w = await asyncio.wait_for(asyncio.open_connection(ip, port), CONNECT_S)
         except (OSError, asyncio.TimeoutError):
             self.traffic.denied["unreachable"] += 1
-            return
+            return None
         self.traffic.connections += 1
-        if first:
-            up_w.write(first)
-            self.traffic.bytes_out += len(first)
-        await _splice(reader, writer, up_r, up_w, self.traffic, inbound=False)
+        return _Upstream(up_r, up_w, client, self.traffic)
 
-    def _check_name(self, ip: str, first: bytes) -> str | None:
-        if wire.is_tls(first):
-            name, reason = wire.tls_server_name(first), "sni"
-        elif wire.is_http(first):
-            name, reason = wire.http_host(first), "http_host"
-        else:
-            return None
-        if name and self.policy.allows_name(name) and self.granted(ip, name):
-            return None
-        return reason
+    async def _http(self, ip: str, port: int, first: bytes, reader: asyncio.StreamReader,
+                    writer: asyncio.StreamWriter, upstream: "_Upstream | None") -> None:
+        """A plain-HTTP stream, request by request (``httpstream``): each head judged before
+        a byte of it goes on; a refused one is answered with its status and reason, counted,
+        and the connection ends. The upstream connection is made once a first head is
+        allowed (closed here, as is ``upstream``, whatever ends this). After a ``CONNECT``
+        or ``Upgrade`` the server agreed to, the rest is judged anew (``_judged``): a
+        tunnel carries requests too, and an upgrade to HTTP/2 starts with its preface,
+        which is refused."""
+        stream, head = httpstream.RequestReader(), None
+        try:
+            events = collections.deque(await _next_events(reader, stream, first))
+            while events:
+                event = events.popleft()
+                if isinstance(event, httpstream.Head):
+                    if not self._name_granted(ip, event.host):
+                        raise httpstream.Refused("http_host", f"{event.host} is not allowed here")
+                    if upstream is None and (upstream := await self._connect(ip, port, writer)) is None:
+                        return
+                    upstream.send(event.raw)
+                    head = event
+                elif event is httpstream.SWITCH:  # the first request's: its answer tells
+                    agreed = httpstream.switched(head, await upstream.first_bytes())
+                    events.extend(stream.decide(agreed))
+                    if agreed:  # another protocol now, to the server already decided on
+                        await self._judged(ip, port, b"".join(events), reader, writer, upstream)
+                        return
+                else:
+                    upstream.send(event)
+                if not events:
+                    await upstream.drain()
+                    events.extend(await _next_events(reader, stream, b""))
+            if upstream is not None:  # the client is done sending: the answer still comes
+                upstream.end()
+                await upstream.finished()
+        except httpstream.Refused as e:
+            self.traffic.denied[e.reason] += 1
+            if upstream is not None:  # nothing more of the client goes on; what it was sent is answered
+                await upstream.settle(REFUSED_GRACE_S)
+            with contextlib.suppress(RuntimeError):  # the client's write side is closed already
+                writer.write(e.response())
+                await writer.drain()
+        finally:
+            if upstream is not None:
+                await upstream.close()
+
+    def _name_granted(self, ip: str, name: str | None) -> bool:
+        """Whether ``name`` is allowed and was resolved to ``ip`` for this sandbox."""
+        return bool(name) and self.policy.allows_name(name) and self.granted(ip, name)
 
     def granted(self, ip: str, name: str | None = None) -> bool:
         """Whether a lookup of this sandbox gave ``ip`` (for ``name``, if given) and its
@@ -377,22 +466,45 @@ def _ask(server: str, query: bytes, qid: int) -> bytes:
     raise TimeoutError("no answer")
 
 
-async def _sniff(reader: asyncio.StreamReader) -> bytes:
-    """The client's first bytes: to the end of an HTTP request head or of the TLS record of
-    a ClientHello, which may come in several segments (bash writes a request line by line;
-    a ClientHello with post-quantum key shares outgrows one segment), within ``SNIFF_S``
-    and ``SNIFF_MAX``. What came by then is judged as it is (a head cut short names no host)."""
+async def _sniff(reader: asyncio.StreamReader, data: bytes = b"") -> bytes:
+    """The client's first bytes (``data``, what came already, and more): to the end of an
+    HTTP request head or of the TLS record of a ClientHello, which may come in several
+    segments (bash writes a request line by line; a ClientHello with post-quantum key
+    shares outgrows one segment), within ``SNIFF_S`` and ``SNIFF_MAX``. What came by then is
+    judged as it is (a ClientHello cut short names no host; a head, ``HEAD_S`` bounds)."""
     loop = asyncio.get_running_loop()
-    deadline, data = loop.time() + SNIFF_S, b""
-    while len(data) < SNIFF_MAX and (left := deadline - loop.time()) > 0:
+    deadline = loop.time() + SNIFF_S
+    while (not data or wire.incomplete_head(data)) and len(data) < SNIFF_MAX and (left := deadline - loop.time()) > 0:
         try:
             chunk = await asyncio.wait_for(reader.read(SNIFF_MAX - len(data)), left)
         except asyncio.TimeoutError:
             break
-        data += chunk
-        if not chunk or not wire.incomplete_head(data):
+        if not chunk:
             break
+        data += chunk
     return data
+
+
+async def _next_events(reader: asyncio.StreamReader, stream: httpstream.RequestReader, data: bytes) -> list:
+    """The next events of a client's HTTP stream, ``data`` first, read as they come; []
+    once the client is done sending. A head begun must be whole within ``HEAD_S``
+    (``Refused``: ``http_slow``): a client trickling one in holds nothing of the gateway's
+    for long. Between requests a kept-alive connection may idle (its server's limit)."""
+    loop = asyncio.get_running_loop()
+    deadline = None
+    while not (events := stream.feed(data)):
+        if stream.in_head():
+            deadline = deadline or loop.time() + HEAD_S
+            try:
+                data = await asyncio.wait_for(reader.read(65536), max(deadline - loop.time(), 0))
+            except asyncio.TimeoutError:
+                raise httpstream.Refused("http_slow") from None
+        else:
+            deadline = None
+            data = await reader.read(65536)
+        if not data:
+            return []
+    return events
 
 
 def _marked_socket() -> socket.socket:
@@ -402,27 +514,91 @@ def _marked_socket() -> socket.socket:
     return sock
 
 
-async def _splice(a_r, a_w, b_r, b_w, traffic: Traffic, inbound: bool) -> None:
-    """Copy both ways until both sides are done; count the bytes (``inbound``: a is the host)."""
-    async def pipe(src, dst, count_out: bool):
+class _Upstream:
+    """A connection the gateway opened for a client's: the client's bytes go on through
+    ``send`` / ``pipe_from``, the far end's come back to the client from the start (the
+    first of them kept: the answer to a CONNECT or an Upgrade), every byte counted
+    (``inbound``: the client is the host's, an ``expose``d port's, and the far end the
+    sandbox)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 client: asyncio.StreamWriter, traffic: Traffic, inbound: bool = False):
+        self.reader, self.writer, self.client, self.traffic, self.inbound = reader, writer, client, traffic, inbound
+        self._first: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._eof_to_client = True
+        self._back = asyncio.ensure_future(self._copy_back())
+
+    def _count(self, n: int, to_client: bool) -> None:
+        if to_client != self.inbound:
+            self.traffic.bytes_in += n
+        else:
+            self.traffic.bytes_out += n
+
+    async def _copy_back(self) -> None:
+        first = b""
         try:
-            while data := await src.read(65536):
-                dst.write(data)
-                if count_out:
-                    traffic.bytes_out += len(data)
-                else:
-                    traffic.bytes_in += len(data)
-                await dst.drain()
-            if dst.can_write_eof():
-                dst.write_eof()
+            while data := await self.reader.read(65536):
+                if not self._first.done():
+                    first += data
+                    if len(first) >= 12 or b"\n" in first:  # a status line's start
+                        self._first.set_result(first)
+                self.client.write(data)
+                self._count(len(data), to_client=True)
+                await self.client.drain()
+            if self._eof_to_client and self.client.can_write_eof():
+                self.client.write_eof()
         except (OSError, RuntimeError):
             pass
+        finally:
+            if not self._first.done():
+                self._first.set_result(first)
 
-    try:
-        await asyncio.gather(pipe(a_r, b_w, not inbound), pipe(b_r, a_w, inbound))
-    finally:
-        b_w.close()
-        a_w.close()
+    def send(self, data: bytes) -> None:
+        self.writer.write(data)
+        self._count(len(data), to_client=False)
+
+    async def drain(self) -> None:
+        await self.writer.drain()
+
+    async def first_bytes(self) -> bytes:
+        """The far end's first bytes (at least a status line's start, or all it sent)."""
+        return await self._first
+
+    def end(self) -> None:
+        """The client is done sending: so is this end (a half close), the answer goes on."""
+        if self.writer.can_write_eof() and not self.writer.is_closing():
+            self.writer.write_eof()
+
+    async def finished(self) -> None:
+        """Until the far end is done answering."""
+        await asyncio.shield(self._back)
+
+    async def pipe_from(self, reader: asyncio.StreamReader) -> None:
+        """Copy the client's bytes on until it is done sending, then until the far end is
+        done answering."""
+        try:
+            while data := await reader.read(65536):
+                self.send(data)
+                await self.writer.drain()
+            self.end()
+        except (OSError, RuntimeError):
+            pass
+        await self.finished()
+
+    async def settle(self, grace_s: float) -> None:
+        """End this connection but keep the client's: nothing more is sent, the far end may
+        finish answering what it was sent (until it closes, within ``grace_s``)."""
+        self._eof_to_client = False
+        self.end()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.finished(), grace_s)
+        await self.close()
+
+    async def close(self) -> None:
+        self.writer.close()
+        if not self._back.done():
+            self._back.cancel()
+        await asyncio.wait([self._back])
 
 
 class SandboxNetwork:

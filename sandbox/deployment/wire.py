@@ -1,10 +1,12 @@
 """The few bytes of other protocols the sandbox gateway reads (``gateway.py``): a DNS
-question and the answer it gives, the server name of a TLS ClientHello, the ``Host`` of an
-HTTP request. Pure functions over bytes; anything malformed reads as ``None``."""
+question and the answer it gives, the server name of a TLS ClientHello, whether a client's
+first bytes are an HTTP request (``httpstream.py`` reads those, request by request). Pure
+functions over bytes; anything malformed reads as ``None``."""
 
 from __future__ import annotations
 
 import ipaddress
+import re
 import struct
 from dataclasses import dataclass
 
@@ -145,37 +147,29 @@ def tls_server_name(data: bytes) -> str | None:
 
 
 HTTP_METHODS = (b"GET ", b"POST ", b"PUT ", b"HEAD ", b"DELETE ", b"OPTIONS ", b"PATCH ", b"CONNECT ", b"TRACE ")
+# Any method: a server routes a PROPFIND (or a made-up method) by its Host as it does a GET,
+# so a request line is known by its shape, not its method, and loosely (tabs, blank lines
+# before it, a lower-case version: what some server might still take for a request): what
+# looks like one is read by ``httpstream``, which refuses all but the strict form. HTTP/2's
+# cleartext preface ("PRI * HTTP/2.0") is one too, refused as a version it does not read.
+_TOKEN = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,32}"
+_REQUEST_LINE = re.compile(_TOKEN + rb"[ \t]+[^\r\n]*HTTP/", re.I)
+_REQUEST_LINE_START = re.compile(_TOKEN + rb"([ \t][\x09\x20-\x7e]*)?")
 
 
 def is_http(data: bytes) -> bool:
-    return data.startswith(HTTP_METHODS)
+    line = data.lstrip(b"\r\n").split(b"\n", 1)[0]
+    return data.startswith(HTTP_METHODS) or _REQUEST_LINE.match(line) is not None
 
 
 def incomplete_head(data: bytes) -> bool:
     """Whether ``data`` is the start of an HTTP request head or a TLS record that has not
     all come yet (more bytes would tell the name); False for anything else."""
-    if data and (data[0] == 0x16 and len(data) < 5 or any(m.startswith(data) and m != data for m in HTTP_METHODS)):
+    if data and data[0] == 0x16 and len(data) < 5:
         return True
     if is_tls(data):
         return len(data) < 5 + struct.unpack(">H", data[3:5])[0]
+    line = data.lstrip(b"\r\n")
+    if data and not line or b"\n" not in line and len(data) < 8192 and _REQUEST_LINE_START.fullmatch(line):
+        return True  # a request line still coming (blank lines before one are read on)
     return is_http(data) and b"\r\n\r\n" not in data
-
-
-def http_host(data: bytes) -> str | None:
-    """The ``Host`` of an HTTP/1 request head in ``data`` (no port, lower case), or None.
-    A request with two Host headers reads as None (servers disagree on which wins)."""
-    head = data.split(b"\r\n\r\n", 1)[0]
-    hosts = []
-    for line in head.split(b"\r\n")[1:]:
-        key, sep, value = line.partition(b":")
-        if sep and key.strip().lower() == b"host":
-            hosts.append(value.strip())
-    if len(hosts) != 1:
-        return None
-    try:
-        host = hosts[0].decode("ascii").lower()
-    except UnicodeDecodeError:
-        return None
-    if host.startswith("["):
-        return host[1:].split("]", 1)[0]
-    return host.rsplit(":", 1)[0] if ":" in host else host or None

@@ -1,5 +1,6 @@
 """The "internet" of the network tests, run inside a network namespace the test made
-(``_netlab.py``): a DNS server, HTTP servers, an HTTPS server (a test CA's certificate), a
+(``_netlab.py``): a DNS server, HTTP servers (one holding two names on one address, as
+a CDN's edge does), an HTTPS server (a test CA's certificate), a
 package index and a fake cloud metadata service, each on an address of that namespace.
 ``python _internet.py DIR``: ``DIR`` holds the certificate, the
 key and the index's files; prints "ready" once every server listens; runs until killed."""
@@ -12,8 +13,10 @@ import socketserver
 import ssl
 import sys
 import threading
+import time
 from functools import partial
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from rockroll.sandbox.deployment import wire  # the DNS wire helpers the gateway uses
 
@@ -22,12 +25,12 @@ NAMES = {
     "allowed.test": "203.0.113.10", "other.test": "203.0.113.20", "pypi.test": "203.0.113.30",
     "tls.test": "203.0.113.40", "rebind.test": "127.0.0.1", "meta.test": "169.254.169.254",
     "hostaddr.test": "198.51.100.1", "private.test": "10.0.0.5", "sub.wild.test": "203.0.113.10",
-    "moving.test": "203.0.113.10", "long.test": "203.0.113.10",
+    "moving.test": "203.0.113.10", "long.test": "203.0.113.10", "evil.test": "203.0.113.10",
 }
 # TTLs other than 30 s; moving.test's address is DIR/moving.txt's when that file exists
 # (a test moves the name while a sandbox holds its old answer)
 TTLS = {"moving.test": 1, "long.test": 86400}
-BODIES = {"203.0.113.10": b"allowed-site", "203.0.113.20": b"other-site", "169.254.169.254": b"cloud-credentials"}
+BODIES = {"203.0.113.20": b"other-site", "169.254.169.254": b"cloud-credentials"}
 
 
 class Quiet(http.server.SimpleHTTPRequestHandler):
@@ -43,6 +46,64 @@ def page(body: bytes):
             self.end_headers()
             self.wfile.write(body)
     return Page
+
+
+class SharedAddress(Quiet):
+    """203.0.113.10, as a CDN's edge: allowed.test and evil.test on one address, each
+    request routed by its own target (absolute form) or ``Host``, on keep-alive
+    connections (HTTP/1.1). ``POST`` answers the size of the body it read (by
+    Content-Length, or chunked); ``Upgrade`` is declined (a page, the connection kept)
+    except on /echo, which switches (101) and echoes what comes after, as ``CONNECT``
+    does after its 200; /hang answers after a minute."""
+
+    protocol_version = "HTTP/1.1"
+
+    def _host(self) -> str:
+        target = urlsplit(self.path)
+        return (target.hostname if target.scheme else (self.headers.get("Host") or "").split(":")[0]).lower()
+
+    def _page(self, extra: bytes = b"") -> None:
+        body = (b"evil-site" if self._host() == "evil.test" else b"allowed-site") + extra
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _echo(self) -> None:
+        """The rest of the connection: what comes, sent back."""
+        self.end_headers()
+        self.wfile.flush()
+        while data := self.rfile.read1(4096):
+            self.wfile.write(data)
+            self.wfile.flush()
+        self.close_connection = True
+
+    def do_GET(self):
+        if self.path == "/hang":  # a long poll: the answer comes late, a client's EOF unheard
+            time.sleep(60)
+        if self.path == "/echo" and self.headers.get("Upgrade"):
+            self.send_response(101)
+            self.send_header("Upgrade", self.headers["Upgrade"])
+            self.send_header("Connection", "Upgrade")
+            self._echo()
+            return
+        self._page()
+
+    def do_CONNECT(self):  # a tunnel (to itself, as far as the test can tell): an echo
+        self.send_response(200, "Connection established")
+        self._echo()
+
+    def do_POST(self):
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            size = 0
+            while n := int(self.rfile.readline().split(b";")[0], 16):
+                size += len(self.rfile.read(n))
+                self.rfile.readline()
+            while self.rfile.readline() not in (b"\r\n", b""):  # trailers
+                pass
+        else:
+            size = len(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        self._page(f":posted={size}".encode())
 
 
 class Bulk(Quiet):
@@ -87,6 +148,7 @@ def dns(folder: Path) -> None:
 def main(folder: Path) -> None:
     dns(folder)
     servers = [Server((ip, 80), page(body)) for ip, body in BODIES.items()]
+    servers.append(Server(("203.0.113.10", 80), SharedAddress))
     servers.append(Server(("203.0.113.30", 80), partial(Quiet, directory=str(folder / "index"))))
     servers.append(Server(("203.0.113.10", 8080), Bulk))
     tls = Server(("203.0.113.40", 443), page(b"tls-site"))

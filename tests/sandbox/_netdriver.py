@@ -53,6 +53,22 @@ try:
         except OSError:
             if not data: raise
         out(data.decode(errors="replace") or "closed")
+    if kind == "converse":  # host port steps shut: one connection; steps: JSON [[text, until, sleep_s], ...]
+        import time
+        s = socket.create_connection((args[0], int(args[1])), timeout=8)
+        data = b""
+        try:
+            for text, until, pause in json.loads(args[2]):
+                time.sleep(pause)
+                s.sendall(text.encode("latin-1"))
+                while until and until.encode() not in data and (chunk := s.recv(65536)):
+                    data += chunk
+            if args[3] == "1":
+                s.shutdown(socket.SHUT_WR)  # done sending: the answers still come
+            while chunk := s.recv(65536): data += chunk
+        except OSError as e:
+            data += f"|{type(e).__name__}".encode()
+        out(data.decode("latin-1"))
     if kind == "tls":  # host (a name: resolved first) sni cafile
         ctx = ssl.create_default_context(cafile=args[2])
         if not args[1]: ctx.check_hostname = False
@@ -161,6 +177,172 @@ def restricted(lab: Path) -> dict:
         r["raw_socket"] = probe(sb, "raw")
         r["own_loopback"] = probe(sb, "tcp", "127.0.0.1", "8111")
         r["stats"] = sb.network_stats()
+    return r
+
+
+def get(host: str | None, target: str = "/", version: str = "1.1", extra: str = "") -> str:
+    """An HTTP request head (``host`` None: no Host header)."""
+    return f"GET {target} HTTP/{version}\r\n" + (f"Host: {host}\r\n" if host else "") + extra + "\r\n"
+
+
+UPGRADE = "Connection: Upgrade\r\nUpgrade: echo\r\n"
+# One connection each, to allowed.test's address, which evil.test shares (a CDN's edge in
+# the lab, routing each request by its own target or Host): (name, steps, shut the write
+# side at the end, the reason it must be counted under; None: it must work). A step is
+# [what to send, what to read up to first (or null), seconds to wait before sending].
+REQUEST_ATTACKS = [
+    ("keepalive_second_host", [[get("allowed.test"), "allowed-site", 0], [get("evil.test"), None, 0]], True,
+     "http_host"),
+    ("pipelined", [[get("allowed.test") + get("evil.test"), None, 0]], True, "http_host"),
+    ("absolute_form", [["GET http://evil.test/ HTTP/1.1\r\nHost: allowed.test\r\n\r\n", None, 0]], True, "http_target"),
+    ("absolute_form_no_host", [[get("allowed.test") + get(None, "http://evil.test/", "1.0"), None, 0]], True,
+     "http_host"),
+    ("connect", [["CONNECT evil.test:80 HTTP/1.1\r\nHost: evil.test:80\r\n\r\n" + get("evil.test"), None, 0]], True,
+     "http_host"),
+    ("cl_and_te", [["POST / HTTP/1.1\r\nHost: allowed.test\r\nContent-Length: 40\r\nTransfer-Encoding: chunked\r\n\r\n"
+                    "0\r\n\r\n" + get("evil.test"), None, 0]], True, "http_smuggling"),
+    ("two_lengths", [["POST / HTTP/1.1\r\nHost: allowed.test\r\nContent-Length: 0\r\nContent-Length: 35\r\n\r\n"
+                      + get("evil.test"), None, 0]], True, "http_smuggling"),
+    ("folding", [[get("allowed.test", extra="X-A: 1\r\n x\r\n") + get("evil.test"), None, 0]], True, "http_folding"),
+    ("giant_header", [[get("allowed.test", extra="X-Big: " + "a" * 40000 + "\r\n") + get("evil.test"), None, 0]], True,
+     "http_head_size"),
+    ("slow_head", [[get("allowed.test"), "allowed-site", 0], ["GET / HTTP/1.1\r\nHost: evil.test\r\n", None, 0]], False,
+     "http_slow"),
+    ("upgrade_declined", [[get("allowed.test", extra=UPGRADE) + get("evil.test"), None, 0]], True, "http_host"),
+    ("upgrade_not_first", [[get("allowed.test") + get("allowed.test", "/echo", extra=UPGRADE), None, 0]], True,
+     "http_upgrade"),
+    # after a switch the server agreed to, what the client sends is judged anew
+    ("upgrade_then_http", [[get("allowed.test", "/echo", extra=UPGRADE), "\r\n\r\n", 0], [get("evil.test"), None, 0]],
+     True, "http_host"),
+    ("upgrade_to_http2", [[get("allowed.test", "/echo", extra="Connection: Upgrade\r\nUpgrade: h2c\r\n"),
+                           "\r\n\r\n", 0], ["PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", None, 0]], True, "http_malformed"),
+    ("connect_tunnel", [["CONNECT allowed.test:80 HTTP/1.1\r\nHost: allowed.test:80\r\n\r\n", "\r\n\r\n", 0],
+                        [get("evil.test"), None, 0]], True, "http_host"),
+    ("blank_line_first", [["\r\n" + get("evil.test"), None, 0]], True, "http_malformed"),
+    ("other_method", [["PROPFIND / HTTP/1.1\r\nHost: allowed.test\r\n\r\n" + get("evil.test"), None, 0]], True,
+     "http_host"),
+    ("silent_first", [[get("evil.test"), None, 1.5]], True, "http_host"),  # past SNIFF_S, lowered to 1 s
+    ("http2_preface", [["PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", None, 0]], True, "http_malformed"),
+    ("bare_lf", [["GET / HTTP/1.1\nHost: allowed.test\n\nGET / HTTP/1.1\nHost: evil.test\n\n", None, 0]], True,
+     "http_malformed"),
+    ("two_allowed", [[get("allowed.test") + get("allowed.test"), None, 0]], True, None),
+    ("post_length_then_get", [["POST / HTTP/1.1\r\nHost: allowed.test\r\nContent-Length: 5\r\n\r\nhello"
+                               + get("allowed.test"), None, 0]], True, None),
+    ("post_chunked_then_get", [["POST / HTTP/1.1\r\nHost: allowed.test\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                "5\r\nhello\r\n0\r\n\r\n" + get("allowed.test"), None, 0]], True, None),
+    ("absolute_allowed", [["GET http://allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\n\r\n", None, 0]], True, None),
+    ("upgrade_accepted", [[get("allowed.test", "/echo", extra=UPGRADE), "\r\n\r\n", 0],
+                          ["\x81\x05hello", "hello", 0]], True, None),  # a frame of the new protocol
+]
+_GATEWAY_ANSWER = re.compile(r"HTTP/1\.1 (\d{3}) [^\r]*\r\n(?:[^\r]+\r\n)*\r\nrockroll sandbox gateway: (\w+)")
+
+
+def requests(lab: Path) -> dict:
+    """HTTP request by request: each attack of ``REQUEST_ATTACKS`` from inside a sandbox
+    whose allow-list names allowed.test only; what came back and what was counted."""
+    from rockroll.sandbox.deployment import gateway
+
+    gateway.SNIFF_S, gateway.HEAD_S = 1.0, 1.0  # this process's gateway: the slow cases wait 1 s, not 3 and 10
+    policy = EgressPolicy(hosts=("allowed.test",), ports=(80,))
+    r: dict = {"attacks": {}}
+    with open_sandbox(SandboxSpec(network=True, egress=policy, memory_mb=256, timeout_s=120)) as sb:
+        prepare(sb, lab)
+        for name, steps, shut, reason in REQUEST_ATTACKS:
+            before = sb.network_stats()["denied"]
+            got = probe(sb, "converse", "allowed.test", "80", json.dumps(steps), "1" if shut else "0")
+            time.sleep(0.05)  # the proxy counts as it closes
+            after = sb.network_stats()["denied"]
+            answer = _GATEWAY_ANSWER.search(got) if isinstance(got, str) else None
+            r["attacks"][name] = {
+                "status": int(answer.group(1)) if answer else None, "reason": answer.group(2) if answer else None,
+                "counted": {k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)},
+                "evil": "evil-site" in str(got), "allowed": str(got).count("allowed-site"),
+                "posted": re.findall(r"posted=\d+", str(got)),
+                "echoed": "101 Switching" in str(got) and str(got).endswith("\x81\x05hello"), "raw": str(got)[-300:]}
+        r["stats"] = sb.network_stats()
+    return r
+
+
+# Runs in a sandbox, in the background: connections through the gateway in each state
+# it holds one in, kept open until killed.
+HOLD = r'''
+import socket, time
+ip = socket.gethostbyname("allowed.test")
+held = []
+def connect(port=80, send=b"", answer=False):
+    s = socket.create_connection((ip, port), timeout=10)
+    held.append(s)
+    s.sendall(send)
+    if answer:
+        s.recv(4096)
+connect(send=b"GET / HTTP/1.1\r\nHost: allowed.test\r\n\r\n", answer=True)  # kept alive, idle
+connect(8080, b"GET /500 HTTP/1.0\r\nHost: allowed.test\r\n\r\n", answer=True)  # a download not read on
+connect(send=b"GET / HTTP/1.1\r\nHost: allowed.test\r\n")  # a head not finished
+connect(send=b"GET /echo HTTP/1.1\r\nHost: allowed.test\r\nUpgrade: echo\r\n\r\n", answer=True)  # upgraded
+connect(send=b"GET /hang HTTP/1.1\r\nHost: allowed.test\r\n\r\n")  # its answer far off
+connect()  # silent: past the sniff by the time of close
+print("holding", flush=True)
+time.sleep(600)
+'''
+
+
+def close_open(lab: Path) -> dict:
+    """Close a sandbox while its gateway holds connections in every state (``HOLD``):
+    what is logged or printed meanwhile (asyncio reports a handler task's traceback through
+    logging; Python's unraisable errors go to stderr), and the gateway loop's tasks and
+    this process's sockets against a baseline taken before the sandbox was made."""
+    import asyncio
+    import io
+    import logging
+
+    from rockroll.sandbox.deployment import gateway
+
+    gateway.SNIFF_S = 1.0
+    said: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            said.append(self.format(record))
+
+    class Tee(io.TextIOBase):
+        def write(self, text):
+            said.append(text)
+            return len(text)
+
+    logging.getLogger().addHandler(Keep())  # what Python's last-resort handler would print: warnings and up
+    real_stderr, sys.stderr = sys.stderr, Tee()
+
+    def loop_tasks() -> int:
+        async def count():
+            return len(asyncio.all_tasks()) - 1  # but this one
+        return asyncio.run_coroutine_threadsafe(count(), gateway.gateway_loop()).result(10)
+
+    spec = SandboxSpec(network=True, egress=EgressPolicy(hosts=("allowed.test",), ports=(80, 8080)),
+                       memory_mb=256, timeout_s=120)
+    r: dict = {}
+    try:
+        with open_sandbox(spec):  # the gateway's loop, its thread and executor exist from here on
+            pass
+        r["before"] = {"tasks": loop_tasks(), "sockets": _sockets()}
+        with open_sandbox(spec) as sb:
+            r["hold_out"], r["open"] = [], []
+            for _ in range(2):  # held open across a reset (a new guest: the old gateway closes), then a close
+                sb.write_file("/workspace/hold.py", HOLD)
+                sb.run("setsid python3 /workspace/hold.py > /workspace/hold.out 2>&1 &")
+                for _ in range(100):
+                    if "holding" in sb.run("cat /workspace/hold.out").stdout:
+                        break
+                    time.sleep(0.1)
+                r["hold_out"].append(sb.run("cat /workspace/hold.out").stdout)
+                time.sleep(1.5)  # the silent one past SNIFF_S: connected on, waiting for its first bytes
+                r["open"].append(len(sb.aio._deploy.network.gateway._tasks))
+                if len(r["open"]) == 1:
+                    sb.reset()
+        r["after"] = {"tasks": loop_tasks(), "sockets": _sockets()}  # as close returns: it waits for them
+        time.sleep(1.0)  # what the loop would still report after close
+    finally:
+        sys.stderr = real_stderr
+    r["said"] = said
     return r
 
 
@@ -294,6 +476,10 @@ def docker(lab: Path) -> dict:
         r["resolv"] = sb.read_file("/etc/resolv.conf").decode()
         r["gateway"] = sb.aio._deploy.network.link.gateway
         r["allowed"] = sb.run(tcp("allowed.test/80", "allowed.test")).stdout
+        # two requests in one write, the second for evil.test (allowed.test's address holds it too)
+        r["pipelined"] = sb.run("timeout 8 bash -c 'exec 3<>/dev/tcp/allowed.test/80 && printf \"GET / HTTP/1.1\\r\\n"
+                                "Host: allowed.test\\r\\n\\r\\nGET / HTTP/1.1\\r\\nHost: evil.test\\r\\n\\r\\n\" >&3 "
+                                "&& cat <&3'").stdout
         for name, cmd, reason in (
                 ("direct_ip", tcp("203.0.113.20/80", "other.test"), "address"),
                 ("dns_not_allowed", tcp("other.test/80", "other.test"), "dns"),
@@ -508,6 +694,9 @@ def ray_net(lab: Path) -> dict:
                 time.sleep(0.05)  # the proxy counts as it closes
                 after = sb.network_stats()["denied"].get(reason, 0)
                 r["attacks"][name] = {"result": result, "reason": reason, "counted": after - before}
+            # the gateway on the Ray node judges each request: a second one pipelined is refused
+            r["pipelined"] = probe(sb, "converse", "allowed.test", "80",
+                                   json.dumps([[get("allowed.test") + get("evil.test"), None, 0]]), "1")
             r["listen"] = probe(sb, "listen", "8000")
             host, port = sb.expose(8000)
             r["exposed"] = [host, host_connect(host, port)]
@@ -621,7 +810,8 @@ def unprivileged(lab: Path) -> dict:
 
 if __name__ == "__main__":
     lab, scenario = Path(sys.argv[1]), sys.argv[2]
-    print(json.dumps({"restricted": restricted, "open": open_net, "etc": etc, "service": service,
+    print(json.dumps({"restricted": restricted, "requests": requests, "close_open": close_open,
+                      "open": open_net, "etc": etc, "service": service,
                       "bench": bench, "docker": docker, "build": build,
                       "leftovers": leftovers, "ray": ray_net, "ttl": ttl, "scrape": scrape,
                       "unprivileged": unprivileged}[scenario](lab, *sys.argv[3:])))

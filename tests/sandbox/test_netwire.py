@@ -1,12 +1,13 @@
 """The bytes the sandbox gateway reads (``deployment/wire.py``): a DNS question and its
-answer, a real TLS ClientHello's server name, an HTTP request's Host; and that nothing an
-attacker sends makes them raise (anything malformed reads as None)."""
+answer, a real TLS ClientHello's server name, whether bytes start an HTTP request (its
+heads: ``test_httpstream_props.py``); and that nothing an attacker sends makes them raise
+(anything malformed reads as None)."""
 
 from __future__ import annotations
 
 import ssl
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rockroll.sandbox.deployment import wire
@@ -28,7 +29,8 @@ def test_a_question_reads_back_and_its_answer_carries_the_addresses(name, qid, q
 def test_no_bytes_make_the_readers_raise(data):
     wire.parse_query(data)
     wire.tls_server_name(data)
-    wire.http_host(data)
+    wire.is_http(data)
+    wire.incomplete_head(data)
     wire.tls_server_name(b"\x16\x03\x01" + data)
 
 
@@ -50,16 +52,24 @@ def test_the_server_name_of_a_real_client_hello():
     assert wire.is_tls(client_hello(None)) and wire.tls_server_name(client_hello(None)) is None
 
 
-def test_http_host():
-    assert wire.http_host(b"GET / HTTP/1.1\r\nHost: Example.com:8080\r\n\r\n") == "example.com"
-    assert wire.http_host(b"GET / HTTP/1.1\r\nhost:a.test\r\n\r\n") == "a.test"
-    assert wire.http_host(b"GET / HTTP/1.1\r\nHost: [2001:db8::1]:80\r\n\r\n") == "2001:db8::1"
-    # two Host headers: servers disagree on which wins, so it reads as none (and is refused)
-    assert wire.http_host(b"GET / HTTP/1.1\r\nHost: a.test\r\nHost: b.test\r\n\r\n") is None
-    assert wire.http_host(b"GET / HTTP/1.0\r\n\r\n") is None
-    assert wire.is_http(b"POST /x HTTP/1.1\r\n") and not wire.is_http(b"\x16\x03\x01")
+def test_an_http_request_is_known_by_its_shape_not_its_method():
+    """A server routes a PROPFIND or a made-up method by its Host as it does a GET: any
+    token, a target and an HTTP version make a request line (HTTP/2's preface too)."""
+    for line in (b"GET / HTTP/1.1\r\n", b"POST /x HTTP/1.1\r\n", b"PROPFIND / HTTP/1.1\r\n",
+                 b"X-MADE-UP /a HTTP/1.0\r\n", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+                 # loose shapes a lenient server may still read as a request: httpstream refuses them
+                 b"\r\nGET / HTTP/1.1\r\n", b"GET\t/\tHTTP/1.1\r\n", b"get / http/1.1\r\n", b"GET / HTTP/1.1\n"):
+        assert wire.is_http(line), line
+    for other in (b"\x16\x03\x01", b"SSH-2.0-OpenSSH_9.6 Ubuntu\r\n", b"EHLO mail.example\r\n",
+                  b"*1\r\n$4\r\nPING\r\n"):
+        assert not wire.is_http(other), other
+    # a request line still coming is waited for; a line that cannot be one is not
+    assert wire.incomplete_head(b"PROPF") and wire.incomplete_head(b"PROPFIND /a HT")
+    assert wire.incomplete_head(b"\r\n") and wire.incomplete_head(b"\r\nGE")
+    assert not wire.incomplete_head(b"EHLO mail.example\r\n")
 
 
+@settings(deadline=None)  # a real ClientHello each time: slow on a loaded machine
 @given(st.data())
 def test_a_head_cut_anywhere_reads_as_incomplete(data):
     """The proxy reads on while a request head or a ClientHello is cut short (the name may

@@ -30,9 +30,45 @@ def lab(tmp_path):
 
 
 def refused(result) -> bool:
-    """A probe's result when the connection or lookup was refused: an error, or closed by
-    the proxy before any byte (a reset when the client's bytes were still unread)."""
-    return isinstance(result, str) and (result.startswith("error:") or result == "closed")
+    """A probe's result when the connection or lookup was refused: an error, closed by
+    the proxy before any byte (a reset when the client's bytes were still unread), or the
+    gateway's own 4xx answer to an HTTP request (``httpstream.Refused.response``)."""
+    return isinstance(result, str) and (result.startswith("error:") or result == "closed" or (
+        result.startswith("HTTP/1.1 4") and "\r\n\r\nrockroll sandbox gateway: " in result))
+
+
+# _netdriver.REQUEST_ATTACKS refused: (the gateway's answer, the reason it gives and counts)
+REFUSED_REQUESTS = {
+    "keepalive_second_host": (403, "http_host"), "pipelined": (403, "http_host"),
+    "absolute_form": (403, "http_target"), "absolute_form_no_host": (403, "http_host"),
+    "connect": (403, "http_host"), "cl_and_te": (400, "http_smuggling"), "two_lengths": (400, "http_smuggling"),
+    "folding": (400, "http_folding"), "giant_header": (431, "http_head_size"), "slow_head": (408, "http_slow"),
+    "upgrade_declined": (403, "http_host"), "upgrade_not_first": (403, "http_upgrade"),
+    "other_method": (403, "http_host"), "silent_first": (403, "http_host"), "http2_preface": (400, "http_malformed"),
+    "bare_lf": (400, "http_malformed"), "upgrade_then_http": (403, "http_host"),
+    "upgrade_to_http2": (400, "http_malformed"), "connect_tunnel": (403, "http_host"),
+    "blank_line_first": (400, "http_malformed"),
+}
+
+
+def check_every_request_judged(r: dict) -> None:
+    """``_netdriver.requests``' result (root and unprivileged paths alike)."""
+    attacks = r["attacks"]
+    got = {name: (a["status"], a["reason"], a["counted"], a["evil"]) for name, a in attacks.items()
+           if name in REFUSED_REQUESTS}
+    want = {name: (status, reason, {reason: 1}, False) for name, (status, reason) in REFUSED_REQUESTS.items()}
+    assert got == want, {name: attacks[name]["raw"] for name in got if got[name] != want[name]}
+    # what came before a refused request on its connection was answered
+    assert all(attacks[name]["allowed"] == 1 for name in (
+        "keepalive_second_host", "pipelined", "absolute_form_no_host", "upgrade_declined", "slow_head")), attacks
+    # allowed requests one after another, bodies by length and chunked, pass whole
+    works = {name: tuple(attacks[name][k] for k in ("status", "allowed", "posted", "counted"))
+             for name in ("two_allowed", "post_length_then_get", "post_chunked_then_get", "absolute_allowed")}
+    assert works == {"two_allowed": (None, 2, [], {}), "post_length_then_get": (None, 2, ["posted=5"], {}),
+                     "post_chunked_then_get": (None, 2, ["posted=5"], {}), "absolute_allowed": (None, 1, [], {})}, works
+    # after a 101 the new protocol's bytes pass, to the server decided on (an echo here)
+    upgraded = attacks["upgrade_accepted"]
+    assert upgraded["echoed"] and not upgraded["evil"] and upgraded["counted"] == {}, upgraded
 
 
 @needs_lab
@@ -50,6 +86,36 @@ def test_allow_list_holds_against_each_attack_and_counts_it(lab):
     assert r["own_loopback"].startswith("error:ConnectionRefused")  # its own lo, not the host's
     stats = r["stats"]
     assert stats["connections"] >= 4 and stats["bytes_in"] > 1000 and stats["bytes_out"] > 100
+
+
+@needs_lab
+def test_every_http_request_on_a_connection_is_judged(lab):
+    """A CDN's edge holds allowed.test and evil.test on one address (the lab's 203.0.113.10
+    routes each request by its own target or Host). Only allowed.test is allowed: a second
+    request on a kept-alive connection, pipelined requests, an absolute-form target, a
+    CONNECT, smuggling shapes (Content-Length with Transfer-Encoding, two lengths, folding),
+    a giant head, a slow one, an Upgrade the server declines, an unknown method, a client
+    silent past the sniff, HTTP/2's preface: each refused with the gateway's 4xx and
+    counted under its reason, evil.test never answering; allowed requests and bodies pass."""
+    check_every_request_judged(lab.run_host("requests"))
+
+
+def check_close_with_connections_open(r: dict) -> None:
+    """``_netdriver.close_open``'s result (root and unprivileged paths alike)."""
+    assert r["hold_out"] == ["holding\n"] * 2, r["hold_out"]
+    assert min(r["open"]) >= 6, r  # each held connection had its handler running, at the reset and the close
+    assert r["said"] == [], r["said"]  # no "Exception in callback ... CancelledError", nothing at all
+    assert r["after"] == r["before"], r  # no task of the gateway's loop, no socket left
+
+
+@needs_lab
+def test_closing_a_sandbox_with_connections_open_prints_and_leaks_nothing(lab):
+    """Connections kept alive idle, mid-download, mid-head, upgraded, waiting on a long poll
+    and silent past the sniff, all open when the sandbox resets (its gateway closes, a new
+    one starts) and when it closes: nothing is logged or printed (asyncio used to
+    report each cancelled handler's CancelledError), and the gateway's loop and the process
+    hold no task or socket more than before the sandbox was made."""
+    check_close_with_connections_open(lab.run_host("close_open"))
 
 
 @needs_lab
@@ -98,6 +164,9 @@ def test_docker_sandbox_gets_the_same_network_and_policy(lab, client):
     assert "allowed-site" in r["allowed"], r
     for name, a in r["attacks"].items():
         assert "-site" not in a["stdout"] and a["counted"] >= 1, (name, a)
+    # pipelined: allowed.test answered, the request for evil.test (on its address) refused
+    assert "allowed-site" in r["pipelined"] and "evil-site" not in r["pipelined"], r["pipelined"]
+    assert "403 Forbidden" in r["pipelined"] and r["stats"]["denied"].get("http_host", 0) >= 2, r["stats"]
     assert r["stats"]["connections"] >= 1
 
 

@@ -55,6 +55,9 @@ def test_ray_sandbox_gets_the_policy_counters_and_expose(lab):
     for name, a in r["attacks"].items():
         assert refused(a["result"]), (name, a)
         assert a["counted"] == 1, (name, a)  # read through Ray: SandboxHost.network_stats
+    # pipelined: allowed.test answered, the request for evil.test refused by the node's gateway
+    assert "allowed-site" in r["pipelined"] and "evil-site" not in r["pipelined"], r["pipelined"]
+    assert "403 Forbidden" in r["pipelined"] and r["stats"]["denied"].get("http_host") == 1, r
     assert r["listen"] == "listening"
     assert r["exposed"] == ["127.0.0.1", "from-the-sandbox"], r  # expose through the host actor
     stats = r["stats"]

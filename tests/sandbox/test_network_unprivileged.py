@@ -18,7 +18,7 @@ import pytest
 
 from _netlab import NetLab, lab_available
 from _nobody import AS_NOBODY, SYSTEM_PY, nobody_env, nobody_package, system_python_matches, world_tmp  # noqa: F401
-from test_network import refused
+from test_network import check_close_with_connections_open, check_every_request_judged, refused
 
 why_not = lab_available()
 if why_not is None and not shutil.which("setpriv"):
@@ -53,6 +53,18 @@ def test_unprivileged_allow_list_holds_against_each_attack_and_counts_it(lab, wo
     assert r["own_loopback"].startswith("error:ConnectionRefused")  # its own lo, not the host's
     stats = r["stats"]
     assert stats["connections"] >= 4 and stats["bytes_in"] > 1000 and stats["bytes_out"] > 100
+
+
+@needs_lab
+def test_unprivileged_gateway_judges_every_http_request(lab, world_tmp):  # noqa: F811
+    """The same gateway without root: each request on a connection judged, as on the root path
+    (``test_network.test_every_http_request_on_a_connection_is_judged``)."""
+    check_every_request_judged(lab.run_host_unprivileged(world_tmp, "requests"))
+
+
+@needs_lab
+def test_unprivileged_close_with_connections_open_prints_and_leaks_nothing(lab, world_tmp):  # noqa: F811
+    check_close_with_connections_open(lab.run_host_unprivileged(world_tmp, "close_open"))
 
 
 @needs_lab
