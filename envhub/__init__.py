@@ -12,8 +12,8 @@ refs), ``store`` (fsspec storage layout), ``cache`` (local state, gc), ``build``
 """
 
 from .cache import LocalCache, gc
-from .errors import (BlobCorrupted, BlobMissing, BuildError, EnvNotFound, HubError, ManifestError,
-                     StoreUnavailable, VersionConflict, YankedWarning)
+from .errors import (BlobCorrupted, BlobMissing, BuildError, BuildNetworkError, EnvNotFound, HubError,
+                     ManifestError, StoreUnavailable, VersionConflict, YankedWarning)
 from .manifest import EnvManifest, LayerRef
 from .package import Package, load_package
 from .store import HubStore, default_hub_url
@@ -27,7 +27,7 @@ from .pull import PulledEnv, pull, resolve  # noqa: E402
 
 
 
-__all__ = ["BlobCorrupted", "BlobMissing", "BuildError", "BuildResult", "EnvManifest", "EnvNotFound",
-           "EnvRef", "HubError", "HubStore", "LayerRef", "LocalCache", "ManifestError", "Package",
+__all__ = ["BlobCorrupted", "BlobMissing", "BuildError", "BuildNetworkError", "BuildResult", "EnvManifest",
+           "EnvNotFound", "EnvRef", "HubError", "HubStore", "LayerRef", "LocalCache", "ManifestError", "Package",
            "PublishResult", "PulledEnv", "StoreUnavailable", "Version", "VersionConflict", "YankedWarning",
            "build", "default_hub_url", "gc", "load_package", "publish", "pull", "resolve", "select", "yank"]

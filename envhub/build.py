@@ -6,8 +6,9 @@
 2. A local sandbox on that base gets the package's files; with a network of its own
    only where the package names hosts (``network = [...]``, its allow-list: the package
    indexes and mirrors its setup steps install from, ``rockroll.sandbox.EgressPolicy``),
-   then runs the setup steps; a failing step fails the build with its
-   stderr. Where the host names its own CA bundle (``$PIP_CERT``, ``$SSL_CERT_FILE``,
+   then runs the setup steps; a failing step fails the build with its stderr (one whose
+   output shows a failed name lookup or connection with ``BuildNetworkError``, whose last
+   sentence names the fix: ``netcause.py``). Where the host names its own CA bundle (``$PIP_CERT``, ``$SSL_CERT_FILE``,
    ``$REQUESTS_CA_BUNDLE``: a network behind a TLS-inspecting proxy), the steps get it too
    (the same variables, pointing at a copy removed before the layer is packed), so a
    ``pip install`` step reaches the package index the way the host's pip does. The upper layer is packed reproducibly (sorted entries, zero mtimes and owners):
@@ -31,20 +32,20 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rockroll.sandbox import EgressPolicy, SandboxError, SandboxSpec, Snapshot, open_sandbox
+from rockroll.sandbox import EgressPolicy, SandboxError, SandboxSpec, SandboxStartError, Snapshot, open_sandbox
 from rockroll.sandbox.storage.layers import pack_layer, read_meta
 
 from . import indexes
 from .bases import debian_base_layer, docker_base_layer
 from .cache import LocalCache, write_atomic
-from .errors import BuildError, HubError
+from .errors import BuildError, BuildNetworkError, HubError
 from .manifest import EnvManifest, LayerRef
+from .netcause import BUILD_NETWORK_VAR, start_hint, step_hint
 from .package import Package, entry_kwargs, load_package
 from .pull import pull
 
 # setup steps compile, install, unpack: more room than an episode's sandbox (16 GiB of disk, sparse)
 BUILD_SPEC = dict(memory_mb=4096, pids=2048, cpus=None, disk_mb=16384)
-BUILD_NETWORK_VAR = "ROCKROLL_BUILD_NETWORK"
 CA_VARS = ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")  # the host's trust, if it names one
 _BUILD_CA = "/tmp/.rockroll-build-ca.pem"
 _HOSTNAME = re.compile(r"^(declare -x|export) HOSTNAME=.*$\n?", re.M)
@@ -82,6 +83,12 @@ def build(folder: str | Path, *, cache: LocalCache | None = None, hub: str | Non
     throwaway: list[Snapshot] = []
     env_layer: LayerRef | None = None
     snapshots: dict[str, tuple[LayerRef, ...]] = {}
+    spec = None
+
+    def hint(cmd: str, r) -> str | None:  # a step that failed for the network says so, and the fix
+        return None if r.ok else step_hint(cmd, f"{r.stdout}\n{r.stderr}", listed=pkg.network,
+                                           network=spec.network, allowed=spec.egress.hosts if spec.egress else ())
+
     try:
         spec = SandboxSpec(image=image, **setup_network(pkg.network), timeout_s=pkg.setup_timeout_s, **BUILD_SPEC)
         with open_sandbox(spec) as sb:
@@ -93,7 +100,8 @@ def build(folder: str | Path, *, cache: LocalCache | None = None, hub: str | Non
             step_env = _forward_ca(sb) if pkg.setup else {}
             for i, step in enumerate(pkg.setup, 1):
                 say(f"setup [{i}/{len(pkg.setup)}] {step}")
-                _check(sb.run(step, timeout=pkg.setup_timeout_s, env=step_env), f"setup step {i} ({step!r})")
+                r = sb.run(step, timeout=pkg.setup_timeout_s, env=step_env)
+                _check(r, f"setup step {i} ({step!r})", hint(step, r))
             if step_env:
                 _check(sb.run(f"rm -f {_BUILD_CA}"), "removing the host's CA bundle")
             after_setup = sb.snapshot()
@@ -103,7 +111,8 @@ def build(folder: str | Path, *, cache: LocalCache | None = None, hub: str | Non
                 say(f"snapshot {snap.name}")
                 sb.restore(after_setup)
                 for i, cmd in enumerate(snap.commands, 1):
-                    _check(sb.run(cmd, timeout=pkg.setup_timeout_s), f"snapshot {snap.name!r} command {i} ({cmd!r})")
+                    r = sb.run(cmd, timeout=pkg.setup_timeout_s)
+                    _check(r, f"snapshot {snap.name!r} command {i} ({cmd!r})", hint(cmd, r))
                 taken = sb.snapshot()
                 throwaway.append(taken)
                 meta = read_meta(taken.path)
@@ -112,6 +121,10 @@ def build(folder: str | Path, *, cache: LocalCache | None = None, hub: str | Non
                         "sessions": {k: _HOSTNAME.sub("", v) for k, v in meta.get("sessions", {}).items()}}
                 snapshots[snap.name] = (_repack(cache, taken, meta),)
     except SandboxError as e:
+        # the network the package lists could not be made here (sandbox/deployment/network.py's
+        # "sandbox network: ..." refusals): the way out is the operator's variable
+        if spec and spec.network is True and isinstance(e, SandboxStartError) and "sandbox network" in str(e):
+            raise BuildNetworkError(f"building {pkg.name}@{pkg.version}: {e}\n{start_hint(pkg.network)}") from e
         raise BuildError(f"building {pkg.name}@{pkg.version}: {e}") from e
     finally:
         keep = {l.digest for layers in snapshots.values() for l in layers}
@@ -243,8 +256,12 @@ def _repack(cache: LocalCache, snap: Snapshot, meta: dict | None) -> LayerRef:
     return LayerRef(info.digest, info.size)
 
 
-def _check(result, what: str) -> None:
+def _check(result, what: str, hint: str | None = None) -> None:
+    """A failed command fails the build with its output's tail, then ``hint`` (the fix, when
+    the output shows the network failed) last: below 30 lines of pip's retries, not above them."""
     if not result.ok:
         why = "timed out" if result.timed_out else f"exit {result.exit_code}"
         tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-30:])
+        if hint:
+            raise BuildNetworkError(f"{what} failed ({why}):\n{tail}\n{hint}")
         raise BuildError(f"{what} failed ({why}):\n{tail}")

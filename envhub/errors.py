@@ -24,6 +24,12 @@ class BuildError(HubError):
     """Building an env package failed (a setup step, a base image, copying files)."""
 
 
+class BuildNetworkError(BuildError):
+    """A build failed for the network: a setup step found none (the package lists no
+    hosts), or not the host it reached for (not on the allow-list), or the build's sandbox
+    could not get the network the package lists. The message ends with the fix."""
+
+
 class EnvNotFound(HubError, LookupError):
     """No env (or no version matching a ref) in the hub."""
 

@@ -3,7 +3,8 @@ OpenAI-compatible endpoint (``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``, which ever
 with a model endpoint has; see docs/modelservice.md).
 
 An ``AgentSpec`` says how to put an agent into an env image (``install``: setup steps run
-at build time, with network, like a hub package's ``setup``) and how to start it on a task
+at build time, like a hub package's ``setup``, with the network ``network`` lists: none
+unless it names the index, e.g. ``("@pip",)``) and how to start it on a task
 (``command``, in the sandbox's workdir, with ``{task}`` replaced by the path of a file
 holding the task's instruction). Add an agent by adding an entry to ``AGENTS``.
 ``rockroll envs build-swe --agent NAME`` builds SWE envs with an agent installed
@@ -35,9 +36,12 @@ PIP_INDEX = ("@pip",)
 class AgentSpec:
     name: str
     command: str                 # run in the sandbox's workdir; {task} is replaced by the path of a file holding the task's instruction text
-    install: tuple[str, ...] = ()  # setup steps (with network) that put the agent into an env image at build time
+    install: tuple[str, ...] = ()  # setup steps that put the agent into an env image at build time
     env: dict[str, str] = field(default_factory=dict)  # extra environment for the agent's session
-    network: tuple[str, ...] = ()  # what install steps may reach (the build's egress allow-list); none: no network
+    # What install steps may reach (the build's egress allow-list: hosts, or "@pip"/"@apt", the hosts
+    # this machine's pip/apt use). Empty: no network, as a hub package's setup without network = [...];
+    # not implied by a pip step, so an image never reaches further than its spec says (docs/agents.md).
+    network: tuple[str, ...] = ()
 
 
 def script_step(name: str) -> str:
@@ -113,7 +117,8 @@ def agent_spec(agent: str | AgentSpec | dict) -> AgentSpec:
                                 "network": tuple(agent.get("network", ())),
                                 "env": dict(agent.get("env", {}))})
         except TypeError as e:
-            raise ValueError(f"agent: an AgentSpec needs name and command (and may have install, env): {e}") from None
+            raise ValueError(f"agent: an AgentSpec needs name and command (and may have install, network, env): "
+                             f"{e}") from None
     try:
         return AGENTS[agent]
     except (KeyError, TypeError):
@@ -135,7 +140,8 @@ def _agent_toml(spec: AgentSpec) -> str:
 def agent_package(agent: str | AgentSpec, folder: str | os.PathLike, *, name: str | None = None,
                   version: str = "1.0.0", base: str = "host", files: dict[str, str] | None = None) -> Path:
     """Write an env package (``folder/rockenv.toml``) whose image holds ``agent``: its
-    ``install`` steps are the package's setup (run at build time, with network), ``files``
+    ``install`` steps are the package's setup (run at build time, with the network its
+    ``network`` lists: none without one), ``files``
     (package-relative source -> path in the image) are copied in first. ``rockroll hub
     build|publish`` it; ``gymnasium.make`` of the published id (or ``rock/Agent-v0`` with
     ``image="hub:<name>@<version>"``) then runs episodes from warm sandboxes of that image."""

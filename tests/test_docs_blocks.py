@@ -3,7 +3,9 @@ docs cannot drift from the code. Per Markdown file, its python and shell blocks 
 one interpreter (``_docblocks.py``), in a fresh folder holding a copy of ``examples/``, as a
 user who ran ``make demo`` would run them: the default SWE tasks on their hub
 (``ROCKROLL_HUB``), and an S3 server (moto's, on 127.0.0.1) behind every ``s3://`` bucket the
-file names. Config blocks must parse. A block not run says why, right above it
+file names; builds share the suite's network (its ``ROCKROLL_BUILD_NETWORK=host``, as under
+``make test``: docs/testing.md says what tests the allow-list a user's build gets instead).
+Config blocks must parse. A block not run says why, right above it
 (``<!-- doc-test: skip REASON -->``); nothing is skipped silently, under CI=true or not."""
 
 from __future__ import annotations
@@ -71,6 +73,18 @@ def test_the_env_contract_runs_whole():
                  "--hub s3://", 'register_hub("./my-hub")', 'register_hub("s3://', 'gymnasium.make("rock/logquiz-v1"',
                  "env.step("):
         assert step in code, step
+
+
+def test_the_agent_page_builds_its_agent():
+    """docs/agents.md's packaging example failed as written outside ``make test`` (#53): its
+    pip step had no network. Its build runs here, pip step and network included; only the
+    training run is skipped, naming the test that trains such a package."""
+    doc = [b for b in ALL if b.file == "docs/agents.md"]
+    code = "".join(b.code for b in doc if b.lang in RUN and b.mark != "skip")
+    for step in ("python3 -m pip install", 'network=("@pip",)', "agent_package(spec, \"mover-pkg\"",
+                 "rockroll hub publish mover-pkg --hub ./my-hub"):
+        assert step in code, step
+    assert [b.code for b in doc if b.mark == "skip"] == ["rockroll train mover.yaml\n"]
 
 
 def _free_port() -> int:
