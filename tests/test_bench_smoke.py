@@ -42,6 +42,7 @@ SMOKE: dict[str, list[str]] = {
     "sandbox": ["--smoke"],
     "network": ["--connects", "5", "--mib", "2"],
     "terminal": ["--n", "3"],
+    "lora": [],  # --quick: a tiny Llama (the real run loads SmolLM2-135M)
     "gpu": [],  # --quick: a tiny model on the CPU (the real run needs a GPU: scripts/gpu_check.sh)
 }
 NEEDS_DOCKER = {"envs", "sandbox", "terminal"}

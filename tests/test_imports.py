@@ -271,7 +271,8 @@ def test_the_train_extra_brings_what_agent_training_runs():
 # (the config reads the algorithm table to validate a run; the loop and train() sit on top).
 TRAINER_ROOMS = [
     {"rockroll.trainer.algorithms"},
-    {"rockroll.trainer.config", "rockroll.trainer.config_doc", "rockroll.trainer.envs", "rockroll.trainer.models"},
+    {"rockroll.trainer.config", "rockroll.trainer.config_doc", "rockroll.trainer.envs", "rockroll.trainer.models",
+     "rockroll.trainer.model_store"},
     {"rockroll.trainer.engines"},
     {"rockroll.trainer.rollout"},
     {"rockroll.trainer.roles"},

@@ -42,13 +42,40 @@ def _check(cond: bool, key: str, problem: str) -> None:
 
 
 @dataclass
+class LoRAConfig:
+    """LoRA adapters (``peft``) on the policy, for SFT and RL alike: only the adapters (and
+    PPO's value head) train; the generator and the batch roles get the merged weights
+    (``W + B A * alpha / r``) at each sync; checkpoints hold the adapters and their optimizer
+    state (the base is rebuilt from ``model.name_or_path``); ``rockroll sft`` writes the merged
+    model folder (what ``model.init_from`` loads) and the adapter beside it (``adapter/``)."""
+
+    r: int = 0  # the adapters' rank (0: off, full fine-tuning)
+    alpha: float = 16.0  # the scale's numerator: the update is B A * alpha / r
+    dropout: float = 0.0  # dropout on the adapters' input (0: the sampled and trained distributions agree)
+    # the linear layers that get adapters, by name (Llama's attention and MLP projections)
+    target_modules: list[str] = field(default_factory=lambda: [
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+
+    def validate(self, p: str) -> None:
+        _check(self.r >= 0, f"{p}.r", "must be >= 0 (0: off)")
+        _check(self.alpha > 0, f"{p}.alpha", "must be > 0")
+        _check(0 <= self.dropout < 1, f"{p}.dropout", "must be in [0, 1)")
+        _check(bool(self.target_modules) and all(isinstance(t, str) and t for t in self.target_modules),
+               f"{p}.target_modules", "must be a non-empty list of module names")
+
+
+@dataclass
 class ModelConfig:
-    """The policy. ``name_or_path`` loads a Hugging Face checkpoint (``from_pretrained``);
-    without it a tiny Llama is built from the dims below (CPU runs, tests). ``init_from``: the
-    model folder ``rockroll sft`` wrote (a warm start): its weights and its tokenizer, as
+    """The policy. ``name_or_path`` loads a pretrained model: a folder, a ``.gguf`` file or a
+    folder imported once under ``$ROCKROLL_HOME/models`` (``rockroll model import``), an imported
+    name, or a packaged name such as ``smollm2-135m-instruct`` (imported from its package on
+    first use: :mod:`rockroll.trainer.model_store`); its tokenizer and chat template come with
+    it. Without it a tiny Llama is built from the dims below (CPU runs, tests). ``init_from``:
+    the model folder ``rockroll sft`` wrote (a warm start): its weights and its tokenizer, as
     ``name_or_path`` and ``tokenizer.name_or_path`` would load them."""
 
-    name_or_path: str | None = None  # a Hugging Face checkpoint folder or hub id (null: a tiny Llama of the dims below)
+    # a pretrained model: folder, .gguf file, imported or packaged name (null: a tiny Llama of the dims below)
+    name_or_path: str | None = None
     # the model folder an SFT stage wrote (weights and tokenizer; null: name_or_path or a fresh tiny Llama)
     init_from: str | None = None
     hidden_size: int = 128  # tiny model (no name_or_path): width
@@ -60,6 +87,7 @@ class ModelConfig:
     dtype: str = "float32"  # weights' dtype (float32, bfloat16, float16), loaded or built, and the vLLM engine's
     # recompute activations in the backward pass instead of keeping them: less memory, more compute
     gradient_checkpointing: bool = False
+    lora: LoRAConfig = field(default_factory=LoRAConfig)  # LoRA adapters (r: 0, off: full fine-tuning)
 
     def validate(self, p: str) -> None:
         for k in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_position_embeddings"):
@@ -69,6 +97,7 @@ class ModelConfig:
                "must be one of float32, bfloat16, float16")
         _check(not (self.init_from and self.name_or_path), f"{p}.init_from",
                "a warm start replaces name_or_path: set one of them")
+        self.lora.validate(f"{p}.lora")
 
 
 @dataclass
@@ -78,7 +107,8 @@ class TokenizerConfig:
     (``models.WORD_CHAT_TEMPLATE``): ``kind: bpe``, a byte-level BPE of ``vocab_size`` tokens
     (any text encodes, none becomes ``<|unk|>``), or ``kind: word``, one token per word the envs
     printed while it was built (each move one token: what the tiny CPU examples' constrained
-    decoding and their measured learning bounds rest on; a word seen only later is ``<|unk|>``).
+    decoding and their measured learning bounds rest on; a word seen only later is spelled out
+    in its letters, so printable ASCII never becomes ``<|unk|>``: only characters beyond it do).
 
     How turns are framed (``rollout.PromptTemplate``): ``template: chat`` renders the
     conversation with the tokenizer's own chat template (``apply_chat_template``, with the
@@ -90,9 +120,10 @@ class TokenizerConfig:
     ``add_tokens``: strings a built tokenizer keeps whole, one token each (a whole answer
     such as ``\\boxed{7}``, so ``generation.allowed_tokens`` can name it)."""
 
-    # a pretrained tokenizer (folder or hub id); null: a tokenizer built over the envs' texts
+    # a pretrained tokenizer (folder or hub id); null: the pretrained model's own (model.name_or_path,
+    # model.init_from), else a tokenizer built over the envs' texts
     name_or_path: str | None = None
-    # the built tokenizer: word (one token per word seen: one-token moves; unseen words are <|unk|>)
+    # the built tokenizer: word (one token per word seen: one-token moves; an unseen word is its letters)
     # or bpe (byte-level BPE: every text encodes, nothing is unknown)
     kind: str = "word"
     vocab_size: int = 1024  # kind bpe: the BPE's vocabulary size (special tokens and the 256 bytes included)
@@ -102,7 +133,9 @@ class TokenizerConfig:
     user_prefix: str = "<|user|>"  # prefixes only: text before each observation
     user_suffix: str = "<|end|>"  # prefixes only: text after each observation
     assistant_prefix: str = "<|assistant|>"  # prefixes only: text before each reply (the generation prompt)
-    stop: str = "<|end|>"  # the end-of-turn token a reply ends with (must end an assistant turn of the chat template)
+    # the end-of-turn token a reply ends with (must end an assistant turn of the chat template; empty: the
+    # tokenizer's eos token, e.g. a built tokenizer's <|end|>, ChatML's <|im_end|>)
+    stop: str = ""
     # built tokenizer only: strings kept whole, one token each (e.g. \boxed{7})
     add_tokens: list[str] = field(default_factory=list)
 
@@ -114,7 +147,6 @@ class TokenizerConfig:
             _check(self.template == "prefixes" or getattr(self, key) == getattr(TokenizerConfig, key), f"{p}.{key}",
                    "read only with template: prefixes (a tokenizer without a chat template); "
                    "with template: chat the tokenizer's chat template frames the turns: remove it")
-        _check(bool(self.stop), f"{p}.stop", "must be a non-empty token")
         _check(not (self.add_tokens and self.name_or_path), f"{p}.add_tokens",
                "only for a built tokenizer (a pretrained model's embeddings have no rows for them)")
         _check(all(isinstance(t, str) and t for t in self.add_tokens), f"{p}.add_tokens", "must be non-empty strings")

@@ -4,7 +4,8 @@ No weights can be downloaded on the CPU machines, so a run without ``model.name_
 gets a tiny Llama (random init) and a tokenizer built over the text the environments print:
 a byte-level BPE (``tokenizer.kind: bpe``: every string encodes, nothing becomes unknown) or
 a word-level one (``kind: word``: each move one token, the small action spaces of the CPU
-examples; a word it never saw becomes ``<|unk|>``). Both are ordinary Hugging Face objects saved to folders, so the same
+examples; a word it never saw is spelled in its letters, so only characters beyond printable
+ASCII that it never saw become ``<|unk|>``). Both are ordinary Hugging Face objects saved to folders, so the same
 ``from_pretrained(folder)`` path serves tiny CPU runs and real checkpoints on GPU.
 """
 
@@ -114,9 +115,25 @@ def save_word_tokenizer(words: Any, folder: str | Path) -> Any:
     for w in sorted(words):
         vocab.setdefault(w, len(vocab))
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|unk|>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(PRETOKENIZE), behavior="isolated")
+    # with every printable character in the vocabulary (the built tokenizer's), an unseen word
+    # is spelled out; a hand-picked small vocabulary keeps the plain split (an unseen word one
+    # <|unk|>): the learning tests' measured bounds rest on those exact sequences
+    spell = set(string.printable) <= set(vocab)
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(known_words_pattern(vocab) if spell else PRETOKENIZE),
+                                             behavior="isolated")
     tok.decoder = decoders.Fuse()
     return _save_fast(tok, folder)
+
+
+def known_words_pattern(vocab: Any) -> str:
+    """The word tokenizer's split: a piece of :data:`PRETOKENIZE` that is in ``vocab`` stays
+    whole (the same tokens as that split gives), any other falls apart into its characters,
+    each a token of the printable ASCII the vocabulary always holds. So a word an env prints
+    only later (a retry's feedback, a new env's text) reads as its letters, not ``<|unk|>``."""
+    words = sorted((w for w in vocab if len(w) > 1), key=lambda w: (-len(w), w))
+    whole = "|".join(re.escape(w) for w in words)
+    # a word counts only as a whole lower-case run or Capitalised word, as PRETOKENIZE cuts them
+    return (f"(?:{whole})(?![a-z])|[\\s\\S]" if whole else r"[\s\S]")
 
 
 def _save_fast(tok: Any, folder: str | Path) -> Any:
@@ -158,21 +175,40 @@ WORD_CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}<|assistant|>{% endif %}")
 
 
+def model_folder(cfg: ModelConfig) -> str | None:
+    """What ``from_pretrained`` loads for the policy: the warm start (``init_from``), the
+    pretrained model of ``name_or_path`` (imported once and digest-checked:
+    :func:`~rockroll.trainer.model_store.resolve_model`), or None for a tiny Llama. A name that
+    names nothing is a :class:`ConfigError` whose one line says how to get it."""
+    if cfg.init_from:
+        return cfg.init_from
+    if not cfg.name_or_path:
+        return None
+    from .model_store import ModelError, resolve_model
+
+    try:
+        return resolve_model(cfg.name_or_path, progress=lambda msg: print(f"rockroll: {msg}", flush=True))
+    except ModelError as e:
+        raise ConfigError("model.name_or_path", str(e)) from None
+
+
 def load_tokenizer(cfg: TokenizerConfig, envs: list[EnvConfig], default_dir: str | Path,
-                   init_from: str | None = None) -> Any:
-    """The tokenizer: ``cfg.name_or_path``'s, the one saved with a warm start (``init_from``,
-    ``model.init_from``: ``add_tokens`` must be tokens of it already, as SFT built it), or one
-    built over ``envs``' texts into ``cfg.build_dir`` (else ``default_dir``) and reused."""
+                   model_dir: str | None = None) -> Any:
+    """The tokenizer: ``cfg.name_or_path``'s, the pretrained model's own (``model_dir``, from
+    :func:`model_folder`: a warm start's is the one SFT trained with, so ``add_tokens`` must be
+    tokens of it already), or one built over ``envs``' texts into ``cfg.build_dir`` (else
+    ``default_dir``) and reused. A pretrained model never gets a built tokenizer: its
+    embeddings are indexed by its own vocabulary."""
     from transformers import AutoTokenizer
 
     if cfg.name_or_path:
         tok = AutoTokenizer.from_pretrained(cfg.name_or_path)
-    elif init_from:
-        tok = AutoTokenizer.from_pretrained(init_from)
+    elif model_dir:
+        tok = AutoTokenizer.from_pretrained(model_dir)
         missing = [t for t in cfg.add_tokens if len(tok.encode(t, add_special_tokens=False)) != 1]
         if missing:
-            raise ConfigError("tokenizer.add_tokens", f"{missing} are not tokens of the warm start's tokenizer "
-                              f"({init_from}): the model has no embeddings for them; add them to the SFT run")
+            raise ConfigError("tokenizer.add_tokens", f"{missing} are not tokens of the model's tokenizer "
+                              f"({model_dir}): the model has no embeddings for them; add them to the SFT run")
     else:
         folder = Path(cfg.build_dir or default_dir)
         if not (folder / "tokenizer.json").is_file():
@@ -209,12 +245,13 @@ def _dtype(name: str):
 
 
 def build_model(cfg: ModelConfig, tokenizer: Any, seed: int) -> Any:
-    """The policy: ``from_pretrained(name_or_path)``, or a tiny randomly initialised Llama."""
+    """The policy: ``from_pretrained`` of :func:`model_folder`, or a tiny randomly initialised Llama."""
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-    if cfg.name_or_path or cfg.init_from:
-        model = AutoModelForCausalLM.from_pretrained(cfg.name_or_path or cfg.init_from, dtype=_dtype(cfg.dtype))
+    folder = model_folder(cfg)
+    if folder:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=_dtype(cfg.dtype))
     else:
         torch.manual_seed(seed)
         mc = LlamaConfig(

@@ -26,9 +26,10 @@ from typing import Any, Callable
 import torch
 
 from .config import EnvConfig, TrainConfig, config_to_dict, load_config
+from .engines.lora import save_lm
 from .engines.policy import ActorModule, make_policy
 from .envs import make_env, resolve_envs
-from .models import build_model, load_tokenizer
+from .models import build_model, load_tokenizer, model_folder
 from .roles.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .roles.local import make_generator, seed_everything
 from .roles.runlog import RunLogger
@@ -129,7 +130,8 @@ def sft(config: TrainConfig | dict | str | Path, *,
     ckpt_dir = str(Path(cfg.checkpoint.dir) / "sft") if cfg.checkpoint.dir else None
     model_dir = Path(s.output_dir or run_dir / "model")
     seed_everything(cfg.seed, cfg.deterministic)
-    tokenizer = load_tokenizer(cfg.tokenizer, cfg.envs, Path(cfg.logging.dir) / "tokenizer", cfg.model.init_from)
+    tokenizer = load_tokenizer(cfg.tokenizer, cfg.envs, Path(cfg.logging.dir) / "tokenizer",
+                               model_folder(cfg.model))
     lm = build_model(cfg.model, tokenizer, cfg.seed)
     template = PromptTemplate(tokenizer, cfg.tokenizer)
     data, counts = load_examples(cfg, template, factory)
@@ -145,7 +147,7 @@ def sft(config: TrainConfig | dict | str | Path, *,
         mgr.pause()  # no training rollouts: it only evaluates
         mgr.start()
     engine = dataclasses.replace(cfg.engine, lr=s.lr or cfg.engine.lr)
-    policy = make_policy(ActorModule(lm, with_value=False), engine, s.batch_size)
+    policy = make_policy(ActorModule(lm, with_value=False, lora=cfg.model.lora), engine, s.batch_size)
     ckpt = latest_checkpoint(ckpt_dir) if cfg.checkpoint.resume else None
     start = load_checkpoint(ckpt, policy)["step"] if ckpt else 0
     if ckpt:
@@ -183,7 +185,7 @@ def sft(config: TrainConfig | dict | str | Path, *,
         if ckpt_dir and s.steps > start and (not cfg.checkpoint.every or s.steps % cfg.checkpoint.every):
             save_checkpoint(ckpt_dir, s.steps, policy, {}, config_to_dict(cfg), keep=cfg.checkpoint.keep)
         model_dir.mkdir(parents=True, exist_ok=True)
-        policy.module.lm.save_pretrained(model_dir)
+        save_lm(policy.module.lm, model_dir)  # with LoRA: the merged model, and its adapter in adapter/
         tokenizer.save_pretrained(model_dir)
     finally:
         try:

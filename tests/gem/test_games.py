@@ -538,6 +538,34 @@ def test_math_oracle_gets_one_and_wrong_gets_zero(seed, difficulty):
     assert (reward, terminated, info["success"]) == (0.0, True, False) and "Incorrect" in obs
 
 
+def test_math_worked_steps_compute_in_precedence_order_and_end_boxed():
+    """``expert="steps"``: one operation a line, in the order precedence evaluates them, each
+    line's arithmetic right, the last line the boxed answer the env grades 1.0."""
+    from rockroll.gem.mathenv import worked_steps
+
+    assert worked_steps("8 - 1 - 1 * 10") == ["8 - 1 = 7", "1 * 10 = 10", "7 - 10 = -3"]
+    assert worked_steps("(2 + 3) * 4") == ["2 + 3 = 5", "5 * 4 = 20"]
+    assert worked_steps("7 / 2 - 1") == ["7 / 2 = (7/2)", "(7/2) - 1 = (5/2)"]
+    with pytest.raises(ValueError, match="not an arithmetic expression"):
+        worked_steps("__import__('os')")
+    for difficulty in (1, 2, 3):
+        env = MathEnv(difficulty=difficulty, problem_types=["arithmetic"], expert="steps")
+        for seed in range(40):
+            env.reset(seed=seed)
+            *lines, last = env.expert_action().split("\n")
+            assert last == f"\\boxed{{{env.answer}}}" and lines
+            for line in lines:  # each step's own arithmetic holds: "a op b = c", fractions as (p/q)
+                a, op, b, eq, c = line.split(" ")
+                a, b, c = (Fraction(x.strip("()")) for x in (a, b, c))
+                assert eq == "=" and {"+": a + b, "-": a - b, "*": a * b}.get(op, a / b if b else None) == c, line
+            assert env.step(env.expert_action())[1] == 1.0
+    fraction = MathEnv(difficulty=1, problem_types=["fraction"], expert="steps")
+    fraction.reset(seed=0)
+    assert fraction.expert_action() == f"\\boxed{{{fraction.answer}}}"  # only arithmetic has steps
+    with pytest.raises(ValueError, match="expert must be answer or steps"):
+        MathEnv(expert="cot")
+
+
 def test_math_accepts_a_bare_number_and_problem_types():
     env = MathEnv(problem_types=["linear"])
     obs, info = env.reset(seed=1)

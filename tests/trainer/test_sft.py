@@ -222,7 +222,7 @@ def test_sft_resumes_where_it_stopped_and_its_model_is_the_warm_start(tmp_path):
     assert all(torch.equal(v, saved[k].cpu()) for k, v in model.state_dict().items())
     with pytest.raises(ConfigError, match="model.init_from: a warm start replaces name_or_path"):
         load_config({"model": {"init_from": "x", "name_or_path": "y"}})
-    with pytest.raises(ConfigError, match="tokenizer.add_tokens.*not tokens of the warm start"):
+    with pytest.raises(ConfigError, match="tokenizer.add_tokens.*not tokens of the model.s tokenizer"):
         load_tokenizer(load_config({"tokenizer": {"add_tokens": ["\\boxed{7}"]}}).tokenizer, cfg.envs,
                        tmp_path / "unused", whole["model_dir"])
 

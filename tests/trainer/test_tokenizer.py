@@ -75,13 +75,22 @@ def test_bpe_reads_text_no_env_printed_and_keeps_the_chat_tokens_whole(bpe):
     assert bpe.decode(chat) == "<|user|>Ünï ✓<|end|><|assistant|>Up<|end|>"
 
 
-def test_word_tokenizer_drops_unseen_text_that_bpe_keeps(tmp_path):
-    """Why ``kind: bpe`` exists: the word tokenizer reads text it never saw as ``<|unk|>``
-    (the issue's retry feedback); and why ``kind: word`` stays: each move is one token, so
-    ``generation.allowed_tokens`` can name the moves (bpe needs ``add_tokens`` for that)."""
+def test_word_tokenizer_spells_unseen_ascii_words_and_only_bpe_keeps_the_rest(tmp_path):
+    """A newcomer's plain config (the word tokenizer) never reads printable ASCII as ``<|unk|>``: a
+    word the envs never printed while it was built (a new env's feedback) falls apart into its
+    letters, and a word it saw is still one token, as before; so each move stays one token
+    and ``generation.allowed_tokens`` can name the moves. What only ``kind: bpe`` keeps:
+    characters outside printable ASCII that no env printed (Ünïcödé, control bytes)."""
     envs = [EnvConfig(id="rock/FrozenLake-v0")]
     word = load_tokenizer(load_config({}).tokenizer, envs, tmp_path / "word")
-    assert word.unk_token_id in word.encode(UNSEEN[0], add_special_tokens=False)
+    feedback = "Unrecognised reply: try Up or Down; frobnicate_x(42) != Lefty.\n\tThe quick brown fox."
+    ids = word.encode(feedback, add_special_tokens=False)
+    assert word.unk_token_id not in ids and word.decode(ids) == feedback
+    for text in UNSEEN[2:]:  # paths, snake_case, the template's own tokens
+        assert word.unk_token_id not in word.encode(text, add_special_tokens=False), text
+    assert [word.convert_ids_to_tokens(i) for i in word.encode("Lefty Up", add_special_tokens=False)] == [
+        "L", "e", "f", "t", "y", " ", "Up"]  # Left is a word, Lefty is not: its letters
+    assert word.unk_token_id in word.encode(UNSEEN[0], add_special_tokens=False)  # Ünïcödé: bpe's business
     assert all(len(word.encode(m, add_special_tokens=False)) == 1 for m in ["Up", "Down", "Left", "Right"])
     cfg = load_config({"tokenizer": {"kind": "bpe", "vocab_size": 512, "add_tokens": ["\\boxed{7}"]}}).tokenizer
     bpe = load_tokenizer(cfg, envs, tmp_path / "bpe")

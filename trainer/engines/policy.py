@@ -18,14 +18,16 @@ import torch
 from torch import nn
 
 from ..config import EngineConfig
+from .lora import lm_state_dict, load_trainable_state, trainable_state, with_lora
 
 
 class ActorModule(nn.Module):
-    """The causal LM, plus a scalar value head when the algorithm needs a critic (PPO)."""
+    """The causal LM (with LoRA adapters when ``lora`` is a ``LoRAConfig`` of rank > 0), plus
+    a scalar value head when the algorithm needs a critic (PPO)."""
 
-    def __init__(self, lm: nn.Module, with_value: bool):
+    def __init__(self, lm: nn.Module, with_value: bool, lora: Any = None):
         super().__init__()
-        self.lm = lm
+        self.lm = with_lora(lm, lora)
         self.value_head = nn.Linear(lm.config.hidden_size, 1) if with_value else None
         if self.value_head is not None:
             nn.init.zeros_(self.value_head.weight)
@@ -49,7 +51,7 @@ class TorchPolicy:
     def __init__(self, module: ActorModule, cfg: EngineConfig):
         # on the GPU when there is one (before the optimizer is built over its parameters)
         self.module, self.cfg = module.to("cuda" if torch.cuda.is_available() else "cpu"), cfg
-        self.optimizer = torch.optim.AdamW(module.parameters(), lr=cfg.lr, betas=tuple(cfg.betas),
+        self.optimizer = torch.optim.AdamW(_trainable(module), lr=cfg.lr, betas=tuple(cfg.betas),
                                            weight_decay=cfg.weight_decay)
 
     @property
@@ -63,7 +65,7 @@ class TorchPolicy:
         loss.backward()  # gradients add up in .grad until step()
 
     def step(self) -> float:
-        norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(),
+        norm = torch.nn.utils.clip_grad_norm_(_trainable(self.module),
                                               self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf"))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -72,17 +74,24 @@ class TorchPolicy:
     def sync_state_dict(self, device: Any = None) -> dict[str, Any]:
         """A copy of the weights a generator loads, on ``device``: None (the CPU) for what
         crosses processes or goes to disk, the policy's own device for a generator in this
-        process (a device-to-device copy, no round trip through host memory)."""
-        return _clone(self.module.lm.state_dict(), device)
+        process (a device-to-device copy, no round trip through host memory). With LoRA: the
+        merged weights, under the base model's names (:func:`~.lora.lm_state_dict`)."""
+        return _clone(lm_state_dict(self.module.lm), device)
 
     def save(self, folder: Path) -> None:
-        torch.save({"module": self.module.state_dict(), "optimizer": self.optimizer.state_dict()},
+        # with LoRA only the adapters (and a value head): the frozen base is the model's own
+        torch.save({"module": trainable_state(self.module), "optimizer": self.optimizer.state_dict()},
                    folder / "policy.pt")
 
     def load(self, folder: Path) -> None:
         state = torch.load(folder / "policy.pt", map_location="cpu", weights_only=False)
-        self.module.load_state_dict(state["module"])
+        load_trainable_state(self.module, state["module"])
         self.optimizer.load_state_dict(state["optimizer"])
+
+
+def _trainable(module: nn.Module) -> list[nn.Parameter]:
+    """The parameters an optimizer steps: all of them, or LoRA's adapters (and a value head)."""
+    return [p for p in module.parameters() if p.requires_grad]
 
 
 def free_port() -> int:
@@ -125,7 +134,7 @@ class DeepSpeedPolicy:
             "steps_per_print": 10**9,
             "wall_clock_breakdown": False,
         }
-        optimizer = torch.optim.AdamW(module.parameters(), lr=cfg.lr, betas=tuple(cfg.betas),
+        optimizer = torch.optim.AdamW(_trainable(module), lr=cfg.lr, betas=tuple(cfg.betas),
                                       weight_decay=cfg.weight_decay)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=module, optimizer=optimizer, config=ds_config, dist_init_required=False)
@@ -156,15 +165,17 @@ class DeepSpeedPolicy:
 
             params = list(self.module.lm.parameters())
             with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
-                return _clone(self.module.lm.state_dict(), device)
-        return _clone(self.module.lm.state_dict(), device)
+                return _clone(lm_state_dict(self.module.lm), device)
+        return _clone(lm_state_dict(self.module.lm), device)
 
     def save(self, folder: Path) -> None:
         torch.distributed.barrier()  # data parallel: rank 0 has prepared `folder` (checkpoint.save_checkpoint)
-        self.engine.save_checkpoint(str(folder / "deepspeed"), tag="ckpt")
+        # with LoRA the frozen base stays out (it is the model's own, rebuilt on resume)
+        self.engine.save_checkpoint(str(folder / "deepspeed"), tag="ckpt", exclude_frozen_parameters=True)
 
     def load(self, folder: Path) -> None:
-        self.engine.load_checkpoint(str(folder / "deepspeed"), tag="ckpt")
+        frozen = any(not p.requires_grad for p in self.module.parameters())
+        self.engine.load_checkpoint(str(folder / "deepspeed"), tag="ckpt", load_module_strict=not frozen)
 
 
 def make_policy(module: ActorModule, cfg: EngineConfig, batch_size: int):

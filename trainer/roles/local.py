@@ -23,7 +23,7 @@ from ..config import EnvConfig, TrainConfig, config_to_dict
 from ..engines.generation import TransformersEngine, VLLMEngine
 from ..engines.offload import Offloadable
 from ..engines.policy import ActorModule, make_policy
-from ..models import allowed_token_ids, build_model, load_tokenizer
+from ..models import allowed_token_ids, build_model, load_tokenizer, model_folder
 from ..rollout.manager import PromptTemplate, RolloutManager
 from ..rollout.reward import RewardRole
 from ..rollout.types import Group
@@ -51,7 +51,7 @@ def seed_everything(seed: int, deterministic: bool) -> None:
 def make_generator(cfg: TrainConfig, lm, tokenizer):
     """The generation engine over a copy of ``lm`` (vLLM or Transformers)."""
     if cfg.generation.backend == "vllm":
-        path = cfg.model.name_or_path or cfg.model.init_from
+        path = model_folder(cfg.model)
         if not path:  # a tiny model built from the config: vLLM loads models from a folder
             path = str(Path(cfg.logging.dir) / "generator_model")
             lm.save_pretrained(path)
@@ -71,7 +71,7 @@ def build_policy(cfg: TrainConfig, lm) -> Any:
     has no weights.
     """
     batch_size = cfg.rollout.batch_groups * cfg.rollout.group_size
-    return make_policy(ActorModule(lm, with_value=cfg.algorithm.spec.value_head), cfg.engine,
+    return make_policy(ActorModule(lm, with_value=cfg.algorithm.spec.value_head, lora=cfg.model.lora), cfg.engine,
                        batch_size // cfg.algorithm.mini_batches)
 
 
@@ -276,7 +276,8 @@ class LocalRoles(Roles):
 
     def __init__(self, cfg: TrainConfig, env_factory: Callable[[EnvConfig], Any] | None = None):
         seed_everything(cfg.seed, cfg.deterministic)
-        self.tokenizer = load_tokenizer(cfg.tokenizer, cfg.envs, Path(cfg.logging.dir) / "tokenizer", cfg.model.init_from)
+        self.tokenizer = load_tokenizer(cfg.tokenizer, cfg.envs, Path(cfg.logging.dir) / "tokenizer",
+                                        model_folder(cfg.model))
         lm = build_model(cfg.model, self.tokenizer, cfg.seed)
         self.generator = make_generator(cfg, lm, self.tokenizer)  # copies of lm, taken before the engine wraps it
         self.batch_roles = batch_roles(cfg, lm, self.tokenizer)

@@ -48,7 +48,7 @@ from ..config import ConfigError, EnvConfig, RoleResources, TrainConfig
 from ..engines.offload import Offloadable
 from ..engines.sampling import SamplingParams
 from ..engines.weight_sync import Manifest, WeightGroup, checksum, manifest
-from ..models import build_model, load_tokenizer
+from ..models import build_model, load_tokenizer, model_folder
 from ..rollout.curriculum import initialized_metrics
 from ..rollout.manager import mix_seeds, batch_metrics
 from ..rollout.reward import RemoteReward, RewardRole
@@ -447,7 +447,8 @@ class RayRoles(Roles):
         ``ray.address`` is null (or joins that cluster); :meth:`close` shuts down what it started."""
         import ray
 
-        tokenizer = load_tokenizer(cfg.tokenizer, cfg.envs, Path(cfg.logging.dir) / "tokenizer", cfg.model.init_from)
+        tokenizer = load_tokenizer(cfg.tokenizer, cfg.envs, Path(cfg.logging.dir) / "tokenizer",
+                                   model_folder(cfg.model))
         owns_ray = not ray.is_initialized()
         if owns_ray and cfg.ray.address:
             from rockroll.sandbox.deployment.ray import connect

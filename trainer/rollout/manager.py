@@ -72,9 +72,10 @@ class PromptTemplate:
 
     def __init__(self, tokenizer: Any, cfg: TokenizerConfig):
         self.tok, self.cfg = tokenizer, cfg
-        stop = tokenizer.convert_tokens_to_ids(cfg.stop)
+        self.stop = cfg.stop or tokenizer.eos_token  # empty: the model's own end of turn
+        stop = tokenizer.convert_tokens_to_ids(self.stop) if self.stop else None
         if stop is None or stop == tokenizer.unk_token_id:
-            raise ValueError(f"tokenizer.stop: {cfg.stop!r} is not a token of the tokenizer")
+            raise ValueError(f"tokenizer.stop: {self.stop!r} is not a token of the tokenizer")
         self.stop_id = int(stop)
         if cfg.template == "chat":
             if not getattr(tokenizer, "chat_template", None):
@@ -83,7 +84,7 @@ class PromptTemplate:
             self._system = [{"role": "system", "content": cfg.system}] if cfg.system else []
             self._base = self.render(self._system + self._BASE, generation=False)
             if self.stop_id not in self._base:
-                raise ValueError(f"tokenizer.stop: the chat template does not end an assistant turn with {cfg.stop!r}")
+                raise ValueError(f"tokenizer.stop: the chat template does not end an assistant turn with {self.stop!r}")
             last = len(self._base) - 1 - self._base[::-1].index(self.stop_id)
             self._after_stop = self._base[last + 1:]  # e.g. ChatML's "\n" after <|im_end|>
 
