@@ -71,12 +71,13 @@ class ModelConfig:
     name, or a packaged name such as ``smollm2-135m-instruct`` (imported from its package on
     first use: :mod:`rockroll.trainer.model_store`); its tokenizer and chat template come with
     it. Without it a tiny Llama is built from the dims below (CPU runs, tests). ``init_from``:
-    the model folder ``rockroll sft`` wrote (a warm start): its weights and its tokenizer, as
-    ``name_or_path`` and ``tokenizer.name_or_path`` would load them."""
+    the model folder ``rockroll sft`` wrote (a warm start): its weights and its tokenizer, in
+    place of ``name_or_path`` (which the SFT stage of the same YAML started from)."""
 
     # a pretrained model: folder, .gguf file, imported or packaged name (null: a tiny Llama of the dims below)
     name_or_path: str | None = None
-    # the model folder an SFT stage wrote (weights and tokenizer; null: name_or_path or a fresh tiny Llama)
+    # the model folder an SFT stage wrote (weights and tokenizer; it replaces name_or_path, which that SFT
+    # stage of the same config started from; null: name_or_path or a fresh tiny Llama)
     init_from: str | None = None
     hidden_size: int = 128  # tiny model (no name_or_path): width
     num_layers: int = 2  # tiny model: decoder layers
@@ -95,8 +96,6 @@ class ModelConfig:
         _check(self.hidden_size % self.num_heads == 0, f"{p}.num_heads", "must divide hidden_size")
         _check(self.dtype in ("float32", "bfloat16", "float16"), f"{p}.dtype",
                "must be one of float32, bfloat16, float16")
-        _check(not (self.init_from and self.name_or_path), f"{p}.init_from",
-               "a warm start replaces name_or_path: set one of them")
         self.lora.validate(f"{p}.lora")
 
 
@@ -494,8 +493,8 @@ class EngineConfig:
 
 @dataclass
 class GenerationConfig:
-    """How replies are sampled (:mod:`rockroll.trainer.sampling`): temperature, top-k, top-p
-    and the allowed tokens define one distribution, used alike by the generator and the
+    """How replies are sampled (:mod:`rockroll.trainer.sampling`): temperature, min-p, top-k,
+    top-p and the allowed tokens define one distribution, used alike by the generator and the
     trainer's log-probs."""
 
     backend: str = "transformers"  # transformers (in process, CPU or GPU) or vllm (extra vllm)
@@ -505,6 +504,9 @@ class GenerationConfig:
     # generator samples from; the trainer's log-probs are taken under the same truncation
     # (trainer/sampling.py), so ratios are unbiased
     top_k: int = 0
+    # min-p sampling: tokens less likely than min_p times the likeliest are removed, before top-k and
+    # top-p as vLLM orders them (0: off); the trainer's log-probs are taken under it too
+    min_p: float = 0.0
     max_new_tokens: int = 4  # longest reply per turn, in tokens
     gpu_memory_utilization: float = 0.5  # vllm only: the share of the GPU's memory the engine may take
     # Constrained decoding: the reply may use only these texts, each one token of the tokenizer
@@ -528,6 +530,7 @@ class GenerationConfig:
         _check(self.temperature > 0, f"{p}.temperature", "must be > 0")
         _check(0 < self.top_p <= 1, f"{p}.top_p", "must be in (0, 1]")
         _check(self.top_k >= 0, f"{p}.top_k", "must be >= 0 (0: off)")
+        _check(0 <= self.min_p < 1, f"{p}.min_p", "must be in [0, 1) (0: off)")
         _check(self.max_new_tokens >= 1, f"{p}.max_new_tokens", "must be >= 1")
 
 

@@ -22,7 +22,7 @@ class CharTok:
     """A stand-in tokenizer, one id per character and ``<|end|>`` id 0 (no chat template: use
     ``tokenizer.template: prefixes``), for runs that measure scheduling, not text."""
 
-    unk_token_id = -1
+    unk_token_id, eos_token = -1, "<|end|>"
 
     def convert_tokens_to_ids(self, tok):
         return 0 if tok == "<|end|>" else None

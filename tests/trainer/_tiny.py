@@ -47,13 +47,18 @@ def run_config(tmp_path, **over) -> TrainConfig:
         "generation": {"max_new_tokens": 1},
         "logging": {"dir": str(tmp_path / "run"), "progress": False, "plot_every": 1},
     }
+    return load_config(with_overrides(data, over))
+
+
+def with_overrides(data: dict, over: dict) -> dict:
+    """``data`` with ``over``'s keys set, ``__`` for dots (``engine__kind="deepspeed"``)."""
     for dotted, v in over.items():
         node = data
         *parents, leaf = dotted.split("__")
         for p in parents:
             node = node.setdefault(p, {})
         node[leaf] = v
-    return load_config(data)
+    return data
 
 
 class Held:

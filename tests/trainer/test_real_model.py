@@ -27,6 +27,7 @@ from rockroll.trainer.rollout.manager import PromptTemplate, RolloutManager
 from rockroll.trainer.roles.update import collate, token_logp
 from rockroll.trainer.sft import sft
 from _scripted import RecordingEngine
+from _tiny import with_overrides
 
 NAME = "smollm2-135m-instruct"
 IM_END = "<|im_end|>"
@@ -56,13 +57,7 @@ def _cfg(tmp_path, **over):
         "logging": {"dir": str(tmp_path / "run"), "progress": False, "tensorboard": False, "plot": False},
         "sft": {"steps": 1, "batch_size": 2, "sources": [{"kind": "expert", "episodes": 4}]},
     }
-    for dotted, v in over.items():
-        node = data
-        *parents, leaf = dotted.split("__")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = v
-    return load_config(data)
+    return load_config(with_overrides(data, over))
 
 
 def _split(module):

@@ -44,6 +44,13 @@ def test_top_k_keeps_ties_and_top_p_keeps_a_token_while_the_mass_above_it_is_bel
     # the second is .5/.95 = .526, and only the first stays
     assert truncated(logits, top_p=0.52).tolist() == [False, False, True, True]
     assert truncated(logits, top_k=3, top_p=0.52).tolist() == [False, True, True, True]
+    # min-p: p < min_p * p_max goes (p_max .5: .3 keeps .15 and up, .31 keeps .3 and up)
+    assert truncated(logits, min_p=0.3).tolist() == [False, False, False, True]
+    assert truncated(logits, min_p=0.31).tolist() == [False, False, True, True]
+    # before top-p, as vLLM orders them: over the renormalised (.5, .3, .15)/.95 the mass above
+    # the third is .842 >= .8, so it goes too; top-p .8 alone keeps the first two as well
+    assert truncated(logits, min_p=0.3, top_p=0.8).tolist() == [False, False, True, True]
+    assert truncated(logits, min_p=0.3, top_p=0.85).tolist() == [False, False, False, True]
 
 
 def test_processed_logits_renormalise_and_the_trainer_never_gives_minus_infinity():
@@ -73,7 +80,9 @@ def test_top_k_must_not_be_negative():
 
 CASES = {"top_p": {"top_p": 0.6},
          "top_k_and_top_p": {"top_k": 5, "top_p": 0.9},
-         "allowed_and_top_k": {"top_k": 2, "allowed_tokens": ["Up", "Down", "Left", "Right"]}}
+         "allowed_and_top_k": {"top_k": 2, "allowed_tokens": ["Up", "Down", "Left", "Right"]},
+         "min_p": {"min_p": 0.3},
+         "min_p_then_top_p": {"min_p": 0.05, "top_p": 0.8}}
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -98,7 +107,8 @@ def test_trainer_logp_of_generated_tokens_equal_the_generators_under_truncation(
     allowed = None if allowed is None else torch.tensor(allowed)
     forward = lambda ids, a: (model(input_ids=ids, attention_mask=a).logits, None)  # noqa: E731
     with torch.no_grad():
-        logp, _ = token_logp(forward, batch, g.temperature, allowed=allowed, top_k=g.top_k, top_p=g.top_p)
+        logp, _ = token_logp(forward, batch, g.temperature, allowed=allowed, top_k=g.top_k, top_p=g.top_p,
+                             min_p=g.min_p)
         plain, _ = token_logp(forward, batch, g.temperature, allowed=allowed)
     torch.testing.assert_close(logp[m], batch.behav_logp[m], atol=1e-5, rtol=0)
     assert (plain[m] < batch.behav_logp[m] - 1e-3).all()  # what the trainer computed before: biased

@@ -11,7 +11,7 @@ from rockroll.gem.grid import FrozenLakeEnv, shortest_path
 from rockroll.trainer.config import ConfigError, EnvConfig, load_config
 from rockroll.trainer.controller import train
 from rockroll.trainer.envs import make_env
-from rockroll.trainer.models import build_model, load_tokenizer
+from rockroll.trainer.models import build_model, load_tokenizer, model_folder
 from rockroll.trainer.rollout.manager import PromptTemplate, RolloutManager, request_ids
 from rockroll.trainer.rollout.sft_data import (
     SFTExample, expert_examples, messages_examples, record_examples, render_messages,
@@ -220,8 +220,8 @@ def test_sft_resumes_where_it_stopped_and_its_model_is_the_warm_start(tmp_path):
     model = build_model(cfg.model, tok, seed=123)
     saved = whole["policy"].module.lm.state_dict()
     assert all(torch.equal(v, saved[k].cpu()) for k, v in model.state_dict().items())
-    with pytest.raises(ConfigError, match="model.init_from: a warm start replaces name_or_path"):
-        load_config({"model": {"init_from": "x", "name_or_path": "y"}})
+    # one YAML for both stages: the warm start replaces the model the SFT stage started from
+    assert model_folder(load_config({"model": {"init_from": "x", "name_or_path": "no-such-model"}}).model) == "x"
     with pytest.raises(ConfigError, match="tokenizer.add_tokens.*not tokens of the model.s tokenizer"):
         load_tokenizer(load_config({"tokenizer": {"add_tokens": ["\\boxed{7}"]}}).tokenizer, cfg.envs,
                        tmp_path / "unused", whole["model_dir"])

@@ -10,6 +10,7 @@ the base is rebuilt from ``model.name_or_path`` on resume, exactly as it was.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +38,10 @@ def with_lora(lm: Any, cfg: Any) -> Any:
         from ..config import ConfigError
 
         raise ConfigError("model.lora.target_modules", f"{missing} name no module of {type(lm).__name__}")
-    return get_peft_model(lm, LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
-                                         target_modules=list(cfg.target_modules), bias="none"))
+    with warnings.catch_warnings():  # peft 0.21 reads a property Transformers 5 deprecated: not ours to fix
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        return get_peft_model(lm, LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
+                                             target_modules=list(cfg.target_modules), bias="none"))
 
 
 def is_lora(lm: Any) -> bool:

@@ -3,8 +3,9 @@ the trainer: so the trainer's log-probs of generated tokens are those of the dis
 generator drew them from, and every importance ratio compares like with like.
 
 From a position's logits, in vLLM's order: constrained decoding (``allowed``: every other
-token removed), temperature, top-k (the ``k`` largest logits, ties at the k-th kept), then
-top-p over what top-k left (the smallest set of most likely tokens whose mass reaches ``p``:
+token removed), temperature, min-p (a token whose probability is below ``min_p`` times the
+likeliest token's removed: vLLM applies it before top-k and top-p, as a logits processor),
+top-k (the ``k`` largest logits, ties at the k-th kept), then top-p over what top-k left (the smallest set of most likely tokens whose mass reaches ``p``:
 a token stays while the mass of the tokens above it is below ``p``). Removed tokens get
 ``-inf``; the softmax over the rest renormalises. The truncation is a set, decided without
 gradient: the trainer differentiates the renormalised log-prob of the kept set.
@@ -15,6 +16,7 @@ Here too the request's settings (:class:`SamplingParams`) and what an engine ans
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -27,6 +29,7 @@ class SamplingParams:
     temperature: float = 1.0  # 0: greedy (log-probs then of the untempered softmax, as vLLM reports them)
     top_p: float = 1.0
     top_k: int = 0            # 0: no top-k truncation
+    min_p: float = 0.0        # 0: no min-p truncation
     max_new_tokens: int = 4
     stop_token_ids: list[int] = field(default_factory=list)
     # One seed per prompt makes a request's sample independent of how requests were batched.
@@ -44,14 +47,17 @@ class GenOutput:
 
 
 @torch.no_grad()
-def truncated(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor | None:
-    """Bool (..., V): True where top-k / top-p remove a token of ``logits`` (temperature and
-    masks already applied); None when neither truncates."""
+def truncated(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> torch.Tensor | None:
+    """Bool (..., V): True where min-p / top-k / top-p remove a token of ``logits``
+    (temperature and masks already applied); None when none truncates."""
     V = logits.shape[-1]
     removed = None
+    if min_p > 0:  # p < min_p * p_max, i.e. logit < max logit + log(min_p): no softmax needed
+        removed = logits < logits.amax(-1, keepdim=True) + math.log(min_p)
+        logits = logits.masked_fill(removed, float("-inf"))
     if 0 < top_k < V:
         kth = logits.topk(top_k, dim=-1).values[..., -1:]
-        removed = logits < kth
+        removed = logits < kth if removed is None else removed | (logits < kth)
     if top_p < 1.0:
         lg = logits if removed is None else logits.masked_fill(removed, float("-inf"))
         sorted_lg, idx = lg.sort(-1, descending=True)
@@ -64,7 +70,7 @@ def truncated(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch
 
 
 def processed_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                     allowed: torch.Tensor | None = None) -> torch.Tensor:
+                     allowed: torch.Tensor | None = None, min_p: float = 0.0) -> torch.Tensor:
     """fp32 logits of the distribution sampled from (``log_softmax`` of them: its log-probs),
     ``-inf`` outside its support. ``allowed``: a LongTensor of the token ids constrained
     decoding may use (None: all)."""
@@ -73,5 +79,5 @@ def processed_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int 
         mask = torch.full((lg.shape[-1],), float("-inf"), device=lg.device)
         mask[allowed.to(lg.device)] = 0.0
         lg.add_(mask)
-    removed = truncated(lg, top_k, top_p)
+    removed = truncated(lg, top_k, top_p, min_p)
     return lg if removed is None else lg.masked_fill_(removed, float("-inf"))

@@ -61,7 +61,7 @@ class Stepper(Protocol):
 def sample_rows(logits: torch.Tensor, rows: list["_Request"]) -> list[tuple[int, float]]:
     """One token for each row of ``logits`` (B, V) as its request's settings say, and its
     log-probability under the distribution it was sampled from (:func:`~.sampling.processed_logits`:
-    allowed ids, temperature, top-k, top-p, as the trainer computes it; temperature 0: argmax,
+    allowed ids, temperature, min-p, top-k, top-p, as the trainer computes it; temperature 0: argmax,
     log-prob at temperature 1, as vLLM reports it). Rows with the same settings are processed
     together on the logits' device, and each draws with its own generator there; only the
     tokens and their log-probs leave it (on a GPU, one small copy a step instead of the
@@ -72,10 +72,11 @@ def sample_rows(logits: torch.Tensor, rows: list["_Request"]) -> list[tuple[int,
     for i, r in enumerate(rows):
         sp = r.sampling
         allowed = None if sp.allowed_token_ids is None else tuple(sp.allowed_token_ids)
-        by_settings.setdefault((sp.temperature, sp.top_k, sp.top_p, allowed), []).append(i)
+        by_settings.setdefault((sp.temperature, sp.top_k, sp.top_p, sp.min_p, allowed), []).append(i)
     for idx in by_settings.values():
         sp, allowed = rows[idx[0]].sampling, rows[idx[0]].allowed
-        logp = torch.log_softmax(processed_logits(logits[idx], sp.temperature or 1.0, sp.top_k, sp.top_p, allowed), -1)
+        logp = torch.log_softmax(processed_logits(logits[idx], sp.temperature or 1.0, sp.top_k, sp.top_p, allowed,
+                                                  sp.min_p), -1)
         probs = logp.exp()
         if sp.temperature == 0:
             toks = probs.argmax(-1)

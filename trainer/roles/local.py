@@ -116,7 +116,7 @@ class ReferenceRole(BatchRole, Offloadable):
         with torch.no_grad():
             g = self.cfg.generation
             logp, _ = token_logp(self._forward, collate(groups, self.pad_id).to(self.device), g.temperature,
-                                 self.cfg.engine.micro_batch_size, self.allowed, g.top_k, g.top_p)
+                                 self.cfg.engine.micro_batch_size, self.allowed, g.top_k, g.top_p, min_p=g.min_p)
         return {"ref_logp": logp.cpu()}
 
     def train(self, groups: list[Group], aux: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -205,7 +205,8 @@ class PolicyTrainer(Offloadable):
     def update(self, groups: list[Group], aux: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
         return update_policy(self.policy, self.cfg.algorithm, collate(groups, self.pad_id),
                              self.cfg.generation.temperature, self.allowed_ids, aux, self.shard,
-                             top_k=self.cfg.generation.top_k, top_p=self.cfg.generation.top_p)
+                             top_k=self.cfg.generation.top_k, top_p=self.cfg.generation.top_p,
+                             min_p=self.cfg.generation.min_p)
 
     def weights(self) -> dict[str, Any]:
         # on the policy's device: the generator and the batch roles of this process load them

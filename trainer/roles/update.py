@@ -96,27 +96,28 @@ def collate(groups: list[Group], pad_id: int) -> Batch:
 LOGP_CHUNK = 1024  # sequence positions per slice of the fp32 log-prob computation
 
 
-def _slice_logp(logits, targets, temperature: float, allowed=None, top_k: int = 0, top_p: float = 1.0):
+def _slice_logp(logits, targets, temperature: float, allowed=None, top_k: int = 0, top_p: float = 1.0,
+                min_p: float = 0.0):
     # the only fp32 copy of (a slice of) the logits: the generator's processed distribution.
     # The target's logit is read from the unmasked logits: a target outside the support (an
     # observation token, masked out of every loss; a sampled token that a moved policy's own
     # top-p set leaves out) gets logit - logsumexp(support), finite, never -inf (whose ratios
     # and gradients would be NaN); inside it, this is exactly the processed log-prob.
-    lse = processed_logits(logits, temperature, top_k, top_p, allowed).logsumexp(-1)
+    lse = processed_logits(logits, temperature, top_k, top_p, allowed, min_p).logsumexp(-1)
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1).float() / temperature - lse
 
 
 def target_logp(logits, targets, temperature: float, chunk: int = LOGP_CHUNK, allowed=None, top_k: int = 0,
-                top_p: float = 1.0):
+                top_p: float = 1.0, min_p: float = 0.0):
     """log softmax(logits / temperature)[target], (B, T), without a full-vocabulary fp32 tensor
     for all positions: ``logit[target] - logsumexp(logits)`` in fp32, ``chunk`` positions at a
     time. Under autograd each slice is checkpointed (recomputed in backward rather than
     keeping its fp32 logits), which keeps the peak near 1.5x the fp32 size of ``logits``
     instead of about 4x (bf16 logits of a 0.5B model: 150k vocabulary x 16k tokens is 10 GB
-    in fp32). ``allowed`` (a LongTensor of token ids, constrained decoding), ``top_k`` and
-    ``top_p``: the softmax is over the tokens the generator could sample from, renormalised
+    in fp32). ``allowed`` (a LongTensor of token ids, constrained decoding), ``top_k``, ``top_p``
+    and ``min_p``: the softmax is over the tokens the generator could sample from, renormalised
     (:func:`~rockroll.trainer.engines.sampling.processed_logits`)."""
-    return _by_slices(_slice_logp, chunk, logits, targets, temperature, allowed, top_k, top_p)
+    return _by_slices(_slice_logp, chunk, logits, targets, temperature, allowed, top_k, top_p, min_p)
 
 
 def _by_slices(fn, chunk: int, logits, *args):
@@ -133,22 +134,22 @@ def _by_slices(fn, chunk: int, logits, *args):
     return torch.cat(parts, 1)
 
 
-def _slice_entropy(logits, temperature: float, allowed=None, top_k: int = 0, top_p: float = 1.0):
-    logp = processed_logits(logits, temperature, top_k, top_p, allowed).log_softmax(-1)
+def _slice_entropy(logits, temperature: float, allowed=None, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0):
+    logp = processed_logits(logits, temperature, top_k, top_p, allowed, min_p).log_softmax(-1)
     p = logp.exp()
     return -torch.where(p > 0, p * logp, 0.0).sum(-1)  # 0 * log 0 = 0 outside the support
 
 
 def token_entropy(logits, temperature: float, chunk: int = LOGP_CHUNK, allowed=None, top_k: int = 0,
-                  top_p: float = 1.0):
+                  top_p: float = 1.0, min_p: float = 0.0):
     """The entropy of the distribution sampled from (:func:`~rockroll.trainer.engines.sampling.processed_logits`) per
     position, (B, T): the policy's entropy at each predicted token, computed like
     :func:`target_logp`, ``chunk`` positions at a time in fp32 (checkpointed under autograd)."""
-    return _by_slices(_slice_entropy, chunk, logits, temperature, allowed, top_k, top_p)
+    return _by_slices(_slice_entropy, chunk, logits, temperature, allowed, top_k, top_p, min_p)
 
 
 def token_logp(policy_forward, batch: Batch, temperature: float, micro_batch_size: int = 0, allowed=None,
-               top_k: int = 0, top_p: float = 1.0, with_entropy: bool = False):
+               top_k: int = 0, top_p: float = 1.0, with_entropy: bool = False, min_p: float = 0.0):
     """log pi(target_t) with logits / temperature, top-k and top-p (the distribution the generator
     sampled), and values if the module has a value head (else None), by :func:`target_logp`; with
     ``with_entropy`` a third item, the policy's entropy per position (:func:`token_entropy`).
@@ -165,10 +166,11 @@ def token_logp(policy_forward, batch: Batch, temperature: float, micro_batch_siz
         n = int(mb.attention_mask.sum(-1).max())  # sequences are left-aligned: columns >= n are padding
         logits, v = policy_forward(mb.input_ids[:, :n], mb.attention_mask[:, :n])
         lp = target_logp(logits[:, :-1], mb.targets[:, : n - 1], temperature, allowed=allowed, top_k=top_k,
-                         top_p=top_p)
+                         top_p=top_p, min_p=min_p)
         if with_entropy:
             ents.append(torch.nn.functional.pad(token_entropy(logits[:, :-1], temperature, allowed=allowed,
-                                                              top_k=top_k, top_p=top_p), (0, width - (n - 1))))
+                                                              top_k=top_k, top_p=top_p, min_p=min_p),
+                                                (0, width - (n - 1))))
         del logits  # this micro-batch's logits go before the next forward
         # back to the batch's width (the padding positions are masked out everywhere)
         logps.append(torch.nn.functional.pad(lp, (0, width - (n - 1))))
@@ -242,7 +244,8 @@ def _rows(x, idx):
 
 def update_policy(policy, a: AlgorithmConfig, batch: Batch, temperature: float,
                   allowed_ids: list[int] | None = None, aux: dict[str, torch.Tensor] | None = None,
-                  shard: tuple[int, int] = (0, 1), top_k: int = 0, top_p: float = 1.0) -> dict[str, float]:
+                  shard: tuple[int, int] = (0, 1), top_k: int = 0, top_p: float = 1.0,
+                  min_p: float = 0.0) -> dict[str, float]:
     """One training step on a batch: advantages, then ppo_epochs x mini_batches optimizer steps.
 
     A mini-batch runs in micro-batches of ``engine.micro_batch_size`` sequences (0: at once):
@@ -250,7 +253,7 @@ def update_policy(policy, a: AlgorithmConfig, batch: Batch, temperature: float,
     sequence counts, and their gradients accumulate into the mini-batch's one optimizer step,
     the same step as unsplit. The batch moves to the policy's device first. ``allowed_ids``:
     the token ids of constrained decoding (``generation.allowed_tokens``), None for all;
-    ``top_k``, ``top_p``: the generator's truncation, applied to every log-prob here too.
+    ``top_k``, ``top_p``, ``min_p``: the generator's truncation, applied to every log-prob here too.
     ``aux``: what the batch roles computed on this batch (:class:`~.base.BatchRole`), tensors
     aligned with its rows: ``ref_logp`` (B, T), the frozen reference's log-probs (KL);
     ``credit_scale`` (B, T), the attention-rhythm scale of each token's advantage; AsyPPO's
@@ -279,7 +282,7 @@ def update_policy(policy, a: AlgorithmConfig, batch: Batch, temperature: float,
                        if a.spec.critics else (None, None))
     with torch.no_grad():
         old_logp, old_values = (None, None) if single else token_logp(policy.forward, batch, temperature, micro,
-                                                                      allowed, top_k, top_p)
+                                                                      allowed, top_k, top_p, min_p=min_p)
 
     def advantages(old, values):
         ref = ref_logp if ref_logp is not None else old
@@ -302,7 +305,7 @@ def update_policy(policy, a: AlgorithmConfig, batch: Batch, temperature: float,
             for i, idx in enumerate(parts):
                 mb = batch if single else batch.select(idx)
                 logp, values, entropy = token_logp(policy.forward, mb, temperature, allowed=allowed, top_k=top_k,
-                                                   top_p=top_p, with_entropy=True)
+                                                   top_p=top_p, with_entropy=True, min_p=min_p)
                 if a.entropy_coef == 0:  # a metric only: its graph would keep this micro-batch's logits alive
                     entropy = entropy.detach()
                 if single:
