@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PHASES = ("install rockroll (no extras)", "first sandbox answers", "train extras (torch, Transformers, DeepSpeed)",
-          "SFT on expert episodes (FrozenLake)", "GRPO from the SFT model", "held-out curve", "SWE tasks, built in the background meanwhile",
+          "the packaged model (SmolLM2-135M-Instruct)", "SFT on expert episodes (FrozenLake)", "GRPO from the SFT model", "held-out curve", "SWE tasks, built in the background meanwhile",
           "waiting for the SWE tasks", "one rock/SWE-v0 episode", "sandbox demo", "make demo, in all")
 
 
