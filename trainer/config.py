@@ -493,8 +493,8 @@ class EngineConfig:
 
 @dataclass
 class GenerationConfig:
-    """How replies are sampled (:mod:`rockroll.trainer.sampling`): temperature, min-p, top-k,
-    top-p and the allowed tokens define one distribution, used alike by the generator and the
+    """How replies are sampled (:mod:`rockroll.trainer.sampling`): temperature, the repetition
+    penalty, min-p, top-k, top-p and the allowed tokens define one distribution, used alike by the generator and the
     trainer's log-probs."""
 
     backend: str = "transformers"  # transformers (in process, CPU or GPU) or vllm (extra vllm)
@@ -507,6 +507,10 @@ class GenerationConfig:
     # min-p sampling: tokens less likely than min_p times the likeliest are removed, before top-k and
     # top-p as vLLM orders them (0: off); the trainer's log-probs are taken under it too
     min_p: float = 0.0
+    # the repetition penalty (CTRL's, as vLLM and Transformers apply it; 1: off): a token already in
+    # the context, prompt or reply, has its logit divided by it when positive, multiplied when
+    # negative; the trainer's log-probs apply it at every position to that position's context
+    repetition_penalty: float = 1.0
     max_new_tokens: int = 4  # longest reply per turn, in tokens
     gpu_memory_utilization: float = 0.5  # vllm only: the share of the GPU's memory the engine may take
     # Constrained decoding: the reply may use only these texts, each one token of the tokenizer
@@ -531,6 +535,7 @@ class GenerationConfig:
         _check(0 < self.top_p <= 1, f"{p}.top_p", "must be in (0, 1]")
         _check(self.top_k >= 0, f"{p}.top_k", "must be >= 0 (0: off)")
         _check(0 <= self.min_p < 1, f"{p}.min_p", "must be in [0, 1) (0: off)")
+        _check(self.repetition_penalty > 0, f"{p}.repetition_penalty", "must be > 0 (1: off)")
         _check(self.max_new_tokens >= 1, f"{p}.max_new_tokens", "must be >= 1")
 
 

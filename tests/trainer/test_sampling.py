@@ -16,7 +16,7 @@ from rockroll.trainer.engines.generation import TransformersEngine
 from rockroll.trainer.models import build_model, load_tokenizer
 from rockroll.trainer.roles.local import PolicyTrainer
 from rockroll.trainer.rollout.manager import PromptTemplate, RolloutManager
-from rockroll.trainer.engines.sampling import processed_logits, truncated
+from rockroll.trainer.engines.sampling import Seen, processed_logits, truncated
 from _scripted import first_batch
 from rockroll.trainer.roles.update import collate, target_logp, token_logp
 
@@ -73,6 +73,41 @@ def test_processed_logits_renormalise_and_the_trainer_never_gives_minus_infinity
     assert torch.isfinite(only).tolist() == [[False, True, False, False]]
 
 
+def test_the_repetition_penalty_divides_seen_positive_logits_and_multiplies_seen_negative_ones():
+    logits = torch.tensor([[2.0, -1.0, 0.5, 0.0]])
+    seen = torch.tensor([[True, True, False, True]])
+    got = processed_logits(logits, 1.0, seen=seen, repetition_penalty=2.0)
+    torch.testing.assert_close(got, torch.tensor([[1.0, -2.0, 0.5, 0.0]]))
+    # after the temperature as before it (they commute), and before the truncation: at T 0.5 and
+    # penalty 5 token 0 (4 -> 0.8) falls below token 2's 1.0, so top-1 keeps token 2 alone
+    warm = processed_logits(logits, 0.5, top_k=1, seen=seen, repetition_penalty=5.0)
+    assert torch.isfinite(warm).tolist() == [[False, False, True, False]]
+    assert warm[0, 2] == pytest.approx(1.0)
+    # a position's context is the row up to it: token 3 is seen from position 2 on, token 1 never
+    first = Seen.of_rows(torch.tensor([[0, 2, 3]]), 4)
+    assert first.at(torch.arange(3)).tolist() == [[[True, False, False, False], [True, False, True, False],
+                                                   [True, False, True, True]]]
+    assert Seen.of_contexts([[3, 3, 1], []], 4).at().tolist() == [[False, True, False, True], [False] * 4]
+
+
+def test_the_trainers_log_probs_take_each_positions_own_context():
+    """target_logp with the penalty, by hand: at each position the logits of the tokens before it
+    (and itself) are penalised, then the softmax; in slices of one position as in one."""
+    torch.manual_seed(0)
+    ids = torch.tensor([[1, 2, 1, 3, 2]])
+    logits = torch.randn(1, 4, 5)
+    seen = Seen.of_rows(ids[:, :4], 5)
+    want = []
+    for t in range(4):
+        lg = logits[0, t].clone()
+        for v in set(ids[0, : t + 1].tolist()):
+            lg[v] = lg[v] / 1.5 if lg[v] > 0 else lg[v] * 1.5
+        want.append(torch.log_softmax(lg / 0.7, -1)[ids[0, t + 1]])
+    for chunk in (1, 4):
+        got = target_logp(logits, ids[:, 1:], 0.7, chunk=chunk, seen=seen, repetition_penalty=1.5)
+        torch.testing.assert_close(got[0], torch.stack(want))
+
+
 def test_top_k_must_not_be_negative():
     with pytest.raises(ConfigError, match=r"generation\.top_k: must be >= 0"):
         load_config({"generation": {"top_k": -1}})
@@ -82,7 +117,9 @@ CASES = {"top_p": {"top_p": 0.6},
          "top_k_and_top_p": {"top_k": 5, "top_p": 0.9},
          "allowed_and_top_k": {"top_k": 2, "allowed_tokens": ["Up", "Down", "Left", "Right"]},
          "min_p": {"min_p": 0.3},
-         "min_p_then_top_p": {"min_p": 0.05, "top_p": 0.8}}
+         "min_p_then_top_p": {"min_p": 0.05, "top_p": 0.8},
+         "repetition_penalty": {"repetition_penalty": 1.8},
+         "repetition_penalty_and_top_k": {"repetition_penalty": 1.3, "top_k": 5}}
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -108,10 +145,13 @@ def test_trainer_logp_of_generated_tokens_equal_the_generators_under_truncation(
     forward = lambda ids, a: (model(input_ids=ids, attention_mask=a).logits, None)  # noqa: E731
     with torch.no_grad():
         logp, _ = token_logp(forward, batch, g.temperature, allowed=allowed, top_k=g.top_k, top_p=g.top_p,
-                             min_p=g.min_p)
+                             min_p=g.min_p, repetition_penalty=g.repetition_penalty)
         plain, _ = token_logp(forward, batch, g.temperature, allowed=allowed)
     torch.testing.assert_close(logp[m], batch.behav_logp[m], atol=1e-5, rtol=0)
-    assert (plain[m] < batch.behav_logp[m] - 1e-3).all()  # what the trainer computed before: biased
+    if g.repetition_penalty == 1.0:  # what the trainer computed before: biased
+        assert (plain[m] < batch.behav_logp[m] - 1e-3).all()
+    else:  # the penalty alone moves mass both ways: off from the seen tokens, onto the others
+        assert (plain[m] - batch.behav_logp[m]).abs().max() > 1e-2
     # the whole update path (config -> PolicyTrainer -> update_policy): pi_old / mu is 1 everywhere
     metrics = PolicyTrainer(cfg, model, tok).update(groups)
     assert metrics["loss/tis_weight_mean"] == pytest.approx(1.0, abs=1e-5)

@@ -20,7 +20,7 @@ else:
 
 from rockroll.trainer.config import AlgorithmConfig, load_config  # noqa: E402
 from rockroll.trainer.controller import train  # noqa: E402
-from rockroll.trainer.engines.sampling import SamplingParams  # noqa: E402
+from rockroll.trainer.engines.sampling import SamplingParams, Seen  # noqa: E402
 from rockroll.trainer.engines.generation import VLLMEngine  # noqa: E402
 from rockroll.trainer.rollout.types import Group, Sample  # noqa: E402
 from rockroll.trainer.rollout.manager import PromptTemplate  # noqa: E402
@@ -156,6 +156,26 @@ def test_top_k_top_p_log_probs_are_the_trainers(run, top_k, top_p):
             plain = target_logp(logits, targets, T)[0].tolist()
         assert o.logprobs == pytest.approx(lp, abs=2e-4)
         assert all(b > a + 1e-3 for a, b in zip(plain, o.logprobs))
+
+
+def test_repetition_penalty_log_probs_are_the_trainers(run):
+    """vLLM's repetition penalty (over the prompt and the reply so far) is the one the trainer
+    applies at each position (:class:`~rockroll.trainer.engines.sampling.Seen`): the processed
+    log-probs agree, and the unpenalised ones do not."""
+    lm, stop = run["policy"].module.lm, run["template"].stop_id
+    prompts = _prompts(run)
+    sampling = SamplingParams(temperature=T, repetition_penalty=1.8, max_new_tokens=4, stop_token_ids=[stop],
+                              seeds=[41, 42, 43])
+    outs = run["generator"].generate(prompts, sampling)
+    for p, o in zip(prompts, outs):
+        row = torch.tensor([p + o.token_ids])
+        with torch.no_grad():
+            logits = lm(input_ids=row).logits[:, :-1]
+            seen = Seen.of_rows(row[:, :-1], logits.shape[-1])
+            lp = target_logp(logits, row[:, 1:], T, seen=seen, repetition_penalty=1.8)[0, len(p) - 1:].tolist()
+            plain = target_logp(logits, row[:, 1:], T)[0, len(p) - 1:].tolist()
+        assert o.logprobs == pytest.approx(lp, abs=2e-4)
+        assert max(abs(a - b) for a, b in zip(plain, o.logprobs)) > 1e-2
 
 
 def test_requests_join_the_running_batch(run):

@@ -220,6 +220,7 @@ class VLLMEngine(GenerationLoop):
     def _params(self, sampling: SamplingParams, seed: int | None):
         return self._vllm.SamplingParams(
             temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k, min_p=sampling.min_p,
+            repetition_penalty=sampling.repetition_penalty,
             max_tokens=sampling.max_new_tokens, logprobs=0,
             stop_token_ids=list(sampling.stop_token_ids), seed=None if seed is None else int(seed % 2**31),
             allowed_token_ids=sampling.allowed_token_ids, detokenize=False)

@@ -36,7 +36,7 @@ from typing import Any, Protocol
 import torch
 
 from .lifecycle import GenerationLoop
-from .sampling import GenOutput, SamplingParams, processed_logits
+from .sampling import GenOutput, SamplingParams, Seen, processed_logits
 
 __all__ = ["ContinuousBatcher", "Stepper", "sample_rows"]
 
@@ -61,7 +61,8 @@ class Stepper(Protocol):
 def sample_rows(logits: torch.Tensor, rows: list["_Request"]) -> list[tuple[int, float]]:
     """One token for each row of ``logits`` (B, V) as its request's settings say, and its
     log-probability under the distribution it was sampled from (:func:`~.sampling.processed_logits`:
-    allowed ids, temperature, min-p, top-k, top-p, as the trainer computes it; temperature 0: argmax,
+    allowed ids, repetition penalty over the prompt and the reply so far, temperature, min-p, top-k,
+    top-p, as the trainer computes it; temperature 0: argmax,
     log-prob at temperature 1, as vLLM reports it). Rows with the same settings are processed
     together on the logits' device, and each draws with its own generator there; only the
     tokens and their log-probs leave it (on a GPU, one small copy a step instead of the
@@ -72,11 +73,14 @@ def sample_rows(logits: torch.Tensor, rows: list["_Request"]) -> list[tuple[int,
     for i, r in enumerate(rows):
         sp = r.sampling
         allowed = None if sp.allowed_token_ids is None else tuple(sp.allowed_token_ids)
-        by_settings.setdefault((sp.temperature, sp.top_k, sp.top_p, sp.min_p, allowed), []).append(i)
+        by_settings.setdefault((sp.temperature, sp.top_k, sp.top_p, sp.min_p, sp.repetition_penalty, allowed),
+                               []).append(i)
     for idx in by_settings.values():
         sp, allowed = rows[idx[0]].sampling, rows[idx[0]].allowed
+        seen = None if sp.repetition_penalty == 1.0 else Seen.of_contexts(
+            [rows[i].prompt + rows[i].ids for i in idx], logits.shape[-1], logits.device).at()
         logp = torch.log_softmax(processed_logits(logits[idx], sp.temperature or 1.0, sp.top_k, sp.top_p, allowed,
-                                                  sp.min_p), -1)
+                                                  sp.min_p, seen, sp.repetition_penalty), -1)
         probs = logp.exp()
         if sp.temperature == 0:
             toks = probs.argmax(-1)

@@ -116,7 +116,8 @@ class ReferenceRole(BatchRole, Offloadable):
         with torch.no_grad():
             g = self.cfg.generation
             logp, _ = token_logp(self._forward, collate(groups, self.pad_id).to(self.device), g.temperature,
-                                 self.cfg.engine.micro_batch_size, self.allowed, g.top_k, g.top_p, min_p=g.min_p)
+                                 self.cfg.engine.micro_batch_size, self.allowed, g.top_k, g.top_p, min_p=g.min_p,
+                                 repetition_penalty=g.repetition_penalty)
         return {"ref_logp": logp.cpu()}
 
     def train(self, groups: list[Group], aux: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -206,7 +207,8 @@ class PolicyTrainer(Offloadable):
         return update_policy(self.policy, self.cfg.algorithm, collate(groups, self.pad_id),
                              self.cfg.generation.temperature, self.allowed_ids, aux, self.shard,
                              top_k=self.cfg.generation.top_k, top_p=self.cfg.generation.top_p,
-                             min_p=self.cfg.generation.min_p)
+                             min_p=self.cfg.generation.min_p,
+                             repetition_penalty=self.cfg.generation.repetition_penalty)
 
     def weights(self) -> dict[str, Any]:
         # on the policy's device: the generator and the batch roles of this process load them

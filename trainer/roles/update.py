@@ -18,7 +18,7 @@ from ..algorithms import credit as C
 from ..algorithms import pg as A
 from ..algorithms import rhythm as R
 from ..config import AlgorithmConfig
-from ..engines.sampling import processed_logits
+from ..engines.sampling import Seen, penalized, processed_logits
 from ..rollout.types import Group
 
 __all__ = ["Batch", "collate", "compute_advantages", "compute_loss", "target_logp",
@@ -96,19 +96,23 @@ def collate(groups: list[Group], pad_id: int) -> Batch:
 LOGP_CHUNK = 1024  # sequence positions per slice of the fp32 log-prob computation
 
 
-def _slice_logp(logits, targets, temperature: float, allowed=None, top_k: int = 0, top_p: float = 1.0,
-                min_p: float = 0.0):
+def _slice_logp(logits, targets, positions, temperature: float, allowed=None, top_k: int = 0, top_p: float = 1.0,
+                min_p: float = 0.0, seen: Seen | None = None, repetition_penalty: float = 1.0):
     # the only fp32 copy of (a slice of) the logits: the generator's processed distribution.
     # The target's logit is read from the unmasked logits: a target outside the support (an
     # observation token, masked out of every loss; a sampled token that a moved policy's own
     # top-p set leaves out) gets logit - logsumexp(support), finite, never -inf (whose ratios
     # and gradients would be NaN); inside it, this is exactly the processed log-prob.
-    lse = processed_logits(logits, temperature, top_k, top_p, allowed, min_p).logsumexp(-1)
-    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1).float() / temperature - lse
+    mask = None if seen is None else seen.at(positions)
+    lse = processed_logits(logits, temperature, top_k, top_p, allowed, min_p, mask, repetition_penalty).logsumexp(-1)
+    target = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1).float()
+    if mask is not None:
+        target = penalized(target, mask.gather(-1, targets.unsqueeze(-1)).squeeze(-1), repetition_penalty)
+    return target / temperature - lse
 
 
 def target_logp(logits, targets, temperature: float, chunk: int = LOGP_CHUNK, allowed=None, top_k: int = 0,
-                top_p: float = 1.0, min_p: float = 0.0):
+                top_p: float = 1.0, min_p: float = 0.0, seen: Seen | None = None, repetition_penalty: float = 1.0):
     """log softmax(logits / temperature)[target], (B, T), without a full-vocabulary fp32 tensor
     for all positions: ``logit[target] - logsumexp(logits)`` in fp32, ``chunk`` positions at a
     time. Under autograd each slice is checkpointed (recomputed in backward rather than
@@ -116,8 +120,11 @@ def target_logp(logits, targets, temperature: float, chunk: int = LOGP_CHUNK, al
     instead of about 4x (bf16 logits of a 0.5B model: 150k vocabulary x 16k tokens is 10 GB
     in fp32). ``allowed`` (a LongTensor of token ids, constrained decoding), ``top_k``, ``top_p``
     and ``min_p``: the softmax is over the tokens the generator could sample from, renormalised
-    (:func:`~rockroll.trainer.engines.sampling.processed_logits`)."""
-    return _by_slices(_slice_logp, chunk, logits, targets, temperature, allowed, top_k, top_p, min_p)
+    (:func:`~rockroll.trainer.engines.sampling.processed_logits`). ``seen``: the context of each
+    position (:meth:`Seen.of_rows` of the forward's input ids), for ``repetition_penalty``."""
+    positions = torch.arange(logits.shape[1], device=logits.device)[None]
+    return _by_slices(_slice_logp, chunk, logits, targets, positions, temperature, allowed, top_k, top_p, min_p,
+                      seen, repetition_penalty)
 
 
 def _by_slices(fn, chunk: int, logits, *args):
@@ -134,22 +141,28 @@ def _by_slices(fn, chunk: int, logits, *args):
     return torch.cat(parts, 1)
 
 
-def _slice_entropy(logits, temperature: float, allowed=None, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0):
-    logp = processed_logits(logits, temperature, top_k, top_p, allowed, min_p).log_softmax(-1)
+def _slice_entropy(logits, positions, temperature: float, allowed=None, top_k: int = 0, top_p: float = 1.0,
+                   min_p: float = 0.0, seen: Seen | None = None, repetition_penalty: float = 1.0):
+    mask = None if seen is None else seen.at(positions)
+    logp = processed_logits(logits, temperature, top_k, top_p, allowed, min_p, mask,
+                            repetition_penalty).log_softmax(-1)
     p = logp.exp()
     return -torch.where(p > 0, p * logp, 0.0).sum(-1)  # 0 * log 0 = 0 outside the support
 
 
 def token_entropy(logits, temperature: float, chunk: int = LOGP_CHUNK, allowed=None, top_k: int = 0,
-                  top_p: float = 1.0, min_p: float = 0.0):
+                  top_p: float = 1.0, min_p: float = 0.0, seen: Seen | None = None, repetition_penalty: float = 1.0):
     """The entropy of the distribution sampled from (:func:`~rockroll.trainer.engines.sampling.processed_logits`) per
     position, (B, T): the policy's entropy at each predicted token, computed like
     :func:`target_logp`, ``chunk`` positions at a time in fp32 (checkpointed under autograd)."""
-    return _by_slices(_slice_entropy, chunk, logits, temperature, allowed, top_k, top_p, min_p)
+    positions = torch.arange(logits.shape[1], device=logits.device)[None]
+    return _by_slices(_slice_entropy, chunk, logits, positions, temperature, allowed, top_k, top_p, min_p, seen,
+                      repetition_penalty)
 
 
 def token_logp(policy_forward, batch: Batch, temperature: float, micro_batch_size: int = 0, allowed=None,
-               top_k: int = 0, top_p: float = 1.0, with_entropy: bool = False, min_p: float = 0.0):
+               top_k: int = 0, top_p: float = 1.0, with_entropy: bool = False, min_p: float = 0.0,
+               repetition_penalty: float = 1.0):
     """log pi(target_t) with logits / temperature, top-k and top-p (the distribution the generator
     sampled), and values if the module has a value head (else None), by :func:`target_logp`; with
     ``with_entropy`` a third item, the policy's entropy per position (:func:`token_entropy`).
@@ -165,11 +178,14 @@ def token_logp(policy_forward, batch: Batch, temperature: float, micro_batch_siz
     for mb in parts:
         n = int(mb.attention_mask.sum(-1).max())  # sequences are left-aligned: columns >= n are padding
         logits, v = policy_forward(mb.input_ids[:, :n], mb.attention_mask[:, :n])
-        lp = target_logp(logits[:, :-1], mb.targets[:, : n - 1], temperature, allowed=allowed, top_k=top_k,
-                         top_p=top_p, min_p=min_p)
+        # the repetition penalty's context at each position: the row's tokens up to it, the
+        # prompt the generator had plus what it generated of the reply
+        seen = None if repetition_penalty == 1.0 else Seen.of_rows(mb.input_ids[:, : n - 1], logits.shape[-1])
+        dist = dict(allowed=allowed, top_k=top_k, top_p=top_p, min_p=min_p, seen=seen,
+                    repetition_penalty=repetition_penalty)
+        lp = target_logp(logits[:, :-1], mb.targets[:, : n - 1], temperature, **dist)
         if with_entropy:
-            ents.append(torch.nn.functional.pad(token_entropy(logits[:, :-1], temperature, allowed=allowed,
-                                                              top_k=top_k, top_p=top_p, min_p=min_p),
+            ents.append(torch.nn.functional.pad(token_entropy(logits[:, :-1], temperature, **dist),
                                                 (0, width - (n - 1))))
         del logits  # this micro-batch's logits go before the next forward
         # back to the batch's width (the padding positions are masked out everywhere)
@@ -245,7 +261,7 @@ def _rows(x, idx):
 def update_policy(policy, a: AlgorithmConfig, batch: Batch, temperature: float,
                   allowed_ids: list[int] | None = None, aux: dict[str, torch.Tensor] | None = None,
                   shard: tuple[int, int] = (0, 1), top_k: int = 0, top_p: float = 1.0,
-                  min_p: float = 0.0) -> dict[str, float]:
+                  min_p: float = 0.0, repetition_penalty: float = 1.0) -> dict[str, float]:
     """One training step on a batch: advantages, then ppo_epochs x mini_batches optimizer steps.
 
     A mini-batch runs in micro-batches of ``engine.micro_batch_size`` sequences (0: at once):
@@ -253,7 +269,8 @@ def update_policy(policy, a: AlgorithmConfig, batch: Batch, temperature: float,
     sequence counts, and their gradients accumulate into the mini-batch's one optimizer step,
     the same step as unsplit. The batch moves to the policy's device first. ``allowed_ids``:
     the token ids of constrained decoding (``generation.allowed_tokens``), None for all;
-    ``top_k``, ``top_p``, ``min_p``: the generator's truncation, applied to every log-prob here too.
+    ``top_k``, ``top_p``, ``min_p``, ``repetition_penalty``: the generator's processing, applied to
+    every log-prob here too.
     ``aux``: what the batch roles computed on this batch (:class:`~.base.BatchRole`), tensors
     aligned with its rows: ``ref_logp`` (B, T), the frozen reference's log-probs (KL);
     ``credit_scale`` (B, T), the attention-rhythm scale of each token's advantage; AsyPPO's
@@ -282,7 +299,8 @@ def update_policy(policy, a: AlgorithmConfig, batch: Batch, temperature: float,
                        if a.spec.critics else (None, None))
     with torch.no_grad():
         old_logp, old_values = (None, None) if single else token_logp(policy.forward, batch, temperature, micro,
-                                                                      allowed, top_k, top_p, min_p=min_p)
+                                                                      allowed, top_k, top_p, min_p=min_p,
+                                                                      repetition_penalty=repetition_penalty)
 
     def advantages(old, values):
         ref = ref_logp if ref_logp is not None else old
@@ -305,7 +323,8 @@ def update_policy(policy, a: AlgorithmConfig, batch: Batch, temperature: float,
             for i, idx in enumerate(parts):
                 mb = batch if single else batch.select(idx)
                 logp, values, entropy = token_logp(policy.forward, mb, temperature, allowed=allowed, top_k=top_k,
-                                                   top_p=top_p, with_entropy=True, min_p=min_p)
+                                                   top_p=top_p, with_entropy=True, min_p=min_p,
+                                                   repetition_penalty=repetition_penalty)
                 if a.entropy_coef == 0:  # a metric only: its graph would keep this micro-batch's logits alive
                     entropy = entropy.detach()
                 if single:

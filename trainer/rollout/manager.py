@@ -435,6 +435,7 @@ class RolloutManager:
         self.env_factory = env_factory or (lambda spec: make_env(spec, fp))
         self.sampling = SamplingParams(temperature=cfg.generation.temperature, top_p=cfg.generation.top_p,
                                        top_k=cfg.generation.top_k, min_p=cfg.generation.min_p,
+                                       repetition_penalty=cfg.generation.repetition_penalty,
                                        max_new_tokens=cfg.generation.max_new_tokens,
                                        stop_token_ids=[template.stop_id],
                                        allowed_token_ids=allowed_token_ids(template.tok, cfg.generation.allowed_tokens))

@@ -32,11 +32,12 @@ class EnginePolicy:
 
     def __init__(self, engine: Any, tokenizer: Any, *, stop_id: int, max_tokens: int = DEFAULT_MAX_TOKENS,
                  temperature: float = 1.0, top_p: float = 1.0, allowed_token_ids: list[int] | None = None,
-                 top_k: int = 0, min_p: float = 0.0):
+                 top_k: int = 0, min_p: float = 0.0, repetition_penalty: float = 1.0):
         self.engine, self.tok, self.stop_id = engine, tokenizer, int(stop_id)
         self.max_tokens, self.temperature, self.top_p = max_tokens, temperature, top_p
-        # top_k, min_p: generation.top_k and .min_p (no OpenAI field)
+        # top_k, min_p, repetition_penalty: generation's (no OpenAI field)
         self.allowed_token_ids, self.top_k, self.min_p = allowed_token_ids, top_k, min_p
+        self.repetition_penalty = repetition_penalty
 
     def prompt_ids(self, call) -> list[int]:
         try:
@@ -52,7 +53,7 @@ class EnginePolicy:
         temperature = self.temperature if sampling.temperature is None else sampling.temperature
         seeds = None if sampling.seed is None else [sampling.seed + i for i in range(sampling.n)]
         params = SamplingParams(temperature=temperature, top_p=self.top_p if sampling.top_p is None else sampling.top_p,
-                                top_k=self.top_k, min_p=self.min_p,
+                                top_k=self.top_k, min_p=self.min_p, repetition_penalty=self.repetition_penalty,
                                 max_new_tokens=want, stop_token_ids=[self.stop_id], seeds=seeds,
                                 allowed_token_ids=self.allowed_token_ids)
         outs = await asyncio.to_thread(self.engine.generate, [list(prompt_ids)] * sampling.n, params)
