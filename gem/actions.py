@@ -26,7 +26,11 @@ Tool actions (``kind="bash"`` or ``"submit"``):
 
 Answers (``kind="answer"``, for Q&A envs such as math and the grid games): ``\\boxed{...}``
 (braces balanced) or ``<answer>...</answer>``; when several appear, the *last* one counts
-(models revise themselves). Answers are only looked for when there is no tool action.
+(models revise themselves). Without either, a free-form statement of it: the last line part
+after ``answer is``, ``answer:`` or ``answer =`` (``The final answer is 12.``,
+``**Answer:** Down``), up to the end of its sentence, with markdown emphasis, ``$`` and a
+final full stop taken off -- an instruct model that was never taught a format still states
+its answer so. Answers are only looked for when there is no tool action.
 
 Quoting: the reply is read left to right and the construct that starts first -- a fenced
 block, a ``<tool_call>``/``<bash>``/``<submit>`` tag, a JSON value -- takes its whole span;
@@ -299,6 +303,27 @@ def _last_boxed(text: str) -> tuple[int, str] | None:
     return last
 
 
+# "answer is", "answer:", "answer =" (markdown bold around either part), then the rest of the line
+_ANSWER_PHRASE = re.compile(r"\banswer\b[*_ \t]*(?:is\b|:|=)[*_ \t:]*([^\n]*)", re.IGNORECASE)
+_ANSWER_WORD = re.compile(r"\banswer\b", re.IGNORECASE)
+_SENTENCE_END = re.compile(r"[.;,!?](?:\s|$)|\s(?:because|since|which|as)\s", re.IGNORECASE)
+
+
+def _stated_answer(text: str) -> str | None:
+    """The answer of the last ``... answer is X`` statement in ``text`` (module docstring), or None."""
+    # from the last "answer" back (a statement's rest of line may hold a later one)
+    starts = [m.start() for m in _ANSWER_WORD.finditer(text)]
+    last = next((m for i in reversed(starts) if (m := _ANSWER_PHRASE.match(text, i))), None)
+    if last is None:
+        return None
+    value = last.group(1)
+    end = _SENTENCE_END.search(value)
+    value = (value[: end.start()] if end else value).strip().strip("*_`$ \t").strip()
+    if value.startswith("\\(") and value.endswith("\\)"):
+        value = value[2:-2].strip()
+    return value or None
+
+
 def parse_action(text: str) -> Action:
     """Parse one model turn into an :class:`Action` (see the module docstring for the rules)."""
     if not isinstance(text, str):
@@ -326,4 +351,7 @@ def parse_action(text: str) -> Action:
         if not answer:
             return _invalid("the answer is empty")
         return Action(kind="answer", answer=answer)
+    stated = _stated_answer(prose)
+    if stated is not None:
+        return Action(kind="answer", answer=stated)
     return _invalid("no action found in the reply")

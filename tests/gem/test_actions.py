@@ -181,6 +181,29 @@ def test_tool_action_wins_over_answer_and_answers_in_code_are_ignored():
     assert parse_action(f"{FENCE}latex\n\\boxed{{9}}\n{FENCE}").kind == "invalid"
 
 
+@pytest.mark.parametrize("text, answer", [
+    # what SmolLM2-135M-Instruct writes on Math-v0 before any training
+    ("First, we multiply 7 by 6: 7 * 6 = 42.\n\nSo, the final answer is 102.", "102"),
+    ("**Answer:** Down", "Down"),
+    ("The answer is $3.5$.", "3.5"),
+    ("The answer is: \\(3/4\\)", "3/4"),
+    ("answer = -18, because 5 - 23 is -18", "-18"),
+    ("the answer is 7 since 3 + 4 = 7", "7"),
+    ("Answer: 42\nI checked it twice.", "42"),
+    ("My answer is 3. No wait, the answer is 4.", "4"),  # the last statement counts
+])
+def test_a_stated_answer_is_read_from_free_form_prose(text, answer):
+    assert parse_action(text) == Action(kind="answer", answer=answer)
+
+
+def test_a_stated_answer_yields_to_boxed_and_tags_and_code_hides_it():
+    assert parse_action(r"The answer is 3, so \boxed{4}").answer == "4"
+    assert parse_action("<answer>Left</answer>. The answer is Right.").answer == "Left"
+    assert parse_action(f"{FENCE}text\nanswer: 5\n{FENCE}").kind == "invalid"
+    for prose in ("I do not know the answer.", "answers vary", "The answer is: ", "Answer: **"):
+        assert parse_action(prose) == Action(kind="invalid", error="no action found in the reply"), prose
+
+
 # ---- ambiguity -----------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "text",
