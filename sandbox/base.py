@@ -106,8 +106,17 @@ class AsyncSandbox(abc.ABC):
         """A sandbox with ``network=True``: ``{"bytes_in", "bytes_out", "connections",
         "dns_queries", "denied": {reason: count}}`` since it was created (``denied`` reasons:
         ``egress.py``, ``deployment/gateway.py``, ``deployment/network.py``). None without a
-        network, or where the backend does not count."""
+        network, or where the backend does not count. ``"log"``: the audit log's ``records``
+        and ``bytes`` kept, its ``max_bytes`` and how many of the oldest were ``dropped``."""
         return None
+
+    async def egress_log(self, since: int | None = None) -> list[dict]:
+        """The egress audit log of a sandbox with ``network=True``: one record per HTTP
+        request, TLS or other connection, DNS query and refused attempt, written by its
+        gateway outside the sandbox (fields: ``deployment/egresslog.py``), oldest first;
+        ``since``: only those whose ``seq`` is above it. Bounded: the oldest are dropped
+        past ``network_stats()["log"]["max_bytes"]``, counted there. [] without a network."""
+        return []
 
     async def expose(self, port: int) -> tuple[str, int]:
         """Make the sandbox's TCP ``port`` reachable from the host: returns

@@ -154,6 +154,9 @@ class Sandbox:
     def network_stats(self) -> dict | None:
         return self._inner.network_stats()
 
+    def egress_log(self, since: int | None = None) -> list[dict]:
+        return run_sync(self._inner.egress_log(since))
+
     def expose(self, port: int) -> tuple[str, int]:
         return run_sync(self._inner.expose(port))
 

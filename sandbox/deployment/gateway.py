@@ -59,7 +59,7 @@ from typing import Callable
 
 from ..egress import EgressPolicy, address_class
 from ..errors import SandboxError, SpecError
-from . import httpstream, network, wire
+from . import egresslog, httpstream, network, wire
 from .network import DNS_PORT, EXPOSE_MARK, PROXY_PORT, SUBNET
 
 SO_ORIGINAL_DST = 80
@@ -101,12 +101,13 @@ class Traffic:
         self.connections = 0  # allowed TCP connections
         self.dns_queries = 0
         self.denied: collections.Counter[str] = collections.Counter()
+        self.log = egresslog.EgressLog()  # a record per request and connection (egresslog.py)
 
     def snapshot(self, kernel: dict[str, int] | None = None) -> dict:
         denied = collections.Counter(self.denied)
         denied.update({k: v for k, v in (kernel or {}).items() if v})
         return {"bytes_in": self.bytes_in, "bytes_out": self.bytes_out, "connections": self.connections,
-                "dns_queries": self.dns_queries, "denied": dict(denied)}
+                "dns_queries": self.dns_queries, "denied": dict(denied), "log": self.log.stats()}
 
 
 def host_address(ip: str) -> bool:
@@ -246,93 +247,117 @@ class Gateway:
             reason = "address"  # not an address this sandbox's resolver gave for an allowed name, or no longer
         if reason is not None:
             self.traffic.denied[reason] += 1
+            self.traffic.log.add(time=time.time(), kind="tcp", ip=ip, port=port, decision="refused", reason=reason)
             return
-        if policy is None or by_cidr:  # an address alone decides
-            if (upstream := await self._connect(ip, port, writer)) is not None:
-                try:
-                    await upstream.pipe_from(reader)
-                finally:
-                    await upstream.close()
-            return
-        first = await _sniff(reader)
-        upstream = None
-        if not first:
-            # Nothing within SNIFF_S: a protocol whose server speaks first (SMTP, MySQL).
-            # The client's first bytes, whenever they come, are still judged: a client
-            # that waits before sending an HTTP request or a ClientHello gains nothing.
-            if (upstream := await self._connect(ip, port, writer)) is None:
+        conn = egresslog.Connection(self.traffic.log, time.time, ip, port)  # its records, written as it goes
+        try:
+            if policy is None or by_cidr:  # an address alone decides
+                if (upstream := await self._connect(ip, port, writer, conn)) is not None:
+                    try:
+                        await upstream.pipe_from(reader)
+                    finally:
+                        await upstream.close()
                 return
-        await self._judged(ip, port, first, reader, writer, upstream)
+            first = await _sniff(reader)
+            upstream = None
+            if not first:
+                # Nothing within SNIFF_S: a protocol whose server speaks first (SMTP, MySQL).
+                # The client's first bytes, whenever they come, are still judged: a client
+                # that waits before sending an HTTP request or a ClientHello gains nothing.
+                if (upstream := await self._connect(ip, port, writer, conn)) is None:
+                    return
+            await self._judged(ip, port, first, reader, writer, upstream, conn)
+        finally:
+            conn.close()
 
     async def _judged(self, ip: str, port: int, first: bytes, reader: asyncio.StreamReader,
-                      writer: asyncio.StreamWriter, upstream: "_Upstream | None") -> None:
+                      writer: asyncio.StreamWriter, upstream: "_Upstream | None",
+                      conn: egresslog.Connection) -> None:
         """The client's stream from ``first`` on (more is read while it is a head or a
         ClientHello cut short, or empty), judged by what it is: HTTP request by request, a
         ClientHello by its server name, anything else passed on the address alone. A
         connection's start, and the stream after a protocol switch the server agreed to
         (a tunnel's or an upgrade's contents are judged so in turn). Closes ``upstream``
-        (the one given, or one it makes)."""
+        (the one given, or one it makes). ``conn`` takes the records."""
         try:
             first = await _sniff(reader, first or await reader.read(SNIFF_MAX))
+            name = wire.tls_server_name(first) if wire.is_tls(first) else None
             if wire.is_http(first):
-                await self._http(ip, port, first, reader, writer, upstream)
-            elif wire.is_tls(first) and not self._name_granted(ip, wire.tls_server_name(first)):
+                conn.as_http()
+                await self._http(ip, port, first, reader, writer, upstream, conn)
+            elif wire.is_tls(first) and not self._name_granted(ip, name):
                 self.traffic.denied["sni"] += 1
-            elif first and (upstream is not None or (upstream := await self._connect(ip, port, writer))):
+                conn.refuse("sni", kind="tls", host=name)
+            elif first and (upstream is not None or (upstream := await self._connect(ip, port, writer, conn))):
+                conn.named("tls" if wire.is_tls(first) else "tcp", name)
                 upstream.send(first)
                 await upstream.pipe_from(reader)
         finally:
             if upstream is not None:
                 await upstream.close()
 
-    async def _connect(self, ip: str, port: int, client: asyncio.StreamWriter) -> "_Upstream | None":
-        """A connection to the destination, counted, whose bytes are copied to ``client``
-        from now on (None: unreachable, counted so)."""
+    async def _connect(self, ip: str, port: int, client: asyncio.StreamWriter,
+                       conn: egresslog.Connection) -> "_Upstream | None":
+        """A connection to the destination, counted (its bytes metered into ``conn``'s
+        records), whose bytes are copied to ``client`` from now on (None: unreachable,
+        counted so; for a connection's record here, for a request's by the caller)."""
         try:
             up_r, up_w = await asyncio.wait_for(asyncio.open_connection(ip, port), CONNECT_S)
         except (OSError, asyncio.TimeoutError):
             self.traffic.denied["unreachable"] += 1
+            if conn.kind != "http":
+                conn.refuse("unreachable", kind=conn.kind)
             return None
         self.traffic.connections += 1
-        return _Upstream(up_r, up_w, client, self.traffic)
+        return _Upstream(up_r, up_w, client, self.traffic, meter=conn)
 
     async def _http(self, ip: str, port: int, first: bytes, reader: asyncio.StreamReader,
-                    writer: asyncio.StreamWriter, upstream: "_Upstream | None") -> None:
+                    writer: asyncio.StreamWriter, upstream: "_Upstream | None", conn: egresslog.Connection) -> None:
         """A plain-HTTP stream, request by request (``httpstream``): each head judged before
         a byte of it goes on; a refused one is answered with its status and reason, counted,
         and the connection ends. The upstream connection is made once a first head is
         allowed (closed here, as is ``upstream``, whatever ends this). After a ``CONNECT``
         or ``Upgrade`` the server agreed to, the rest is judged anew (``_judged``): a
         tunnel carries requests too, and an upgrade to HTTP/2 starts with its preface,
-        which is refused."""
-        stream, head = httpstream.RequestReader(), None
+        which is refused. Each request is a record of ``conn``, a refused one too."""
+        stream, head, judged = httpstream.RequestReader(), None, None
         try:
             events = collections.deque(await _next_events(reader, stream, first))
             while events:
                 event = events.popleft()
                 if isinstance(event, httpstream.Head):
+                    judged = event
                     if not self._name_granted(ip, event.host):
                         raise httpstream.Refused("http_host", f"{event.host} is not allowed here")
-                    if upstream is None and (upstream := await self._connect(ip, port, writer)) is None:
+                    if upstream is None and (upstream := await self._connect(ip, port, writer, conn)) is None:
+                        conn.refuse("unreachable", method=event.method, host=event.host, path=event.target)
                         return
+                    judged = None
+                    conn.request(event.method, event.host, event.target)
                     upstream.send(event.raw)
                     head = event
                 elif event is httpstream.SWITCH:  # the first request's: its answer tells
                     agreed = httpstream.switched(head, await upstream.first_bytes())
                     events.extend(stream.decide(agreed))
                     if agreed:  # another protocol now, to the server already decided on
-                        await self._judged(ip, port, b"".join(events), reader, writer, upstream)
+                        conn.switched()
+                        await self._judged(ip, port, b"".join(events), reader, writer, upstream, conn)
                         return
                 else:
                     upstream.send(event)
                 if not events:
+                    if stream.between_requests():
+                        conn.request_done()
                     await upstream.drain()
                     events.extend(await _next_events(reader, stream, b""))
+            conn.request_done()
             if upstream is not None:  # the client is done sending: the answer still comes
                 upstream.end()
                 await upstream.finished()
         except httpstream.Refused as e:
             self.traffic.denied[e.reason] += 1
+            conn.refuse(e.reason, status=e.status, method=judged.method if judged else None,
+                        host=judged.host if judged else None, path=judged.target if judged else None)
             if upstream is not None:  # nothing more of the client goes on; what it was sent is answered
                 await upstream.settle(REFUSED_GRACE_S)
             with contextlib.suppress(RuntimeError):  # the client's write side is closed already
@@ -369,17 +394,23 @@ class Gateway:
 
     def answer(self, query: bytes, reply: Callable[[bytes], None]) -> None:
         q = wire.parse_query(query)
+        log = self.traffic.log
         if q is None:
             self.traffic.denied["dns"] += 1
+            log.add(time=time.time(), kind="dns", decision="refused", reason="dns")
             return
         self.traffic.dns_queries += 1
+        qtype = {wire.QTYPE_A: "A", 28: "AAAA"}.get(q.qtype, str(q.qtype))  # a record's "method"
         if self.policy is not None and not self.policy.allows_name(q.name):
             self.traffic.denied["dns"] += 1
+            log.add(time=time.time(), kind="dns", method=qtype, host=q.name, decision="refused", reason="dns")
             reply(wire.answer(q, rcode=wire.NXDOMAIN))
             return
         if q.qtype != wire.QTYPE_A:
+            log.add(time=time.time(), kind="dns", method=qtype, host=q.name, decision="allowed")
             reply(wire.answer(q))  # NODATA: no IPv6 egress, nothing but addresses
             return
+        asked = time.time()
 
         async def lookup():
             try:
@@ -390,6 +421,9 @@ class Gateway:
             good = [a for a in found if self.refuse_address(a) is None]
             if len(good) < len(found):
                 self.traffic.denied["rebinding"] += 1
+            log.add(time=asked, kind="dns", method=qtype, host=q.name, ip=",".join(good) or None,
+                    decision="refused" if found and not good else "allowed",
+                    reason="rebinding" if found and not good else None)
             seconds = min(max(ttl, MIN_TTL_S), MAX_TTL_S)
             self.grant(q.name, good, seconds)
             reply(wire.answer(q, good, rcode=wire.NOERROR if good else wire.NXDOMAIN, ttl=int(seconds)))
@@ -522,8 +556,10 @@ class _Upstream:
     sandbox)."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 client: asyncio.StreamWriter, traffic: Traffic, inbound: bool = False):
+                 client: asyncio.StreamWriter, traffic: Traffic, inbound: bool = False,
+                 meter: egresslog.Connection | None = None):
         self.reader, self.writer, self.client, self.traffic, self.inbound = reader, writer, client, traffic, inbound
+        self.meter = meter  # the records its forwarded bytes are counted into (egresslog.py)
         self._first: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self._eof_to_client = True
         self._back = asyncio.ensure_future(self._copy_back())
@@ -544,6 +580,8 @@ class _Upstream:
                         self._first.set_result(first)
                 self.client.write(data)
                 self._count(len(data), to_client=True)
+                if self.meter is not None:
+                    self.meter.received(data)
                 await self.client.drain()
             if self._eof_to_client and self.client.can_write_eof():
                 self.client.write_eof()
@@ -556,6 +594,8 @@ class _Upstream:
     def send(self, data: bytes) -> None:
         self.writer.write(data)
         self._count(len(data), to_client=False)
+        if self.meter is not None:
+            self.meter.sent(len(data))
 
     async def drain(self) -> None:
         await self.writer.drain()
@@ -652,6 +692,9 @@ class SandboxNetwork:
             kernel.update(self._kernel_now())
         return self.traffic.snapshot(kernel)
 
+    def egress_log(self, since: int | None = None) -> list[dict]:
+        return self.traffic.log.records(since)
+
     def expose(self, port: int) -> tuple[str, int]:
         if self.gateway is None:
             raise SandboxError("the sandbox's network is not up (its guest is restarting)")
@@ -667,6 +710,10 @@ class NetworkedDeployment:
     def network_stats(self) -> dict | None:
         """Bytes, connections and denied attempts by reason (``Traffic``), or None without a network."""
         return self.network.stats() if self.network is not None else None
+
+    def egress_log(self, since: int | None = None) -> list[dict]:
+        """The gateway's records (``egresslog.py``) after ``since``; [] without a network."""
+        return self.network.egress_log(since) if self.network is not None else []
 
     def expose(self, port: int) -> tuple[str, int]:
         if self.network is None:

@@ -204,6 +204,11 @@ class RequestReader:
         ended: the gateway bounds how long that may take."""
         return self._state in (_HEAD, _TRAILER, _CHUNK_SIZE_LINE) and bool(self._buf)
 
+    def between_requests(self) -> bool:
+        """Whether every request begun so far has been read whole, its body too (the next
+        head may have begun): what the gateway's audit log closes a request's bytes on."""
+        return self._state in (_HEAD, _HOLD, _OPAQUE)
+
     def feed(self, data: bytes) -> list[Event]:
         """The events ``data`` completes. A refusal behind some of them is raised on the
         next call: the requests before a refused one are forwarded and answered."""

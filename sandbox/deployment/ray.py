@@ -144,7 +144,8 @@ class SandboxHost:
     pool id. Every method returns ``("ok", value)`` or ``("err", packed error)``."""
 
     # ``expose`` answers a port on this node's 127.0.0.1 (``runtime/ray.py`` checks the node)
-    _OPS = frozenset({"run", "read_file", "stat", "sessions", "close_session", "reset", "ping", "expose"})
+    _OPS = frozenset({"run", "read_file", "stat", "sessions", "close_session", "reset", "ping", "expose",
+                      "egress_log"})
 
     def __init__(self, node_id: str):
         self.node_id = node_id

@@ -152,6 +152,16 @@ class ExposeOut(BaseModel):
     port: int
 
 
+class EgressLogOut(BaseModel):
+    records: list[dict[str, Any]] = Field(description="the egress audit log's records after ``since``, oldest "
+                                          "first (seq, time, kind, method, host, path, ip, port, status, bytes_out, "
+                                          "bytes_in, decision, reason)")
+    kept: int = Field(description="records the log holds now")
+    bytes: int = Field(description="their encoded size")
+    max_bytes: int = Field(description="the log's bound: past it the oldest records are dropped")
+    dropped: int = Field(description="records dropped so far to stay within max_bytes")
+
+
 class RunIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     cmd: str

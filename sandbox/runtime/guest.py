@@ -640,6 +640,11 @@ class GuestSandbox(AsyncSandbox):
         stats = getattr(self._deploy, "network_stats", None)
         return stats() if stats else None
 
+    async def egress_log(self, since: int | None = None) -> list[dict]:
+        _check_since(since)
+        read = getattr(self._deploy, "egress_log", None)
+        return read(since) if read else []
+
     async def expose(self, port: int) -> tuple[str, int]:
         self._ensure_open()
         if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
@@ -648,3 +653,7 @@ class GuestSandbox(AsyncSandbox):
             return await super().expose(port)
         return await asyncio.to_thread(self._deploy.expose, port)
 
+
+def _check_since(since) -> None:
+    if since is not None and (isinstance(since, bool) or not isinstance(since, int) or since < 0):
+        raise SpecError("since", f"must be a record's seq (an integer >= 0) or None, not {since!r}")

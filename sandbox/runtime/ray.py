@@ -115,6 +115,10 @@ class RaySandbox(AsyncSandbox):
         except SandboxLost:
             return None
 
+    async def egress_log(self, since: int | None = None) -> list[dict]:
+        """Kept by the gateway on the sandbox's node, asked of its host."""
+        return await self._call("egress_log", since)
+
     async def expose(self, port: int) -> tuple[str, int]:
         """Exposed by the node's host, on that node's 127.0.0.1: an address only a process
         on the same node can use, so from another node this refuses rather than hand back

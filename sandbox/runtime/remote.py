@@ -159,6 +159,11 @@ class RemoteSandbox(AsyncSandbox):
         out = (await self._call("POST", self._url("/expose"), json_body={"port": port})).json()
         return out["host"], out["port"]
 
+    async def egress_log(self, since: int | None = None) -> list[dict]:
+        self._ensure_open()
+        params = {} if since is None else {"since": since}
+        return (await self._call("GET", self._url("/egress"), params=params)).json()["records"]
+
     async def ping(self) -> bool:
         if self._closed:
             return False

@@ -8,13 +8,13 @@ import logging
 import time
 from typing import AsyncIterator, Sequence
 
-from fastapi import APIRouter, Header, Request, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from ..errors import SandboxError, SpecError
 from ..protocol.tokens import admin_token
-from ..protocol.wire import (BatchIn, BatchItemOut, ExposeIn, ExposeOut, ForkIn, OkOut, RestoreIn, ResultOut, RunIn,
-                             SandboxOut, SnapshotOut, SpecIn, error_body, status_of)
+from ..protocol.wire import (BatchIn, BatchItemOut, EgressLogOut, ExposeIn, ExposeOut, ForkIn, OkOut, RestoreIn,
+                             ResultOut, RunIn, SandboxOut, SnapshotOut, SpecIn, error_body, status_of)
 from ..spec import SandboxSpec
 from .deps import Fleet, Store
 from .quota import token_key
@@ -141,6 +141,18 @@ async def expose(body: ExposeIn, sandbox_id: str, fleet: Fleet) -> ExposeOut:
     entry = fleet.get(sandbox_id)
     host, port = await fleet.call(entry, entry.sb.expose(body.port))
     return ExposeOut(host=host, port=port)
+
+
+@router.get("/sandboxes/{sandbox_id}/egress", response_model=EgressLogOut)
+async def egress_log(sandbox_id: str, fleet: Fleet, since: int | None = Query(default=None, ge=0)) -> EgressLogOut:
+    """The sandbox's egress audit log after record ``since`` (``AsyncSandbox.egress_log``),
+    with the log's bound and what it dropped (``network_stats()["log"]``)."""
+    entry = fleet.get(sandbox_id)
+    records = await fleet.call(entry, entry.sb.egress_log(since))
+    # the counters read the packet filter (a subprocess) or ask Ray: off the loop
+    log = ((await asyncio.to_thread(entry.sb.network_stats)) or {}).get("log") or {}
+    return EgressLogOut(records=records, kept=log.get("records", 0), bytes=log.get("bytes", 0),
+                        max_bytes=log.get("max_bytes", 0), dropped=log.get("dropped", 0))
 
 
 _HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",

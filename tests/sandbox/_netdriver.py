@@ -808,11 +808,108 @@ def unprivileged(lab: Path) -> dict:
     return r
 
 
+AUDIT_MARK = "/audit-marker-7f3a"
+
+
+def _log_since(sb, seq: int) -> tuple[list[dict], int]:
+    """The audit records after ``seq`` (DNS queries left out: the probes resolve as they go), and the last seq."""
+    time.sleep(0.1)  # the proxy writes a connection's last records as it closes
+    records = sb.egress_log(since=seq)
+    last = records[-1]["seq"] if records else seq
+    return [x for x in records if x["kind"] != "dns"], last
+
+
+def audit_cases(sb) -> dict:
+    """Requests and connections of each kind from inside ``sb`` (allow-list: allowed.test
+    and tls.test), each with what the client got and the audit records it made."""
+    r: dict = {}
+    seq = 0
+
+    def case(name: str, *args: str) -> None:
+        nonlocal seq
+        got = probe(sb, *args)
+        records, seq = _log_since(sb, seq)
+        r[name] = {"got": got, "records": records}
+
+    two = get("allowed.test", AUDIT_MARK) + get("allowed.test", "/second?q=1")
+    case("keepalive", "converse", "allowed.test", "80", json.dumps([[two, None, 0]]), "1")
+    case("refused", "converse", "allowed.test", "80", json.dumps([[get("evil.test"), None, 0]]), "1")
+    case("tunnel", "converse", "allowed.test", "80", json.dumps(
+        [["CONNECT allowed.test:80 HTTP/1.1\r\nHost: allowed.test:80\r\n\r\n", "\r\n\r\n", 0], ["hello", "hello", 0]]), "1")
+    case("tls", "tls", "tls.test", "tls.test", CA)
+    case("direct_ip", "tcp", "203.0.113.20", "80")
+    forged = '/a"},{"seq":1,"decision":"allowed","host":"evil.test"}\\'
+    case("forged_path", "converse", "allowed.test", "80", json.dumps([[get("allowed.test", forged), None, 0]]), "1")
+    case("newline_path", "converse", "allowed.test", "80", json.dumps(
+        [['GET /x\n{"decision":"allowed","host":"evil.test"} HTTP/1.1\r\nHost: allowed.test\r\n\r\n', None, 0]]), "1")
+    case("forged_host", "converse", "allowed.test", "80", json.dumps(
+        [['GET / HTTP/1.1\r\nHost: evil.test","decision":"allowed\r\n\r\n', None, 0]]), "1")
+    before = len(sb.egress_log())
+    probe(sb, "resolve", "other.test")
+    r["dns"] = sb.egress_log()[before:]
+    r["all"] = sb.egress_log()
+    r["stats"] = sb.network_stats()
+    return r
+
+
+def audit(lab: Path) -> dict:
+    """The egress audit log on the local backend: each kind of record, what the sandbox can
+    see of it, and its bound under a flood."""
+    from rockroll.sandbox.deployment import egresslog
+
+    policy = EgressPolicy(hosts=("allowed.test", "tls.test"), ports=(80, 443))
+    with open_sandbox(SandboxSpec(network=True, egress=policy, memory_mb=256, timeout_s=120)) as sb:
+        prepare(sb, lab)
+        r = audit_cases(sb)
+        # what the sandbox sees of it: no file holding a record, no process of the host
+        found = sb.run(f"grep -rlF '\"path\":\"{AUDIT_MARK}\"' /tmp /workspace /run /var /etc /dev/shm /proc/self "
+                       "2>/dev/null | head; grep -l _netdriver /proc/[0-9]*/cmdline 2>/dev/null | head", timeout=60)
+        r["inside_sees"] = found.stdout.strip()
+        # the same look finds a record where the sandbox could read one (a control: the look can see)
+        sb.write_file("/workspace/control.jsonl", json.dumps(next(x for x in sb.egress_log() if x["path"] == AUDIT_MARK), separators=(",", ":")) + "\n")
+        control = sb.run(f"grep -rlF '\"path\":\"{AUDIT_MARK}\"' /tmp /workspace 2>/dev/null", timeout=60)
+        r["control_sees"] = control.stdout.strip()
+        r["marker_on_host"] = sum(AUDIT_MARK in json.dumps(x) for x in sb.egress_log())
+    egresslog.MAX_BYTES, n = 4096, 60  # a small bound, then a flood of requests on one connection
+    with open_sandbox(SandboxSpec(network=True, egress=policy, memory_mb=256, timeout_s=120)) as sb:
+        prepare(sb, lab)
+        got = probe(sb, "converse", "allowed.test", "80", json.dumps([[get("allowed.test") * n, None, 0]]), "1")
+        time.sleep(0.2)
+        r["flood"] = {"answers": str(got).count("allowed-site"), "n": n, "records": sb.egress_log(),
+                      "log": sb.network_stats()["log"]}
+    return r
+
+
+def audit_remote(lab: Path) -> dict:
+    """The same cases through a real ``rockroll serve`` (in this namespace) and the SDK
+    (``backend="remote"``), and the route's own answer."""
+    from _server import Server
+
+    from rockroll.sandbox.runtime.remote import configure
+
+    server = Server()
+    try:
+        configure(server.url, server.token)
+        policy = EgressPolicy(hosts=("allowed.test", "tls.test"), ports=(80, 443))
+        with open_sandbox(SandboxSpec(backend="remote", network=True, egress=policy, memory_mb=256,
+                                      timeout_s=120)) as sb:
+            prepare(sb, lab)
+            r = audit_cases(sb)
+            route = server.http.get(f"/v1/sandboxes/{sb.id}/egress", params={"since": 2})
+            r["route"] = [route.status_code, route.json()]
+            r["bad_since"] = server.http.get(f"/v1/sandboxes/{sb.id}/egress", params={"since": -1}).status_code
+            r["openapi"] = "/v1/sandboxes/{sandbox_id}/egress" in server.http.get("/openapi.json").json()["paths"]
+    finally:
+        server.stop()
+    return r
+
+
 if __name__ == "__main__":
     lab, scenario = Path(sys.argv[1]), sys.argv[2]
     print(json.dumps({"restricted": restricted, "requests": requests, "close_open": close_open,
                       "open": open_net, "etc": etc, "service": service,
                       "bench": bench, "docker": docker, "build": build,
                       "leftovers": leftovers, "ray": ray_net, "ttl": ttl, "scrape": scrape,
-                      "unprivileged": unprivileged}[scenario](lab, *sys.argv[3:])))
+                      "unprivileged": unprivileged, "audit": audit,
+                      "audit_remote": audit_remote}[scenario](lab, *sys.argv[3:])))
 
