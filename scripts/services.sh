@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Install and start what the test suite talks to: a Docker engine (Debian's docker.io),
 # debootstrap for base images (the SWE envs' Debian base too), and Chromium for the
-# dashboard's screenshot test. Idempotent; only acts as root. Under CI=true a missing
-# service is an error, never a reason to skip tests.
+# dashboard's screenshot test and the docs site's (tests/test_docs_site.py drives it with
+# playwright's client, the docs extra: no browser download). Idempotent; only acts as root.
+# Under CI=true a missing service is an error, never a reason to skip tests.
 set -euo pipefail
 
 log() { echo "[services] $*" >&2; }
