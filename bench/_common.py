@@ -15,6 +15,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -185,6 +186,16 @@ def print_table(title: str, rows: list[dict], columns: Sequence[str]) -> None:
     print(f"\n{title}\n")
     print(render_table(rows, columns))
     sys.stdout.flush()
+
+
+def run_arm(script: str, name: str, argv: list[str]) -> dict:
+    """One arm of a benchmark in a fresh process (``python script argv...``), so its memory and
+    threads are its own: the JSON object its last line of stdout prints. Exits with the arm's
+    stderr when it fails."""
+    out = subprocess.run([sys.executable, script, *argv], capture_output=True, text=True, check=False)
+    if out.returncode:
+        sys.exit(f"{name} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def host_info() -> dict[str, Any]:

@@ -22,14 +22,13 @@ import argparse
 import json
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import print_table, write_json  # noqa: E402
+from _common import print_table, run_arm, write_json  # noqa: E402
 
 # What bench/results/lora.json holds (tests/test_bench_smoke.py checks every run against it).
 PROMISED = {"arms.rows": ("full fine-tuning", "LoRA"), "ratios": ("step", "peak_rss", "checkpoint")}
@@ -104,13 +103,9 @@ def main() -> None:
         return
     rows = []
     for name, which in (("full fine-tuning", "full"), ("LoRA", "lora")):
-        cmd = [sys.executable, __file__, "--arm", which, "--rank", str(args.rank), "--batch", str(args.batch),
-               "--len", str(args.len), "--steps", str(args.steps), "--warmup", str(args.warmup)]
-        out = subprocess.run(cmd + (["--quick"] if args.quick else []), capture_output=True, text=True, check=False)
-        if out.returncode:
-            sys.exit(f"{name} failed:\n{out.stderr[-2000:]}")
-        rows.append({"arm": name if which == "full" else f"LoRA r={args.rank}",
-                     **json.loads(out.stdout.strip().splitlines()[-1])})
+        argv = ["--arm", which, "--rank", str(args.rank), "--batch", str(args.batch), "--len", str(args.len),
+                "--steps", str(args.steps), "--warmup", str(args.warmup)] + (["--quick"] if args.quick else [])
+        rows.append({"arm": name if which == "full" else f"LoRA r={args.rank}", **run_arm(__file__, name, argv)})
     full, lora = rows
     ratios = {"step": lora["step_ms"] / full["step_ms"], "peak_rss": lora["peak_rss_mb"] / full["peak_rss_mb"],
               "checkpoint": lora["checkpoint_mb"] / full["checkpoint_mb"]}

@@ -19,14 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import print_table, write_json  # noqa: E402
+from _common import print_table, run_arm, write_json  # noqa: E402
 
 # What bench/results/trl_grpo.json holds (tests/test_bench_smoke.py checks every run against it).
 PROMISED = {"arms.rows": ("rockroll train", "TRL GRPOTrainer"), "ratios": ("step",)}
@@ -127,12 +126,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         model = model_dir(args.quick, Path(d))
         for name, which in (("rockroll train", "rockroll"), ("TRL GRPOTrainer", "trl")):
-            cmd = [sys.executable, __file__, "--arm", which, "--model", model, "--group", str(args.group),
-                   "--tokens", str(args.tokens), "--steps", str(args.steps), "--warmup", str(args.warmup)]
-            out = subprocess.run(cmd, capture_output=True, text=True, check=False)
-            if out.returncode:
-                sys.exit(f"{name} failed:\n{out.stderr[-3000:]}")
-            rows.append({"arm": name, **json.loads(out.stdout.strip().splitlines()[-1])})
+            rows.append({"arm": name, **run_arm(__file__, name, [
+                "--arm", which, "--model", model, "--group", str(args.group), "--tokens", str(args.tokens),
+                "--steps", str(args.steps), "--warmup", str(args.warmup)])})
     ours, trl = rows
     ratios = {"step": ours["step_s"] / trl["step_s"]}
     label = "tiny Llama" if args.quick else "SmolLM2-135M-Instruct"
