@@ -498,7 +498,7 @@ class FrozenLakeEnv(_GridEnv):
     ``goal``: ``"corner"``, the start top left and the goal bottom right (gymnasium's layout);
     ``"random"``, both drawn among the cells of each map, at least ``min_distance`` moves apart
     (:func:`generate_frozenlake_random`): with ``turn_budget=0`` a policy blind to the board
-    wins a few percent of the maps (measured in docs/trainer.md), one that reads it all.
+    wins a few percent of the maps (measured in docs/results/reading-frozenlake-4x4.md), one that reads it all.
     ``show_offset``: each board is followed by where the goal lies from the player ("The goal
     is 2 down and 1 left."): text a small model reads at once, while the holes on the way
     are still only on the board.

@@ -728,7 +728,7 @@ def train_cmd(config_path, overrides, steps, fresh):
 def sft_cmd(config_path, overrides, steps, fresh):
     """Warm-start the policy of CONFIG.yaml by SFT on trajectories (its sft section: expert
     episodes, model-service records, chat transcripts); writes a model folder that
-    `rockroll train` starts from with model.init_from (docs/trainer.md, "SFT").
+    `rockroll train` starts from with model.init_from (docs/train.md, "SFT: a warm start").
 
     \b
     Example:  rockroll sft examples/frozenlake_sft_cpu.yaml

@@ -1,12 +1,13 @@
-"""Every code block of the README, docs/, bench/ and the examples' READMEs is checked (issue #18): the
-docs cannot drift from the code. Per Markdown file, its python and shell blocks run in order in
-one interpreter (``_docblocks.py``), in a fresh folder holding a copy of ``examples/``, as a
-user who ran ``make demo`` would run them: the default SWE tasks on their hub
+"""Every code block of the README, docs/ (its subfolders too), bench/ and the examples' READMEs is
+checked (issue #18): the docs cannot drift from the code. Per Markdown file, its python and shell
+blocks run in order in one interpreter (``_docblocks.py``), in a fresh folder holding a copy of
+``examples/``, as a user who ran ``make demo`` would run them: the default SWE tasks on their hub
 (``ROCKROLL_HUB``), and an S3 server (moto's, on 127.0.0.1) behind every ``s3://`` bucket the
-file names; builds share the suite's network (its ``ROCKROLL_BUILD_NETWORK=host``, as under
-``make test``: docs/testing.md says what tests the allow-list a user's build gets instead).
-Config blocks must parse. A block not run says why, right above it
-(``<!-- doc-test: skip REASON -->``); nothing is skipped silently, under CI=true or not."""
+file names. They run outside ``make``'s environment (issue #53): the variables the Makefile
+exports (``ROCKROLL_BUILD_NETWORK=host``, which conftest.py also sets for the suite's own builds)
+are taken out, so a block that would need them fails here as it would for a user. Config blocks
+must parse. A block not run says why, right above it (``<!-- doc-test: skip REASON -->``);
+nothing is skipped silently, under CI=true or not."""
 
 from __future__ import annotations
 
@@ -26,8 +27,11 @@ import yaml
 from _docblocks import LANGS, PARSE, RUN, Block, blocks, to_json
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), ROOT / "bench" / "README.md",
+DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), ROOT / "bench" / "README.md",
                *(ROOT / "examples").rglob("README.md")])
+# What `make` exports for its recipes (the Makefile's `export` lines): a user running a page's
+# example by hand has none of it.
+MAKE_EXPORTS = tuple(re.findall(r"^export (\w+)", (ROOT / "Makefile").read_text(), re.M))
 ALL = [b for doc in DOCS for b in blocks(doc, ROOT)]
 MAX_SKIPS = 17
 RUNNER = Path(__file__).resolve().parent / "_docblocks.py"
@@ -38,6 +42,7 @@ def runnable(doc: Path) -> list[Block]:
 
 
 def test_every_block_is_known_and_every_skip_says_why():
+    assert "ROCKROLL_BUILD_NETWORK" in MAKE_EXPORTS  # the blocks run without what make sets
     assert len(ALL) >= 40 and any(b.file == "docs/env-contract.md" for b in ALL)
     for b in ALL:
         assert b.lang in LANGS, f"{b.where}: info string {b.lang!r}: use one of {', '.join(LANGS)} (say what it is)"
@@ -121,8 +126,9 @@ def test_the_blocks_of_a_doc_run_in_order(doc, tmp_path, swe_hub, s3_endpoint):
         for bucket in buckets:
             if bucket not in [b["Name"] for b in s3.list_buckets()["Buckets"]]:
                 s3.create_bucket(Bucket=bucket)
-    env = {**os.environ, **creds, "ROCKROLL_HUB": swe_hub, "ROCKROLL_S3_ENDPOINT": s3_endpoint,
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "PYTHONUNBUFFERED": "1"}
+    env = {**{k: v for k, v in os.environ.items() if k not in MAKE_EXPORTS}, **creds, "ROCKROLL_HUB": swe_hub,
+           "ROCKROLL_S3_ENDPOINT": s3_endpoint, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run([sys.executable, "-P", str(RUNNER), str(tmp_path / "blocks.json")], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout[-6000:]}\nstderr:\n{proc.stderr[-6000:]}"

@@ -123,13 +123,14 @@ def test_every_page_loads_in_headless_chromium_and_nothing_leaves_localhost(serv
         title = page.title()
         assert title == config["site_name"] if md == "index.md" else title.endswith(f" - {config['site_name']}"), (md, title)
 
-    # the images show: docs/*.png (sandbox.md's dashboard) and docs/img/*.png (trainer.md's curves)
-    for md in ("sandbox.md", "gem.md", "trainer.md"):
+    # the images show: docs/*.png from a page beside them (sandbox.md's dashboard) and from a
+    # subfolder (a result's curve), docs/img/*.png (the demo's curves)
+    for md in ("sandbox.md", "results/guess-number-cpu.md", "results/demo-sft-rl.md"):
         page.goto(f"{served}/{_html(md)}", wait_until="load")
         widths = page.eval_on_selector_all("article img", "imgs => imgs.map(i => [i.src, i.complete && i.naturalWidth])")
         assert widths, f"{md}: no image"
         assert all(w for _, w in widths), f"{md}: images that did not load: {[s for s, w in widths if not w]}"
-    assert any("/img/" in s for s, _ in widths)  # trainer.md's, from docs/img/
+    assert any("/img/" in s for s, _ in widths)  # the demo's, from docs/img/
 
     # the API page shows SandboxSpec's docstring
     page.goto(f"{served}/api/sandbox.html", wait_until="load")

@@ -398,7 +398,7 @@ def test_frozenlake_board_blind_baselines():
 
 def test_frozenlake_local_reader_success():
     """``local_reader_success``: exact on hand-made 3x3 maps, then the measured ceiling of
-    one-step reading on the 4x4 example's held-out maps (docs/trainer.md: why 0.9 needs more)."""
+    one-step reading on the 4x4 example's held-out maps (docs/results/reading-frozenlake-4x4.md: why 0.9 needs more)."""
     def env_of(grid, budget):
         env = FrozenLakeEnv(size=3, max_actions_per_turn=1, turn_budget=0)
         env.reset(options={"task_id": 0})
@@ -447,7 +447,7 @@ def test_move_kind_names_what_a_move_does():
 
 
 def test_the_baselines_script_prints_a_table_and_writes_json(tmp_path):
-    """``examples/frozenlake_baselines.py`` (docs/trainer.md's table) at its smallest."""
+    """``examples/frozenlake_baselines.py`` (docs/results/reading-frozenlake-4x4.md's table) at its smallest."""
     import subprocess
     import sys
     from pathlib import Path

@@ -229,7 +229,7 @@ def test_ipa_end_to_end_from_logits():
 
 
 def test_ipa_matches_rolls_topr_on_segment_ratios():
-    """docs/trainer.md's line-by-line claim: with absolute returns, ``ipa_returns`` + ``ipa_loss``
+    """docs/algorithms.md's line-by-line claim: with absolute returns, ``ipa_returns`` + ``ipa_loss``
     give ROLL's agentic ``pg_variant: topr`` with ``ratio_type: segment`` (positive / negative by
     the episode *score*, not the return's sign), the score on the last token discounted per
     segment, segments whose geometric mean of pi_old / mu is outside [0, H] filtered, the loss

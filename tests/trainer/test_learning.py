@@ -161,7 +161,7 @@ def test_rockroll_train_learns_frozenlake_end_to_end(tmp_path):
     constrained to the four directions as the example says (``generation.allowed_tokens``: a
     policy trained from scratch has no prior for the format). The untrained policy almost
     never reaches the goal; the trained one does in most fresh evaluation episodes. (Why this
-    stops near 0.7 rather than 0.9: docs/trainer.md, "A CPU run that learns".)
+    stops near 0.7 rather than 0.9: docs/results/frozenlake-grpo-cpu.md.)
 
     Synchronous and deterministic (``async_ratio: 0``, ``deterministic: true``): which samples
     an asynchronous run takes one version stale depends on the machine's load, and on this

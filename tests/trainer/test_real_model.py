@@ -3,7 +3,8 @@ installed by ``make test`` with --no-deps), imported once into the suite's ROCKR
 digest-checked; LoRA steps of SFT and GRPO that change the adapters and nothing else;
 token-exact multi-turn rollouts through its ChatML template and byte-level BPE; a saved model
 and a checkpoint that reload to the same tokens and the same weights; one-line errors for a
-bad name or a corrupt file (:mod:`rockroll.trainer.model_store`, docs/trainer.md "Models")."""
+bad name or a corrupt file (:mod:`rockroll.trainer.model_store`; docs/train.md, "Pretrained
+models, offline, and LoRA")."""
 
 import base64
 import hashlib

@@ -360,7 +360,7 @@ def test_rl_after_sft_beats_the_warm_start_on_held_out_tasks(tmp_path):
 
 
 def test_the_mistakes_script_names_every_move_of_a_model(tmp_path):
-    """``examples/frozenlake_mistakes.py`` (docs/trainer.md: where the 4x4 policy loses) on the
+    """``examples/frozenlake_mistakes.py`` (docs/results/reading-frozenlake-4x4.md: where the 4x4 policy loses) on the
     example's config and a model SFT wrote: each turn's kinds add up to its moves, every map
     plays a first move, and every lost episode has a first mistake (keeping to a shortest path
     within the shortest path's budget always wins, so a loss without one is a misnamed move)."""

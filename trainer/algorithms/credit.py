@@ -183,7 +183,7 @@ def ipa_group_returns(rewards: Tensor, group_ids: Tensor, mask: Tensor, gamma: f
     pushed down (under Eq 9's loss: at weight sg(clip(rho, 0, 1))). Kept because it measured
     better on the tiny two-turn task of ``tests/trainer/test_learning.py``, whose rewards are
     never negative: with absolute returns nothing pushes a wrong second turn down, and 2 of 3
-    seeds stalled at eval 0.5 (docs/trainer.md). ``weights``, ``chunks_after``: an episode
+    seeds stalled at eval 0.5 (docs/algorithms.md, "Per-turn credit"). ``weights``, ``chunks_after``: an episode
     split into rows (:func:`~.pg.grpo_advantages`, :func:`ipa_returns`).
     """
     adv_seq = grpo_advantages(rewards, group_ids, eps=eps, weights=weights)
