@@ -525,10 +525,15 @@ class GenerationConfig:
     # What a weight load does to requests in flight (continuous engines): "wait" lets them
     # finish on the old weights first; "abort" restarts them on the new ones (same seed).
     on_weight_load: str = "wait"
+    # transformers backend: the KV of finished replies kept (at most this many MiB; 0: off) for
+    # the prompt that extends one, an episode's next turn, which then prefills its new tokens
+    # only (trainer/engines/prefix.py); cleared at every weight load
+    prefix_cache_mb: float = 1024
 
     def validate(self, p: str) -> None:
         _check(self.backend in ("transformers", "vllm"), f"{p}.backend", "must be transformers or vllm")
         _check(self.on_weight_load in ("wait", "abort"), f"{p}.on_weight_load", "must be wait or abort")
+        _check(self.prefix_cache_mb >= 0, f"{p}.prefix_cache_mb", "must be >= 0")
         _check(all(isinstance(t, str) and t for t in self.allowed_tokens), f"{p}.allowed_tokens",
                "must be a list of non-empty strings")
         _check(self.temperature > 0, f"{p}.temperature", "must be > 0")

@@ -104,9 +104,12 @@ def masked_nll(policy: Any, examples: list[SFTExample], pad_id: int, tokens: int
     for k, batch in enumerate(batches):
         ids, attn, mask = _collate(batch, pad_id, policy.device)
         with torch.set_grad_enabled(train):
-            logits, _ = policy.forward(ids, attn)
-            logp = torch.log_softmax(logits[:, :-1].float(), dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-            loss = -(logp * mask[:, 1:]).sum() / total
+            # logits from the first assistant token on: the prompts' LM head and softmax are skipped
+            held = mask[:, 1:].any(0).nonzero()
+            first = int(held[0]) if len(held) else 0
+            logits, _ = policy.forward(ids, attn, logits_to_keep=ids.shape[1] - first)
+            logp = torch.log_softmax(logits[:, :-1].float(), dim=-1).gather(-1, ids[:, first + 1:, None]).squeeze(-1)
+            loss = -(logp * mask[:, first + 1:]).sum() / total
         if train:
             policy.backward(loss, last=k == len(batches) - 1)
         nll += float(loss.detach()) * total

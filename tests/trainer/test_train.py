@@ -89,6 +89,10 @@ def test_every_algorithm_updates_the_policy(algo):
         rows = batch.mask[start: start + g.shape[0]]
         # position t predicts target t (token t + 1); the last position predicts nothing
         predicts_response = torch.cat([rows, torch.zeros(rows.shape[0], 1, dtype=torch.bool, device=rows.device)], 1)
+        # the logits start where a response token is first predicted (trim_prompt): only prompt is cut
+        cut = predicts_response.shape[1] - g.shape[1]
+        assert cut > 0 and not predicts_response[:, :cut].any()
+        predicts_response = predicts_response[:, cut:]
         assert g[~predicts_response].abs().max() == 0
         assert g[predicts_response].abs().sum() > 0
 

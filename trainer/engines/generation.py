@@ -21,6 +21,7 @@ import os
 from typing import Any, Protocol, Sequence
 
 from .lifecycle import CLOSED, GenerationLoop
+from .prefix import PrefixCache
 from .sampling import GenOutput, SamplingParams
 from .scheduler import ContinuousBatcher
 
@@ -80,15 +81,23 @@ class TransformersEngine(ContinuousEngine):
     """
 
     def __init__(self, model: Any, pad_token_id: int, version: int = 0, *, max_batch: int = 256,
-                 on_load: str = "wait", device: Any = None):
+                 on_load: str = "wait", device: Any = None, prefix_cache_mb: float = 0):
         """``device``: where the model runs (None: the GPU when there is one, else the CPU;
-        the trainer builds models on the CPU and hands the engine its own copy)."""
+        the trainer builds models on the CPU and hands the engine its own copy).
+        ``prefix_cache_mb``: the KV of finished replies kept for the prompts that extend them,
+        an episode's next turn (:mod:`.prefix`; 0: none)."""
         from .offload import home_device  # torch, imported when an engine is made
 
         self.model = model.eval().to(device or home_device())
         self.pad_token_id = int(pad_token_id)
-        super().__init__(_KVBatch(self.model, self.pad_token_id), version=version, max_batch=max_batch,
-                         on_load=on_load)
+        super().__init__(_KVBatch(self.model, self.pad_token_id, int(prefix_cache_mb * 2**20)), version=version,
+                         max_batch=max_batch, on_load=on_load)
+
+    @property
+    def prefill_stats(self) -> dict[str, int]:
+        """Tokens prefilled through the model, and the prefix cache's counters (:mod:`.prefix`)."""
+        stepper = self.batcher.stepper
+        return {"prefill_tokens": stepper.prefill_tokens, **dataclasses.asdict(stepper.prefixes.stats)}
 
 
 class _KVBatch:
@@ -96,19 +105,65 @@ class _KVBatch:
     one length in one ``DynamicCache`` (padding masked out of attention, positions counted per
     row). New rows are prefilled on their own and concatenated to the batch, each side padded on
     the left to the longer; rows that leave are cut out, and columns that only padding holds
-    any more are trimmed, so the cache is as long as the longest running row."""
+    any more are trimmed, so the cache is as long as the longest running row.
 
-    def __init__(self, model: Any, pad_token_id: int):
+    Rows that finish are kept in a :class:`~.prefix.PrefixCache` (``prefix_cache_bytes``, 0:
+    off) under the tokens they hold; a new prompt that extends one (an episode's next turn)
+    is prefilled from it, its new tokens only. ``prefill_tokens`` counts the tokens that went
+    through the model in prefills."""
+
+    def __init__(self, model: Any, pad_token_id: int, prefix_cache_bytes: int = 0):
         self.model, self.pad = model, pad_token_id
         self.vocab_size = model.config.vocab_size
         self.cache: Any = None
         self.attn = self.pos = None  # (B, T) attention mask of the cache; (B,) next position of each row
+        self.prefixes = PrefixCache(prefix_cache_bytes)
+        self.prefill_tokens = 0
 
     def _device(self):
         return next(self.model.parameters()).device
 
     def prefill(self, prompts: list[list[int]]):
         import torch
+
+        found = [self.prefixes.take(p) for p in prompts]
+        fresh = [i for i, f in enumerate(found) if f is None]
+        parts = [(fresh, *self._forward_unique([prompts[i] for i in fresh]))] if fresh else []
+        for i, f in enumerate(found):
+            if f is not None:  # a stored prefix: only the rest of the prompt goes through the model
+                parts.append(([i], *self._forward([prompts[i][f[0]:]], past=f)))
+        order, logits = [], []
+        for rows, out_logits, layers, attn in parts:
+            self._append(layers, attn)
+            order += rows
+            logits.append(out_logits)
+        logits = torch.cat(logits, 0)
+        if order != list(range(len(prompts))):  # the stepper's rows must be in the prompts' order
+            n = self.attn.shape[0] - len(prompts)
+            inverse = sorted(range(len(order)), key=order.__getitem__)
+            self.keep(list(range(n)) + [n + j for j in inverse])
+            logits = logits[inverse]
+        return logits
+
+    def _forward_unique(self, prompts: list[list[int]]):
+        """:meth:`_forward` of each distinct prompt once, its rows repeated for the copies: a
+        GRPO group's episodes start from one prompt, which is then prefilled once, not once each."""
+        import torch
+
+        firsts: dict[tuple[int, ...], int] = {}
+        which = [firsts.setdefault(tuple(p), len(firsts)) for p in prompts]
+        if len(firsts) == len(prompts):
+            return self._forward(prompts)
+        logits, layers, attn = self._forward([list(p) for p in firsts])
+        idx = torch.tensor(which, device=logits.device)
+        return logits[idx], [(k[idx], v[idx]) for k, v in layers], attn[idx]
+
+    def _forward(self, prompts: list[list[int]], past: tuple[int, Any] | None = None):
+        """One prefill pass over left-padded ``prompts`` (with ``past``: one prompt's new tokens
+        after a stored prefix of ``past[0]`` tokens); the last logits, the KV per layer
+        (keys, values), the attention mask of that KV."""
+        import torch
+        from transformers import DynamicCache
 
         B, width = len(prompts), max(len(p) for p in prompts)
         ids = torch.full((B, width), self.pad, dtype=torch.long)
@@ -118,20 +173,39 @@ class _KVBatch:
             attn[i, width - len(p):] = 1
         dev = self._device()
         ids, attn = ids.to(dev), attn.to(dev)
-        with torch.no_grad():
-            out = self.model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
-                             use_cache=True)
+        cache, offset = None, 0
+        if past is not None:
+            offset, kv = past
+            cache = DynamicCache()
+            for layer, (k, v) in enumerate(kv):
+                cache.update(k, v, layer)
+            attn = torch.cat([torch.ones(1, offset, dtype=attn.dtype, device=dev), attn], 1)
+        with torch.no_grad():  # the next token's logits only: the LM head skips the prompt
+            out = self.model(input_ids=ids, attention_mask=attn, past_key_values=cache, use_cache=True,
+                             position_ids=(attn.cumsum(-1) - 1).clamp(min=0)[:, offset:], logits_to_keep=1)
+        self.prefill_tokens += int(attn[:, offset:].sum())
+        layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        return out.logits[:, -1, :], layers, attn
+
+    def _append(self, layers: list[tuple[Any, Any]], attn) -> None:
+        """New rows (their KV per layer and its mask) joined to the running batch."""
+        import torch
+
         lengths = attn.sum(-1)
         if self.cache is None:
-            self.cache, self.attn, self.pos = out.past_key_values, attn, lengths
-        else:
-            T = max(self.attn.shape[1], width)
-            for old, new in zip(self.cache.layers, out.past_key_values.layers):
-                old.keys = torch.cat([_left_pad(old.keys, T), _left_pad(new.keys, T)], 0)
-                old.values = torch.cat([_left_pad(old.values, T), _left_pad(new.values, T)], 0)
-            self.attn = torch.cat([_left_pad(self.attn, T, dim=1), _left_pad(attn, T, dim=1)], 0)
-            self.pos = torch.cat([self.pos, lengths])
-        return out.logits[:, -1, :]
+            from transformers import DynamicCache
+
+            self.cache = DynamicCache()
+            for layer, (k, v) in enumerate(layers):
+                self.cache.update(k, v, layer)
+            self.attn, self.pos = attn, lengths
+            return
+        T = max(self.attn.shape[1], attn.shape[1])
+        for old, (k, v) in zip(self.cache.layers, layers):
+            old.keys = torch.cat([_left_pad(old.keys, T), _left_pad(k, T)], 0)
+            old.values = torch.cat([_left_pad(old.values, T), _left_pad(v, T)], 0)
+        self.attn = torch.cat([_left_pad(self.attn, T, dim=1), _left_pad(attn, T, dim=1)], 0)
+        self.pos = torch.cat([self.pos, lengths])
 
     def decode(self, tokens: list[int]):
         import torch
@@ -143,6 +217,20 @@ class _KVBatch:
                              position_ids=self.pos.view(-1, 1), past_key_values=self.cache, use_cache=True)
         self.cache, self.attn, self.pos = out.past_key_values, attn, self.pos + 1
         return out.logits[:, -1, :]
+
+    def retire(self, rows: list[int], held: list[list[int]]) -> None:
+        """Store finished rows' KV (row ``rows[j]`` holds the tokens ``held[j]``) for a prompt
+        that extends them; the rows stay until :meth:`keep` drops them."""
+        if not self.prefixes.max_bytes:
+            return
+        for row, tokens in zip(rows, held):
+            n = int(self.attn[row].sum())
+            if n != len(tokens):  # not what this row holds (never expected): store nothing
+                continue
+            T = self.attn.shape[1]
+            kv = [(layer.keys[row:row + 1, :, T - n:].clone(), layer.values[row:row + 1, :, T - n:].clone())
+                  for layer in self.cache.layers]
+            self.prefixes.put(tokens, kv, sum(k.nbytes + v.nbytes for k, v in kv))
 
     def keep(self, rows: list[int]) -> None:
         import torch
@@ -159,6 +247,7 @@ class _KVBatch:
 
     def load_weights(self, state_dict: dict[str, Any]) -> None:
         self.model.load_state_dict(state_dict)
+        self.prefixes.clear()  # KV of the old weights is another policy's
 
 
 def _left_pad(x, length: int, dim: int = 2):

@@ -33,8 +33,9 @@ class ActorModule(nn.Module):
             nn.init.zeros_(self.value_head.weight)
             nn.init.zeros_(self.value_head.bias)
 
-    def forward(self, input_ids, attention_mask):
-        out = self.lm(input_ids=input_ids, attention_mask=attention_mask,
+    def forward(self, input_ids, attention_mask, logits_to_keep: int = 0):
+        """Logits (of the last ``logits_to_keep`` positions; 0: all) and values (all positions)."""
+        out = self.lm(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=logits_to_keep,
                       output_hidden_states=self.value_head is not None, use_cache=False)
         values = None
         if self.value_head is not None:
@@ -58,8 +59,8 @@ class TorchPolicy:
     def device(self) -> torch.device:
         return next(self.module.parameters()).device
 
-    def forward(self, input_ids, attention_mask):
-        return self.module(input_ids, attention_mask)
+    def forward(self, input_ids, attention_mask, logits_to_keep: int = 0):
+        return self.module(input_ids, attention_mask, logits_to_keep)
 
     def backward(self, loss, *, last: bool = True) -> None:
         loss.backward()  # gradients add up in .grad until step()
@@ -144,8 +145,8 @@ class DeepSpeedPolicy:
     def device(self) -> torch.device:
         return self.engine.device
 
-    def forward(self, input_ids, attention_mask):
-        return self.engine(input_ids, attention_mask)
+    def forward(self, input_ids, attention_mask, logits_to_keep: int = 0):
+        return self.engine(input_ids, attention_mask, logits_to_keep)
 
     def backward(self, loss, *, last: bool = True) -> None:
         # DeepSpeed reduces gradients (and ZeRO-2/3 partition them) at the boundary it is told;

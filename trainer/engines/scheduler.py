@@ -181,6 +181,15 @@ class ContinuousBatcher(GenerationLoop):
         self._queue.clear()
         return [r.future for r in reqs]
 
+    def _retire(self, rows: list["_Request | None"], finished: list[bool]) -> None:
+        """Hand the stepper the rows about to leave that finished (not cancelled), with the
+        tokens each one's KV holds (its prompt and reply but the last token, never fed), for a
+        prompt that extends them (a stepper that keeps no prefixes has no ``retire``)."""
+        retire = getattr(self.stepper, "retire", None)
+        idx = [i for i, (r, f) in enumerate(zip(rows, finished)) if f and not r.future.cancelled()]
+        if retire is not None and idx:
+            retire(idx, [rows[i].prompt + rows[i].ids[:-1] for i in idx])
+
     def _step(self, taken: None) -> None:
         done: list[_Request] = []
         rows = self._rows
@@ -191,6 +200,7 @@ class ContinuousBatcher(GenerationLoop):
             finished = [r.add(*drawn) or r.future.cancelled() for r, drawn in zip(rows, sample_rows(logits, rows))]
             if any(finished):  # 2. finished rows leave now
                 done = [r for r, f in zip(rows, finished) if f]
+                self._retire(rows, finished)
                 self.stepper.keep([i for i, f in enumerate(finished) if not f])
                 rows = [r for r, f in zip(rows, finished) if not f]
         with self._cv:  # 3. waiting requests join
@@ -209,6 +219,7 @@ class ContinuousBatcher(GenerationLoop):
             done += [r for r, f in zip(admit, first) if f]
             if any(first):
                 n = len(rows)
+                self._retire([None] * n + admit, [False] * n + first)
                 self.stepper.keep(list(range(n)) + [n + i for i, f in enumerate(first) if not f])
             rows = rows + [r for r, f in zip(admit, first) if not f]
         with self._cv:

@@ -60,7 +60,7 @@ def make_generator(cfg: TrainConfig, lm, tokenizer):
                           dtype=cfg.model.dtype)
     gen_model = copy.deepcopy(lm)  # its own copy: weights move only at sync points
     return TransformersEngine(gen_model, tokenizer.pad_token_id, max_batch=cfg.rollout.max_batch_size,
-                              on_load=cfg.generation.on_weight_load)
+                              on_load=cfg.generation.on_weight_load, prefix_cache_mb=cfg.generation.prefix_cache_mb)
 
 
 def build_policy(cfg: TrainConfig, lm) -> Any:
@@ -109,15 +109,15 @@ class ReferenceRole(BatchRole, Offloadable):
         ids = allowed_token_ids(tokenizer, cfg.generation.allowed_tokens)
         self.allowed = None if ids is None else torch.tensor(ids, device=self.device)
 
-    def _forward(self, ids, attn):
-        return self.model(input_ids=ids, attention_mask=attn, use_cache=False).logits, None
+    def _forward(self, ids, attn, logits_to_keep: int = 0):
+        return self.model(input_ids=ids, attention_mask=attn, use_cache=False, logits_to_keep=logits_to_keep).logits, None
 
     def annotate(self, groups: list[Group]) -> dict[str, torch.Tensor]:
         with torch.no_grad():
             g = self.cfg.generation
             logp, _ = token_logp(self._forward, collate(groups, self.pad_id).to(self.device), g.temperature,
                                  self.cfg.engine.micro_batch_size, self.allowed, g.top_k, g.top_p, min_p=g.min_p,
-                                 repetition_penalty=g.repetition_penalty)
+                                 repetition_penalty=g.repetition_penalty, trim_prompt=True)
         return {"ref_logp": logp.cpu()}
 
     def train(self, groups: list[Group], aux: dict[str, torch.Tensor]) -> dict[str, float]:

@@ -112,7 +112,8 @@ def _slice_logp(logits, targets, positions, temperature: float, allowed=None, to
 
 
 def target_logp(logits, targets, temperature: float, chunk: int = LOGP_CHUNK, allowed=None, top_k: int = 0,
-                top_p: float = 1.0, min_p: float = 0.0, seen: Seen | None = None, repetition_penalty: float = 1.0):
+                top_p: float = 1.0, min_p: float = 0.0, seen: Seen | None = None, repetition_penalty: float = 1.0,
+                start: int = 0):
     """log softmax(logits / temperature)[target], (B, T), without a full-vocabulary fp32 tensor
     for all positions: ``logit[target] - logsumexp(logits)`` in fp32, ``chunk`` positions at a
     time. Under autograd each slice is checkpointed (recomputed in backward rather than
@@ -121,8 +122,9 @@ def target_logp(logits, targets, temperature: float, chunk: int = LOGP_CHUNK, al
     in fp32). ``allowed`` (a LongTensor of token ids, constrained decoding), ``top_k``, ``top_p``
     and ``min_p``: the softmax is over the tokens the generator could sample from, renormalised
     (:func:`~rockroll.trainer.engines.sampling.processed_logits`). ``seen``: the context of each
-    position (:meth:`Seen.of_rows` of the forward's input ids), for ``repetition_penalty``."""
-    positions = torch.arange(logits.shape[1], device=logits.device)[None]
+    position (:meth:`Seen.of_rows` of the forward's input ids), for ``repetition_penalty``;
+    ``start``: the sequence position of ``logits``' first column (``seen`` is indexed by it)."""
+    positions = torch.arange(start, start + logits.shape[1], device=logits.device)[None]
     return _by_slices(_slice_logp, chunk, logits, targets, positions, temperature, allowed, top_k, top_p, min_p,
                       seen, repetition_penalty)
 
@@ -151,25 +153,30 @@ def _slice_entropy(logits, positions, temperature: float, allowed=None, top_k: i
 
 
 def token_entropy(logits, temperature: float, chunk: int = LOGP_CHUNK, allowed=None, top_k: int = 0,
-                  top_p: float = 1.0, min_p: float = 0.0, seen: Seen | None = None, repetition_penalty: float = 1.0):
+                  top_p: float = 1.0, min_p: float = 0.0, seen: Seen | None = None, repetition_penalty: float = 1.0,
+                  start: int = 0):
     """The entropy of the distribution sampled from (:func:`~rockroll.trainer.engines.sampling.processed_logits`) per
     position, (B, T): the policy's entropy at each predicted token, computed like
     :func:`target_logp`, ``chunk`` positions at a time in fp32 (checkpointed under autograd)."""
-    positions = torch.arange(logits.shape[1], device=logits.device)[None]
+    positions = torch.arange(start, start + logits.shape[1], device=logits.device)[None]
     return _by_slices(_slice_entropy, chunk, logits, positions, temperature, allowed, top_k, top_p, min_p, seen,
                       repetition_penalty)
 
 
 def token_logp(policy_forward, batch: Batch, temperature: float, micro_batch_size: int = 0, allowed=None,
                top_k: int = 0, top_p: float = 1.0, with_entropy: bool = False, min_p: float = 0.0,
-               repetition_penalty: float = 1.0):
+               repetition_penalty: float = 1.0, trim_prompt: bool = False):
     """log pi(target_t) with logits / temperature, top-k and top-p (the distribution the generator
     sampled), and values if the module has a value head (else None), by :func:`target_logp`; with
     ``with_entropy`` a third item, the policy's entropy per position (:func:`token_entropy`).
 
     Forwards ``micro_batch_size`` sequences at a time (0: all at once) and concatenates: for
     no-grad passes (under autograd every micro-batch's graph would be kept). Each forward
-    drops the columns of right padding that none of its sequences reaches.
+    drops the columns of right padding that none of its sequences reaches. ``trim_prompt``: the
+    forward takes ``logits_to_keep`` (the policy's, the reference's) and is asked for the logits
+    from the first position any row's mask holds on, so the LM head, log-softmax and entropy
+    skip the prompt that every row starts with (TRL's ``logits_to_keep``); the positions before
+    it get log-prob 0, masked out of every loss like any prompt token.
     """
     step = micro_batch_size or batch.size
     parts = [batch] if step >= batch.size else [batch.select(i) for i in torch.arange(batch.size).split(step)]
@@ -177,19 +184,24 @@ def token_logp(policy_forward, batch: Batch, temperature: float, micro_batch_siz
     logps, values, ents = [], [], []
     for mb in parts:
         n = int(mb.attention_mask.sum(-1).max())  # sequences are left-aligned: columns >= n are padding
-        logits, v = policy_forward(mb.input_ids[:, :n], mb.attention_mask[:, :n])
+        held = mb.mask[:, : n - 1].any(0).nonzero()
+        first = int(held[0]) if trim_prompt and len(held) else 0  # logits from here on
+        if trim_prompt:
+            logits, v = policy_forward(mb.input_ids[:, :n], mb.attention_mask[:, :n], logits_to_keep=n - first)
+        else:
+            logits, v = policy_forward(mb.input_ids[:, :n], mb.attention_mask[:, :n])
         # the repetition penalty's context at each position: the row's tokens up to it, the
         # prompt the generator had plus what it generated of the reply
         seen = None if repetition_penalty == 1.0 else Seen.of_rows(mb.input_ids[:, : n - 1], logits.shape[-1])
         dist = dict(allowed=allowed, top_k=top_k, top_p=top_p, min_p=min_p, seen=seen,
-                    repetition_penalty=repetition_penalty)
-        lp = target_logp(logits[:, :-1], mb.targets[:, : n - 1], temperature, **dist)
+                    repetition_penalty=repetition_penalty, start=first)
+        lp = target_logp(logits[:, :-1], mb.targets[:, first: n - 1], temperature, **dist)
         if with_entropy:
             ents.append(torch.nn.functional.pad(token_entropy(logits[:, :-1], temperature, **dist),
-                                                (0, width - (n - 1))))
+                                                (first, width - (n - 1))))
         del logits  # this micro-batch's logits go before the next forward
-        # back to the batch's width (the padding positions are masked out everywhere)
-        logps.append(torch.nn.functional.pad(lp, (0, width - (n - 1))))
+        # back to the batch's width (the prompt and padding positions are masked out everywhere)
+        logps.append(torch.nn.functional.pad(lp, (first, width - (n - 1))))
         values.append(None if v is None else torch.nn.functional.pad(v[:, :-1], (0, width - (n - 1))))
     logp = logps[0] if len(logps) == 1 else torch.cat(logps)
     value = None if values[0] is None else values[0] if len(values) == 1 else torch.cat(values)
@@ -300,7 +312,8 @@ def update_policy(policy, a: AlgorithmConfig, batch: Batch, temperature: float,
     with torch.no_grad():
         old_logp, old_values = (None, None) if single else token_logp(policy.forward, batch, temperature, micro,
                                                                       allowed, top_k, top_p, min_p=min_p,
-                                                                      repetition_penalty=repetition_penalty)
+                                                                      repetition_penalty=repetition_penalty,
+                                                                      trim_prompt=True)
 
     def advantages(old, values):
         ref = ref_logp if ref_logp is not None else old
@@ -324,7 +337,7 @@ def update_policy(policy, a: AlgorithmConfig, batch: Batch, temperature: float,
                 mb = batch if single else batch.select(idx)
                 logp, values, entropy = token_logp(policy.forward, mb, temperature, allowed=allowed, top_k=top_k,
                                                    top_p=top_p, with_entropy=True, min_p=min_p,
-                                                   repetition_penalty=repetition_penalty)
+                                                   repetition_penalty=repetition_penalty, trim_prompt=True)
                 if a.entropy_coef == 0:  # a metric only: its graph would keep this micro-batch's logits alive
                     entropy = entropy.detach()
                 if single:
