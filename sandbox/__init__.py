@@ -19,7 +19,7 @@ from .errors import (CapacityError, GuestDied, IsolationUnavailable, SandboxClos
                      SandboxFileError, SandboxFileNotFound, SandboxLost, SandboxNotFound, SandboxStartError,
                      ServiceUnreachable, SessionError, SnapshotError, SpecError, StorageFullError,
                      StorageLimitError, UnsafeArchiveError)
-from .egress import EgressPolicy
+from .egress import EgressPolicy, SecretRef
 from .spec import CommandResult, SandboxSpec, Snapshot
 from .sync import Sandbox, open_sandbox
 
@@ -35,7 +35,8 @@ def configure(url: str | None = None, token: str | None = None) -> None:
 __all__ = [
     "AsyncSandbox", "CapacityError", "CommandResult", "EgressPolicy", "GuestDied", "IsolationUnavailable",
     "Sandbox", "SandboxClosed", "SandboxError", "SandboxFileError", "SandboxFileNotFound", "SandboxLost",
-    "SandboxNotFound", "SandboxSpec", "SandboxStartError", "ServiceUnreachable", "SessionError", "Snapshot",
+    "SandboxNotFound", "SandboxSpec", "SandboxStartError", "SecretRef", "ServiceUnreachable", "SessionError",
+    "Snapshot",
     "SnapshotError", "SpecError", "StorageFullError", "StorageLimitError", "UnsafeArchiveError",
     "configure", "open_async_sandbox", "open_sandbox",
 ]

@@ -9,14 +9,20 @@ it to the names (``*.`` wildcards), CIDRs and ports listed. Denied always: loopb
 host's own addresses and every sandbox's (checked where the host is known), and, unless a
 CIDR of the policy names them, link-local (169.254.0.0/16, the cloud metadata address),
 private and ULA ranges.
+
+``inspect_tls=True`` (opt-in) makes the gateway terminate the TLS of connections to allowed
+names with a CA of the sandbox's own (``deployment/tlsinspect.py``), so each request inside
+is judged as plain HTTP's are; ``inject`` then names headers the gateway sets on each
+request to a host, from secrets the sandbox never holds (``SecretRef``: an env var or a
+file of the host that runs the gateway).
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
-from dataclasses import dataclass
-from typing import Any, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Union
 
 from .errors import SpecError
 
@@ -31,7 +37,13 @@ PRIVATE = tuple(ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12",
                                                   "100.64.0.0/10", "192.0.0.0/24", "fc00::/7"))
 
 _LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
+_HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")  # an HTTP token (RFC 9110)
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_ENTRIES = 256
+# Headers a secret may not set: they frame the request or route it, which the gateway has
+# judged already (a Host or a length written after the check would undo it).
+FRAMING_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection", "upgrade", "te",
+                             "trailer", "keep-alive", "proxy-connection"})
 
 
 def address_class(ip: str) -> str | None:
@@ -48,6 +60,53 @@ def address_class(ip: str) -> str | None:
 
 
 @dataclass(frozen=True)
+class SecretRef:
+    """Where the gateway reads a secret header's value, on the host that runs it (never in
+    the sandbox): ``source`` is ``"env:NAME"`` (that process's environment variable) or
+    ``"file:/absolute/path"`` (the file's text, one trailing newline dropped). The header is
+    ``prefix`` + the secret (``prefix="Bearer "`` for a bare token). Read when the sandbox's
+    network starts (again at each ``reset`` / ``restore``); the reference travels in the
+    spec, the value never does."""
+
+    source: str
+    prefix: str = ""
+
+    def __post_init__(self) -> None:
+        where = "egress.inject"
+        if not isinstance(self.source, str) or not isinstance(self.prefix, str):
+            raise SpecError(where, "a secret reference is SecretRef(source='env:NAME' | 'file:/path', prefix='')")
+        kind, _, name = self.source.partition(":")
+        env_ok = kind == "env" and _ENV_NAME.match(name)
+        if not (env_ok or (kind == "file" and name.startswith("/") and "\0" not in name)):
+            raise SpecError(where, f"a secret source is 'env:NAME' or 'file:/absolute/path', not {self.source!r}")
+        if any(c in self.prefix for c in "\r\n\0"):
+            raise SpecError(where, "a secret's prefix may not hold CR, LF or NUL")
+
+    @property
+    def kind(self) -> str:
+        return self.source.partition(":")[0]
+
+    @property
+    def name(self) -> str:
+        """The variable's name or the file's path."""
+        return self.source.partition(":")[2]
+
+    @classmethod
+    def from_value(cls, value: Any, where: str) -> "SecretRef":
+        """A ``SecretRef`` from itself, its source string, or its dict (what ``to_dict`` gives)."""
+        try:
+            if isinstance(value, cls):
+                return value
+            if isinstance(value, str):
+                return cls(value)
+            if isinstance(value, Mapping) and set(value) <= {"source", "prefix"} and "source" in value:
+                return cls(**value)
+        except SpecError as e:
+            raise SpecError(where, str(e).split(": ", 1)[1]) from None
+        raise SpecError(where, "must be a SecretRef, 'env:NAME' or 'file:/path'")
+
+
+@dataclass(frozen=True)
 class EgressPolicy:
     """An allow-list for a sandbox's outbound traffic (``SandboxSpec.egress``).
 
@@ -59,12 +118,24 @@ class EgressPolicy:
     opened; loopback, the host and other sandboxes never are). ``ports``: the TCP ports
     allowed, to names and CIDRs alike (empty: any). ``bandwidth_mbit``: a cap on each
     direction (None: none). Only TCP leaves the sandbox, and DNS to its own resolver.
+
+    ``inspect_tls``: terminate TLS to allowed names with a CA made for the sandbox (put in
+    its trust stores), judge each request inside (its ``Host`` must be the server name),
+    and connect upstream verifying the certificate against the host's trust store, or
+    against ``upstream_ca`` (a PEM file on the gateway's host; for tests and private CAs).
+    ``inject``: ``{host: {header: SecretRef}}``, headers set (replacing the client's) on each
+    request to that exact allowed host, over inspected TLS only (it needs ``inspect_tls``;
+    plain HTTP to the host goes without them: the value would cross the network in the
+    clear to a server that proved nothing).
     """
 
     hosts: tuple[str, ...] = ()
     cidrs: tuple[str, ...] = ()
     ports: tuple[int, ...] = ()
     bandwidth_mbit: float | None = None
+    inspect_tls: bool = False
+    inject: Mapping[str, Mapping[str, Union[SecretRef, str]]] = field(default_factory=dict)
+    upstream_ca: str | None = None
 
     def __post_init__(self) -> None:
         hosts = _strings("egress.hosts", self.hosts)
@@ -96,6 +167,41 @@ class EgressPolicy:
         object.__setattr__(self, "hosts", tuple(norm))
         object.__setattr__(self, "cidrs", tuple(cidrs))
         object.__setattr__(self, "ports", tuple(self.ports))
+        if not isinstance(self.inspect_tls, bool):
+            raise SpecError("egress.inspect_tls", f"must be true or false, not {self.inspect_tls!r}")
+        ca = self.upstream_ca
+        if ca is not None and not (isinstance(ca, str) and ca.startswith("/")):
+            raise SpecError("egress.upstream_ca", f"must be an absolute path to a PEM file, not {ca!r}")
+        if ca is not None and not self.inspect_tls:
+            raise SpecError("egress.upstream_ca", "verifies the upstream certificates of inspected TLS: "
+                                                  "needs inspect_tls=True")
+        object.__setattr__(self, "inject", self._inject())
+
+    def _inject(self) -> dict[str, dict[str, SecretRef]]:
+        """``inject`` checked and normalized: exact allowed hosts, header tokens, ``SecretRef``s."""
+        if not isinstance(self.inject, Mapping) or len(self.inject) > MAX_ENTRIES:
+            raise SpecError("egress.inject", "must map host names to {header: secret reference}")
+        if self.inject and not self.inspect_tls:
+            raise SpecError("egress.inject", "injects headers into inspected TLS only: needs inspect_tls=True")
+        out: dict[str, dict[str, SecretRef]] = {}
+        for host, headers in self.inject.items():
+            name = host.lower().rstrip(".") if isinstance(host, str) else host
+            where = f"egress.inject.{host}"
+            if not isinstance(name, str) or name.startswith("*.") or not self.allows_name(name):
+                raise SpecError(where, "must be an exact host name that egress.hosts allows")
+            if not isinstance(headers, Mapping) or not headers or len(headers) > MAX_ENTRIES:
+                raise SpecError(where, "must map header names to secret references")
+            refs: dict[str, SecretRef] = {}
+            for header, ref in headers.items():
+                if not isinstance(header, str) or not _HEADER_NAME.match(header):
+                    raise SpecError(f"{where}.{header}", "not an HTTP header name")
+                if header.lower() in FRAMING_HEADERS:
+                    raise SpecError(f"{where}.{header}", "frames or routes the request: not a header to inject")
+                if any(h.lower() == header.lower() for h in refs):
+                    raise SpecError(f"{where}.{header}", "named twice")
+                refs[header] = SecretRef.from_value(ref, f"{where}.{header}")
+            out[name] = refs
+        return out
 
     @classmethod
     def from_value(cls, value: Any) -> "EgressPolicy":
@@ -108,6 +214,11 @@ class EgressPolicy:
         if unknown:
             raise SpecError(f"egress.{sorted(unknown)[0]}", "unknown field")
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in value.items()})
+
+    def injects(self) -> bool:
+        """Whether the gateway reads secrets of its host for this policy (``inject``): what
+        a service client may not ask for (``protocol/wire.py``)."""
+        return bool(self.inject)
 
     def allows_name(self, name: str) -> bool:
         name = name.lower().rstrip(".")

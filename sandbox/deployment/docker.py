@@ -58,6 +58,7 @@ from ..storage.whiteouts import apply_layer
 from .cgroups import Cgroup
 from .disk import SandboxDisk
 from .gateway import NetworkedDeployment, SandboxNetwork
+from .tlsinspect import BUNDLE_PATH
 from .process import GuestHandle, GuestProcess
 from .rootfs import NO_NETWORK_ETC
 from .seccomp import docker_security_opt
@@ -194,10 +195,15 @@ class DockerDeployment(NetworkedDeployment):
 
         spec = self.spec
         memory = f"{spec.memory_mb}m" if spec.memory_mb else None
-        resolv = docker.types.Mount("/etc/resolv.conf", str(self.resolv), type="bind", read_only=True)
+        mounts = [docker.types.Mount("/etc/resolv.conf", str(self.resolv), type="bind", read_only=True)]
+        bundle = self.network.trust_bundle() if self.network is not None else None
+        if bundle is not None:  # TLS inspection: the sandbox's CA in the system bundle (tlsinspect.py)
+            (self.dir / "ca-certificates.crt").write_bytes(bundle)
+            mounts.append(docker.types.Mount(BUNDLE_PATH, str(self.dir / "ca-certificates.crt"), type="bind",
+                                             read_only=True))
         try:
             return self.client.containers.create(
-                image, ["/bin/sh", "-c", KEEPALIVE], name=f"rockroll-{self.id}-{self.gen}", mounts=[resolv],
+                image, ["/bin/sh", "-c", KEEPALIVE], name=f"rockroll-{self.id}-{self.gen}", mounts=mounts,
                 hostname=self.id, labels=self._labels(), working_dir=spec.workdir, environment=dict(spec.env),
                 network_mode="none", init=False, cap_drop=["ALL"],
                 cap_add=[_CAP_NAMES[c] for c in KEEP_CAPS],
@@ -245,7 +251,7 @@ class DockerDeployment(NetworkedDeployment):
         disk = self.disk.prepare(self.gen)
         if disk is not None:  # mounted in the container's namespace, at a path of the container
             disk.dir = LAYER_DIR
-        cfg = GuestConfig(id=self.id, hostname=self.id, workdir=self.spec.workdir, env=dict(self.spec.env),
+        cfg = GuestConfig(id=self.id, hostname=self.id, workdir=self.spec.workdir, env=self.guest_env(),
                           sessions=sessions, disk=disk, model=model, enter_pid=pid,
                           cgroup_procs=self.cgroup.procs_paths())
         return self.guest.start(cfg)

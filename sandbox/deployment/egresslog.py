@@ -5,15 +5,17 @@ the host side, read through ``AsyncSandbox.egress_log`` (and ``GET /v1/sandboxes
 Pure: no I/O; the caller gives the clock.
 
 A record: ``seq`` (1, 2, ... per sandbox: ``egress_log(since=seq)`` reads on from there),
-``time`` (Unix seconds, when the request or connection began), ``kind`` (``http``, ``tls``,
-``tcp``, ``tunnel``, ``dns``), ``method``, ``host`` (the request's host, the TLS server name,
-the ``CONNECT`` target's or the DNS name; None where none is known), ``path`` (the request
+``time`` (Unix seconds, when the request or connection began), ``kind`` (``http``, ``https``
+for a request inside TLS the gateway inspected, ``tls``, ``tcp``, ``tunnel``, ``dns``),
+``method``, ``host`` (the request's host, the TLS server name, the ``CONNECT`` target's or the DNS name; None where none is known), ``path`` (the request
 target as sent), ``ip``, ``port``, ``status`` (the answer's status code when known: the
 server's, or the gateway's own 4xx for a refused request), ``bytes_out`` (sandbox to far
 end) and ``bytes_in`` (back), exactly the bytes the gateway forwarded for it (a refused
 request's are 0: nothing of it went on, and the gateway's own answer is not the far end's),
-``decision`` (``allowed`` / ``refused``) and ``reason`` (a refused one's, the key it is
-counted under in ``network_stats()["denied"]``).
+``decision`` (``allowed`` / ``refused``), ``reason`` (a refused one's, the key it is
+counted under in ``network_stats()["denied"]``) and ``injected`` (the names of the headers
+the gateway set on the request from the policy's secrets, ``inject.py``; never a value).
+Inside inspected TLS the bytes are the plaintext the gateway forwarded, heads as rewritten.
 
 Design, and why:
 
@@ -48,7 +50,7 @@ from typing import Callable, NamedTuple
 
 MAX_BYTES = 1 << 20  # encoded bytes of one sandbox's records at most; a process may change it before its sandboxes start
 FIELD_MAX = 1024  # characters of a host or path kept in a record
-KINDS = ("http", "tls", "tcp", "tunnel", "dns")
+KINDS = ("http", "https", "tls", "tcp", "tunnel", "dns")
 
 
 class EgressLog:
@@ -65,12 +67,13 @@ class EgressLog:
 
     def add(self, *, time: float, kind: str, decision: str, reason: str | None = None, method: str | None = None,
             host: str | None = None, path: str | None = None, ip: str | None = None, port: int | None = None,
-            status: int | None = None, bytes_out: int = 0, bytes_in: int = 0) -> None:
+            status: int | None = None, bytes_out: int = 0, bytes_in: int = 0, injected: tuple[str, ...] = ()) -> None:
         with self._lock:
             self._seq += 1
             record = {"seq": self._seq, "time": round(time, 6), "kind": kind, "method": _cut(method),
                       "host": _cut(host), "path": _cut(path), "ip": ip, "port": port, "status": status,
-                      "bytes_out": bytes_out, "bytes_in": bytes_in, "decision": decision, "reason": reason}
+                      "bytes_out": bytes_out, "bytes_in": bytes_in, "decision": decision, "reason": reason,
+                      "injected": list(injected)}
             line = json.dumps(record, separators=(",", ":"))  # ASCII, control characters escaped: one line
             self._lines.append((self._seq, line))
             self._bytes += len(line) + 1  # as a JSON Lines file would hold it
@@ -249,6 +252,7 @@ class _Exchange:
     request_done: bool = False
     answered: bool = False
     refused: str | None = None
+    injected: tuple[str, ...] = ()  # the names of the headers the gateway set (never their values)
 
 
 @dataclass
@@ -265,6 +269,7 @@ class Connection:
     port: int
     kind: str = "tcp"
     host: str | None = None
+    http_kind: str = "http"  # what a request's record is: ``https`` inside inspected TLS
     _exchanges: collections.deque = field(default_factory=collections.deque)
     _framer: ResponseFramer = field(default_factory=ResponseFramer)
     _tunnel: _Exchange | None = None  # the connection's one record (tls, tcp, tunnel)
@@ -277,13 +282,14 @@ class Connection:
             self._tunnel = _Exchange(self.clock(), None, self.host, None)
 
     # -- HTTP, request by request
-    def request(self, method: str, host: str, path: str) -> None:
-        """A request head allowed (its bytes are ``sent`` next); the one before is complete."""
+    def request(self, method: str, host: str, path: str, injected: tuple[str, ...] = ()) -> None:
+        """A request head allowed (its bytes are ``sent`` next), with the names of the
+        headers the gateway set on it; the one before is complete."""
         if self._tunnel is not None:
             return  # inside a tunnel: its bytes are the tunnel's
         if self._exchanges:
             self._exchanges[-1].request_done = True
-        self._last = _Exchange(self.clock(), method, host, path)
+        self._last = _Exchange(self.clock(), method, host, path, injected=injected)
         self._exchanges.append(self._last)
         self._framer.expect(method)
         self._emit()
@@ -294,7 +300,7 @@ class Connection:
             self._exchanges[-1].request_done = True
             self._emit()
 
-    def refuse(self, reason: str, *, kind: str = "http", status: int | None = None, method: str | None = None,
+    def refuse(self, reason: str, *, kind: str | None = None, status: int | None = None, method: str | None = None,
                host: str | None = None, path: str | None = None) -> None:
         """A request, TLS server name or connection the gateway did not forward: a record
         of its own, after those before it (a connection's own record, if nothing went
@@ -306,16 +312,17 @@ class Connection:
         ex = _Exchange(self.clock(), method, host, path, status=status, request_done=True, answered=True,
                        refused=reason)
         if self._tunnel is not None or not self._exchanges:
-            self._write(ex, kind)
+            self._write(ex, kind or self.http_kind)
         else:
             self._exchanges.append(ex)
             self._emit()
 
-    def as_http(self) -> None:
-        """The connection's first bytes are HTTP: a record per request (unless it is a tunnel
-        already, or its server spoke first)."""
+    def as_http(self, kind: str = "http") -> None:
+        """The connection's first bytes are HTTP (``https``: inside TLS the gateway
+        terminated): a record per request (unless it is a tunnel already, or its server
+        spoke first)."""
         if self.kind != "http" and self._tunnel is not None and not (self._tunnel.bytes_in or self._tunnel.bytes_out):
-            self.kind, self._tunnel = "http", None
+            self.kind, self._tunnel, self.http_kind = "http", None, kind
 
     def switched(self) -> None:
         """The server agreed to the last request's ``CONNECT`` / ``Upgrade``: the rest of the
@@ -366,12 +373,12 @@ class Connection:
     def _emit(self) -> None:
         while self._exchanges and self._exchanges[0].answered and self._exchanges[0].request_done:
             ex = self._exchanges.popleft()
-            self._write(ex, "http" if ex.method is not None or ex.status is not None else self.kind)
+            self._write(ex, self.http_kind if ex.method is not None or ex.status is not None else self.kind)
 
     def _write(self, ex: _Exchange, kind: str) -> None:
         self.log.add(time=ex.time, kind=kind, method=ex.method, host=ex.host, path=ex.path, ip=self.ip,
                      port=self.port, status=ex.status, bytes_out=ex.bytes_out, bytes_in=ex.bytes_in,
-                     decision="refused" if ex.refused else "allowed", reason=ex.refused)
+                     decision="refused" if ex.refused else "allowed", reason=ex.refused, injected=ex.injected)
 
     def close(self) -> None:
         """The connection ended: every record still open is written, in order."""
@@ -379,7 +386,7 @@ class Connection:
             return
         self._closed = True
         while self._exchanges:
-            self._write(self._exchanges.popleft(), "http")
+            self._write(self._exchanges.popleft(), self.http_kind)
         if self._tunnel is not None:
             kind = "tunnel" if self.kind == "http" else self.kind
             self._write(self._tunnel, kind)

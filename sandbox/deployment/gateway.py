@@ -31,7 +31,15 @@ the process; each sandbox has its own listeners, bound to its own gateway addres
   protocols pass on the address alone, a server-first one too (nothing sent within
   ``SNIFF_S``): the client's first bytes are judged whenever they come. The proxy
   connects from the host, so the far end sees the host's address, as behind NAT. What
-  passes inside TLS it cannot see (domain fronting: docs/security.md).
+  passes inside TLS it cannot see (domain fronting: docs/security.md), unless the policy
+  says ``inspect_tls``: then a ClientHello whose name passed is answered with a certificate
+  of the sandbox's own CA (``tlsinspect.py``), each request inside is judged as plain HTTP's
+  are and must name that server name (``http_sni``), the connection upstream verifies the
+  far end's certificate for it (``tls_upstream``), and the policy's secret headers are set
+  on the requests to their host (``inject.py``). TLS it cannot inspect (inside a tunnel, or
+  after the server spoke first) is refused (``tls_tunnel``); a client that does not accept
+  the sandbox's CA (one that pins its server's certificate) fails its handshake
+  (``tls_client``).
 
 ``close`` ends every connection still open (each handler returns, its sockets closed)
 before it returns: nothing is left of a sandbox's gateway, nothing printed.
@@ -51,16 +59,20 @@ import ipaddress
 import re
 import secrets
 import socket
+import ssl
 import struct
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 from ..egress import EgressPolicy, address_class
 from ..errors import SandboxError, SpecError
-from . import egresslog, httpstream, network, wire
+from . import egresslog, httpstream, inject, network, tlsinspect, wire
 from .network import DNS_PORT, EXPOSE_MARK, PROXY_PORT, SUBNET
+
+if TYPE_CHECKING:
+    from ..spec import SandboxSpec
 
 SO_ORIGINAL_DST = 80
 SNIFF_S = 3.0  # how long the proxy waits for a client's first bytes
@@ -127,8 +139,11 @@ class Gateway:
 
     def __init__(self, gateway_ip: str, address: str, policy: EgressPolicy | None, traffic: Traffic,
                  resolve: Callable[[str], tuple[list[str], int]] | None = None,
-                 new_socket: Callable[[], socket.socket] | None = None):
+                 new_socket: Callable[[], socket.socket] | None = None,
+                 authority: tlsinspect.Authority | None = None, injector: inject.Injector | None = None):
         self.gateway_ip, self.address, self.policy, self.traffic = gateway_ip, address, policy, traffic
+        # inspect_tls: the sandbox's CA, and the secret headers read for this guest
+        self.authority, self.injector = authority, injector
         self.resolve = resolve or resolve_upstream
         # a TCP socket that reaches the sandbox's listeners (``expose``): one of this
         # namespace, marked, or one made in the sandbox's (``usernet.py``)
@@ -288,6 +303,15 @@ class Gateway:
             elif wire.is_tls(first) and not self._name_granted(ip, name):
                 self.traffic.denied["sni"] += 1
                 conn.refuse("sni", kind="tls", host=name)
+            elif wire.is_tls(first) and self.authority is not None:
+                if upstream is not None and upstream.heard:  # inside a tunnel, or a server spoke first
+                    self.traffic.denied["tls_tunnel"] += 1
+                    conn.refuse("tls_tunnel", kind="tls", host=name)
+                    return
+                if upstream is not None:  # a client silent past the sniff: its upstream is made anew, in TLS
+                    await upstream.close()
+                    upstream = None
+                await self._inspected(ip, port, name, first, reader, writer, conn)
             elif first and (upstream is not None or (upstream := await self._connect(ip, port, writer, conn))):
                 conn.named("tls" if wire.is_tls(first) else "tcp", name)
                 upstream.send(first)
@@ -295,6 +319,51 @@ class Gateway:
         finally:
             if upstream is not None:
                 await upstream.close()
+
+    async def _inspected(self, ip: str, port: int, name: str, first: bytes, reader: asyncio.StreamReader,
+                         writer: asyncio.StreamWriter, conn: egresslog.Connection) -> None:
+        """A TLS connection for the allowed ``name``, terminated here with the sandbox's CA
+        (``first``: its ClientHello) and read request by request as plain HTTP is, every
+        request for ``name``, each carrying the policy's secret headers for it; upstream,
+        once a first request passed, TLS verified for ``name``."""
+        client = tlsinspect.TLSStream(self.authority.server_context(name), reader, writer, server_side=True,
+                                      first=first)
+        try:
+            await asyncio.wait_for(client.handshake(), HEAD_S)
+        except (OSError, asyncio.TimeoutError):  # ssl.SSLError too: it does not trust the CA, or pins a certificate
+            self.traffic.denied["tls_client"] += 1
+            conn.refuse("tls_client", kind="tls", host=name)
+            return
+        conn.as_http("https")
+        try:
+            await self._http(ip, port, b"", client, client, None, conn, sni=name,
+                             connect=lambda: self._connect_tls(ip, port, name, client, conn))
+        finally:
+            with contextlib.suppress(OSError, RuntimeError):
+                client.write_eof()
+                await client.drain()
+
+    async def _connect_tls(self, ip: str, port: int, name: str, client: tlsinspect.TLSStream,
+                           conn: egresslog.Connection) -> "_Upstream | None":
+        """``_connect`` for an inspected connection: TLS to ``name``, its certificate verified
+        (chain and name); ``Refused`` (``tls_upstream``, a 502 to the client) if it is not."""
+        try:
+            up_r, up_w = await asyncio.wait_for(asyncio.open_connection(ip, port), CONNECT_S)
+        except (OSError, asyncio.TimeoutError):
+            self.traffic.denied["unreachable"] += 1
+            return None
+        tls = tlsinspect.TLSStream(self.authority.upstream_context(), up_r, up_w, server_side=False,
+                                   server_hostname=name)
+        try:
+            await asyncio.wait_for(tls.handshake(), CONNECT_S)
+        except ssl.SSLCertVerificationError as e:
+            tls.close()
+            raise httpstream.Refused("tls_upstream", f"{name}: {e.verify_message}") from None
+        except (OSError, asyncio.TimeoutError) as e:
+            tls.close()
+            raise httpstream.Refused("tls_upstream", f"{name}: the TLS handshake failed ({type(e).__name__})") from None
+        self.traffic.connections += 1
+        return _Upstream(tls, tls, client, self.traffic, meter=conn)
 
     async def _connect(self, ip: str, port: int, client: asyncio.StreamWriter,
                        conn: egresslog.Connection) -> "_Upstream | None":
@@ -312,14 +381,19 @@ class Gateway:
         return _Upstream(up_r, up_w, client, self.traffic, meter=conn)
 
     async def _http(self, ip: str, port: int, first: bytes, reader: asyncio.StreamReader,
-                    writer: asyncio.StreamWriter, upstream: "_Upstream | None", conn: egresslog.Connection) -> None:
+                    writer: asyncio.StreamWriter, upstream: "_Upstream | None", conn: egresslog.Connection,
+                    sni: str | None = None, connect: Callable[[], Awaitable["_Upstream | None"]] | None = None) -> None:
         """A plain-HTTP stream, request by request (``httpstream``): each head judged before
         a byte of it goes on; a refused one is answered with its status and reason, counted,
         and the connection ends. The upstream connection is made once a first head is
         allowed (closed here, as is ``upstream``, whatever ends this). After a ``CONNECT``
         or ``Upgrade`` the server agreed to, the rest is judged anew (``_judged``): a
         tunnel carries requests too, and an upgrade to HTTP/2 starts with its preface,
-        which is refused. Each request is a record of ``conn``, a refused one too."""
+        which is refused. Each request is a record of ``conn``, a refused one too.
+        Inside inspected TLS (``sni``: its server name; ``connect``: how its upstream is
+        made) each request must be for ``sni``, and gets the policy's secret headers; the
+        contents of a tunnel or an upgrade never do (judged by ``_judged``, which passes
+        neither)."""
         stream, head, judged = httpstream.RequestReader(), None, None
         try:
             events = collections.deque(await _next_events(reader, stream, first))
@@ -329,12 +403,17 @@ class Gateway:
                     judged = event
                     if not self._name_granted(ip, event.host):
                         raise httpstream.Refused("http_host", f"{event.host} is not allowed here")
-                    if upstream is None and (upstream := await self._connect(ip, port, writer, conn)) is None:
+                    if sni is not None and event.host != sni:  # the upstream proved it is sni, nothing else
+                        raise httpstream.Refused("http_sni", f"{event.host} is not {sni}")
+                    if upstream is None and (upstream := await (
+                            connect() if connect else self._connect(ip, port, writer, conn))) is None:
                         conn.refuse("unreachable", method=event.method, host=event.host, path=event.target)
                         return
                     judged = None
-                    conn.request(event.method, event.host, event.target)
-                    upstream.send(event.raw)
+                    raw, injected = (self.injector.apply(event) if sni is not None and self.injector
+                                     else (event.raw, ()))
+                    conn.request(event.method, event.host, event.target, injected)
+                    upstream.send(raw)
                     head = event
                 elif event is httpstream.SWITCH:  # the first request's: its answer tells
                     agreed = httpstream.switched(head, await upstream.first_bytes())
@@ -561,6 +640,7 @@ class _Upstream:
         self.reader, self.writer, self.client, self.traffic, self.inbound = reader, writer, client, traffic, inbound
         self.meter = meter  # the records its forwarded bytes are counted into (egresslog.py)
         self._first: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self.heard = 0  # bytes the far end sent so far
         self._eof_to_client = True
         self._back = asyncio.ensure_future(self._copy_back())
 
@@ -578,6 +658,7 @@ class _Upstream:
                     first += data
                     if len(first) >= 12 or b"\n" in first:  # a status line's start
                         self._first.set_result(first)
+                self.heard += len(data)
                 self.client.write(data)
                 self._count(len(data), to_client=True)
                 if self.meter is not None:
@@ -655,16 +736,45 @@ class SandboxNetwork:
         self.link: network.Link | None = None
         self.gateway: Gateway | None = None
         self._kernel_drops: collections.Counter[str] = collections.Counter()  # of earlier guests
+        # inspect_tls: the sandbox's CA, made with its first guest and kept across the
+        # others (the trust store a snapshot's files were made with stays true)
+        self.authority: tlsinspect.Authority | None = None
+        self._injector: inject.Injector | None = None
 
     def prepare(self) -> str:
         """A veth pair for the next guest; returns its gateway address (the name server)."""
         self.detach()
+        self._prepare_inspection()
         self.link = network.allocate()
         return self.link.gateway
 
+    def _prepare_inspection(self) -> None:
+        """Before a guest starts: the CA (once), and the policy's secrets read anew (a
+        ``SpecError`` naming the header if one cannot be: the start fails, no guest made)."""
+        if self.policy is None or not self.policy.inspect_tls:
+            return
+        if self.authority is None:
+            self.authority = tlsinspect.Authority(self.policy.hosts, self.policy.upstream_ca)
+            self.authority.upstream_context()  # a bad upstream_ca fails the start, not each connection
+        self._injector = inject.Injector(self.policy) if self.policy.inject else None
+
+    def trust_bundle(self) -> bytes | None:
+        """What the guest's ``tlsinspect.BUNDLE_PATH`` holds (the host's roots and the
+        sandbox's CA), or None without inspection (the image's own file stays)."""
+        return tlsinspect.trust_bundle(self.authority.cert_pem) if self.authority is not None else None
+
+    def guest_env(self) -> dict[str, str]:
+        """Variables every process of the guest gets: ``tlsinspect.TRUST_ENV`` with inspection."""
+        return dict(tlsinspect.TRUST_ENV) if self.authority is not None else {}
+
+    def _new_gateway(self, gateway_ip: str, address: str, **kw) -> Gateway:
+        """This sandbox's gateway for a new guest: its policy, counters, CA and secrets."""
+        return Gateway(gateway_ip, address, self.policy, self.traffic, authority=self.authority,
+                       injector=self._injector, **kw)
+
     def attach(self, pid: int) -> None:
         network.plumb(self.link, pid, self.policy.bandwidth_mbit if self.policy else None)
-        self.gateway = Gateway(self.link.gateway, self.link.address, self.policy, self.traffic)
+        self.gateway = self._new_gateway(self.link.gateway, self.link.address)
         self.gateway.start()
 
     def _wired(self) -> bool:
@@ -706,6 +816,11 @@ class NetworkedDeployment:
     network) answers for it (local and docker alike)."""
 
     network: SandboxNetwork | None
+    spec: "SandboxSpec"
+
+    def guest_env(self) -> dict[str, str]:
+        """The guest's environment: the network's (``SandboxNetwork.guest_env``), then the spec's."""
+        return {**(self.network.guest_env() if self.network is not None else {}), **self.spec.env}
 
     def network_stats(self) -> dict | None:
         """Bytes, connections and denied attempts by reason (``Traffic``), or None without a network."""

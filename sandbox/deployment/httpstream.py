@@ -48,6 +48,10 @@ REASONS = {  # refusal reason -> (status, what the client is told)
     "http_target": (403, "the request target names another host than Host"),
     "http_upgrade": (403, "CONNECT or Upgrade only as a connection's first request"),
     "http_host": (403, "the request's host is not allowed for this sandbox"),
+    # inspected TLS (tlsinspect.py): the request names another host than the TLS server
+    # name the gateway verified upstream, or the upstream's certificate did not verify
+    "http_sni": (421, "the request's host is not the TLS server name of its connection"),
+    "tls_upstream": (502, "the upstream server's certificate did not verify"),
 }
 
 
@@ -63,8 +67,8 @@ class Refused(Exception):
     def response(self) -> bytes:
         """The answer the client gets before the gateway closes the connection."""
         body = f"rockroll sandbox gateway: {self.reason}: {self.detail}\n".encode()
-        phrase = {400: "Bad Request", 403: "Forbidden", 408: "Request Timeout",
-                  431: "Request Header Fields Too Large"}[self.status]
+        phrase = {400: "Bad Request", 403: "Forbidden", 408: "Request Timeout", 421: "Misdirected Request",
+                  431: "Request Header Fields Too Large", 502: "Bad Gateway"}[self.status]
         return (f"HTTP/1.1 {self.status} {phrase}\r\nContent-Type: text/plain\r\n"
                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
 
@@ -158,6 +162,18 @@ def parse_head(raw: bytes, first: bool = True) -> Head:
     if switch and not first:
         raise Refused("http_upgrade")
     return Head(method, target, host, int(lengths[0]) if lengths else 0, bool(codings), switch, raw)
+
+
+def with_headers(head: Head, headers: dict[str, str]) -> bytes:
+    """``head``'s raw bytes with each of ``headers`` set: every line of that name (any case)
+    taken out, one line of the value put in before the blank line. The head was parsed
+    already (``parse_head``: CRLF lines, no folding), so a line is a field whole; the values
+    are the caller's (``inject.py`` keeps CR, LF and NUL out of them)."""
+    names = {name.lower() for name in headers}
+    lines = head.raw[:-4].split(b"\r\n")
+    kept = [lines[0]] + [line for line in lines[1:] if line.split(b":", 1)[0].decode("latin-1").lower() not in names]
+    added = [f"{name}: {value}".encode("latin-1") for name, value in headers.items()]
+    return b"\r\n".join(kept + added) + b"\r\n\r\n"
 
 
 def switched(head: Head, answer: bytes) -> bool:

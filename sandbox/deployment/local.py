@@ -181,15 +181,17 @@ class LocalDeployment(NetworkedDeployment):
         self.gen += 1
         upper, work = self.dir / f"upper{self.gen}", self.dir / f"work{self.gen}"
         if self.network is not None:
-            # On top of everything (image and snapshot layers): its resolver, the gateway.
-            self.net = network_plan(self.dir / "net", self.network.prepare())
+            # On top of everything (image and snapshot layers): its resolver, the gateway;
+            # with TLS inspection the trust store holding the sandbox's CA (tlsinspect.py).
+            nameserver = self.network.prepare()
+            self.net = network_plan(self.dir / "net", nameserver, self.network.trust_bundle())
         disk = self.disk.prepare(self.gen)
         if disk is None:
             upper.mkdir()
             work.mkdir()
             os.chmod(upper, 0o755)
         cfg = GuestConfig(
-            id=self.id, hostname=self.id, workdir=self.spec.workdir, env=dict(self.spec.env),
+            id=self.id, hostname=self.id, workdir=self.spec.workdir, env=self.guest_env(),
             sessions=sessions, disk=disk, model=model,
             cgroup_procs=self.cgroup.procs_paths() if self.cgroup and not self._joined else [],
             rootfs=f"{disk.dir}/root" if disk else str(self.dir / "rootfs"),

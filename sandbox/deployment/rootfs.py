@@ -161,10 +161,17 @@ def _build_host_layer(layer: Path) -> None:
         raise
 
 
-def network_plan(folder: Path, nameserver: str) -> RootfsPlan:
+def network_plan(folder: Path, nameserver: str, trust_bundle: bytes | None = None) -> RootfsPlan:
     """What a sandbox with ``network=True`` mounts over its image: ``hosts`` (localhost) and
-    a ``resolv.conf`` naming ``nameserver`` (its gateway's resolver, ``deployment/gateway.py``)."""
-    return _etc_plan(folder, {**NO_NETWORK_ETC, "resolv.conf": f"nameserver {nameserver}\noptions attempts:3 timeout:2\n"})
+    a ``resolv.conf`` naming ``nameserver`` (its gateway's resolver, ``deployment/gateway.py``);
+    with TLS inspection, ``trust_bundle`` as the system CA bundle (``tlsinspect.BUNDLE_PATH``).
+    The bundle is a file of this layer, not of the upper dir, for the reason resolv.conf is:
+    it is the sandbox's CA, and a snapshot restored into another sandbox must get that one's."""
+    files: dict[str, str | bytes] = {**NO_NETWORK_ETC,
+                                     "resolv.conf": f"nameserver {nameserver}\noptions attempts:3 timeout:2\n"}
+    if trust_bundle is not None:
+        files["ssl/certs/ca-certificates.crt"] = trust_bundle
+    return _etc_plan(folder, files)
 
 
 def host_network_plan(folder: Path) -> RootfsPlan:
@@ -181,7 +188,7 @@ def host_network_plan(folder: Path) -> RootfsPlan:
     return _etc_plan(folder, files)
 
 
-def _etc_plan(folder: Path, files: dict[str, str]) -> RootfsPlan:
+def _etc_plan(folder: Path, files: dict[str, str | bytes]) -> RootfsPlan:
     """``files`` written into ``folder/etc``: ``folder`` is the top lower layer, so each file
     is a regular file whatever the image has there (a symlink, nothing), and a read-only bind
     of it over itself keeps it out of the upper dir: a snapshot or a built layer never holds it."""
@@ -191,9 +198,13 @@ def _etc_plan(folder: Path, files: dict[str, str]) -> RootfsPlan:
     os.chmod(etc, 0o755)
     binds = []
     for name, text in files.items():
-        (etc / name).write_text(text)
-        os.chmod(etc / name, 0o644)
-        binds.append((str(etc / name), f"/etc/{name}", True))
+        path = etc / name
+        for parent in reversed(path.relative_to(folder).parents[:-1]):  # etc/ssl, etc/ssl/certs: world-readable
+            (folder / parent).mkdir(exist_ok=True)
+            os.chmod(folder / parent, 0o755)
+        path.write_bytes(text.encode() if isinstance(text, str) else text)
+        os.chmod(path, 0o644)
+        binds.append((str(path), f"/etc/{name}", True))
     return RootfsPlan(lowers=(str(folder),), binds=tuple(binds))
 
 

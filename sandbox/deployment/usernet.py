@@ -45,7 +45,7 @@ from pathlib import Path
 from ..egress import EgressPolicy
 from ..errors import SandboxStartError
 from . import network
-from .gateway import Gateway, SandboxNetwork, gateway_loop
+from .gateway import SandboxNetwork, gateway_loop
 from .network import DNS_PORT, EXPOSE_MARK, PROXY_PORT
 
 ADDRESS = "10.0.2.100"  # the sandbox's, on its lo; its name server's and gateway's too
@@ -195,6 +195,7 @@ class UserNetwork(SandboxNetwork):
     def prepare(self) -> str:
         self.detach()
         network.check_guard("give a sandbox a network, through a gateway in,")
+        self._prepare_inspection()
         return ADDRESS
 
     def attach(self, pid: int) -> None:
@@ -211,7 +212,7 @@ class UserNetwork(SandboxNetwork):
             resolver = self.helper.socket(socket.AF_INET, socket.SOCK_DGRAM)
             listeners.append(resolver)
             resolver.bind((ADDRESS, DNS_PORT))
-            self.gateway = Gateway(ADDRESS, ADDRESS, self.policy, self.traffic, new_socket=self._inbound_socket)
+            self.gateway = self._new_gateway(ADDRESS, ADDRESS, new_socket=self._inbound_socket)
             self.gateway.start((proxy, resolver))
         except BaseException:
             for s in listeners:

@@ -132,7 +132,14 @@ class SpecIn(SpecInFields):
         fields["backend"] = backend
         if fields.get("network") == "host":  # the service's own namespace: never a client's to ask
             raise SpecError("network", "'host' is an operator's choice on the local backend, not a service client's")
-        return SandboxSpec.from_dict(fields)
+        spec = SandboxSpec.from_dict(fields)
+        # The gateway would read the service's own environment or files (a secret's source, a
+        # CA file) and send them where the client's policy says: an operator's, never a client's.
+        if spec.egress is not None and spec.egress.injects():
+            raise SpecError("egress.inject", "reads secrets of the service's host: not a service client's to ask")
+        if spec.egress is not None and spec.egress.upstream_ca is not None:
+            raise SpecError("egress.upstream_ca", "names a file of the service's host: not a service client's to ask")
+        return spec
 
 
 class PoolIn(SpecIn):

@@ -8,6 +8,7 @@ key and the index's files; prints "ready" once every server listens; runs until 
 from __future__ import annotations
 
 import http.server
+import json
 import socket
 import socketserver
 import ssl
@@ -26,6 +27,7 @@ NAMES = {
     "tls.test": "203.0.113.40", "rebind.test": "127.0.0.1", "meta.test": "169.254.169.254",
     "hostaddr.test": "198.51.100.1", "private.test": "10.0.0.5", "sub.wild.test": "203.0.113.10",
     "moving.test": "203.0.113.10", "long.test": "203.0.113.10", "evil.test": "203.0.113.10",
+    "api.test": "203.0.113.10", "wrongname.test": "203.0.113.40", "rogue.test": "203.0.113.50",
 }
 # TTLs other than 30 s; moving.test's address is DIR/moving.txt's when that file exists
 # (a test moves the name while a sandbox holds its old answer)
@@ -106,6 +108,26 @@ class SharedAddress(Quiet):
         self._page(f":posted={size}".encode())
 
 
+class SharedTLS(SharedAddress):
+    """203.0.113.10:443, the same edge over HTTPS (one certificate for allowed.test,
+    evil.test and api.test): each request's host and headers are written to
+    ``DIR/seen.jsonl`` (what reached the far end: the test reads it on the host), and
+    evil.test, as a site of the attacker's, answers each request with its headers."""
+
+    folder: Path
+    lock = threading.Lock()
+
+    def _page(self, extra: bytes = b"") -> None:
+        host = self._host()
+        with self.lock, open(self.folder / "seen.jsonl", "a") as f:
+            f.write(json.dumps({"host": host, "path": self.path, "headers": self.headers.items()}) + "\n")
+        if host == "evil.test":
+            extra += b"\n" + bytes(self.headers)
+        elif host == "api.test":
+            extra += b":api"
+        super()._page(extra)
+
+
 class Bulk(Quiet):
     """GET /<megabytes>: that many MiB of zeros (throughput benchmarks)."""
 
@@ -156,6 +178,14 @@ def main(folder: Path) -> None:
     ctx.load_cert_chain(folder / "tls.pem", folder / "tls.key")
     tls.socket = ctx.wrap_socket(tls.socket, server_side=True)
     servers.append(tls)
+    SharedTLS.folder = folder
+    for ip, handler, name in (("203.0.113.10", SharedTLS, "shared"), ("203.0.113.50", page(b"rogue-site"), "rogue")):
+        server = Server((ip, 443), handler)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(folder / f"{name}.pem", folder / f"{name}.key")
+        # the handshake in the handler's thread: a client stuck in one holds no other's
+        server.socket = ctx.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
+        servers.append(server)
     for s in servers:
         threading.Thread(target=s.serve_forever, daemon=True).start()
     print("ready", flush=True)

@@ -23,7 +23,8 @@ import zipfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-INTERNET_ADDRS = ("203.0.113.10/32", "203.0.113.20/32", "203.0.113.30/32", "203.0.113.40/32", "169.254.169.254/32")
+INTERNET_ADDRS = ("203.0.113.10/32", "203.0.113.20/32", "203.0.113.30/32", "203.0.113.40/32", "203.0.113.50/32",
+                  "169.254.169.254/32")
 
 
 def _sh(*argv: str, input: str | None = None) -> str:
@@ -34,17 +35,23 @@ def _sh(*argv: str, input: str | None = None) -> str:
 
 
 def make_certs(folder: Path) -> None:
-    """A test CA, and a certificate it signed for tls.test (and other.test: the proxy, not
-    the certificate, must stop a request naming the wrong host)."""
+    """A test CA, and certificates it signed: for tls.test (and other.test: the proxy, not
+    the certificate, must stop a request naming the wrong host), and for the names of the
+    shared address's HTTPS (allowed.test, evil.test and api.test on one certificate, as a
+    CDN's edge may hold them). And a rogue CA, which nothing trusts, and its certificate for
+    rogue.test (a forged upstream)."""
     o = ["openssl"]
-    _sh(*o, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(folder / "ca.key"),
-        "-out", str(folder / "ca.pem"), "-days", "2", "-subj", "/CN=rockroll-test-ca")
-    _sh(*o, "req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(folder / "tls.key"), "-out",
-        str(folder / "tls.csr"), "-subj", "/CN=tls.test")
-    (folder / "san.ext").write_text("subjectAltName=DNS:tls.test,DNS:other.test\n")
-    _sh(*o, "x509", "-req", "-in", str(folder / "tls.csr"), "-CA", str(folder / "ca.pem"), "-CAkey",
-        str(folder / "ca.key"), "-CAcreateserial", "-out", str(folder / "tls.pem"), "-days", "2",
-        "-extfile", str(folder / "san.ext"))
+    for ca in ("ca", "rogue-ca"):
+        _sh(*o, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(folder / f"{ca}.key"),
+            "-out", str(folder / f"{ca}.pem"), "-days", "2", "-subj", f"/CN=rockroll-test-{ca}")
+    for name, ca, names in (("tls", "ca", "tls.test,DNS:other.test"),
+                            ("shared", "ca", "allowed.test,DNS:evil.test,DNS:api.test"), ("rogue", "rogue-ca", "rogue.test")):
+        _sh(*o, "req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(folder / f"{name}.key"), "-out",
+            str(folder / f"{name}.csr"), "-subj", f"/CN={names.split(',')[0]}")
+        (folder / f"{name}.ext").write_text(f"subjectAltName=DNS:{names}\n")
+        _sh(*o, "x509", "-req", "-in", str(folder / f"{name}.csr"), "-CA", str(folder / f"{ca}.pem"), "-CAkey",
+            str(folder / f"{ca}.key"), "-CAcreateserial", "-out", str(folder / f"{name}.pem"), "-days", "2",
+            "-extfile", str(folder / f"{name}.ext"))
 
 
 def make_index(folder: Path) -> None:
@@ -105,21 +112,23 @@ class NetLab:
         if line.strip() != "ready":
             raise RuntimeError(f"the test internet did not start: {line}{self.internet.stderr.read()}")
 
-    def run_host(self, *args: str, timeout: float = 300) -> dict:
-        """Run ``_netdriver.py ARGS`` as the host (in the host namespace); its JSON output."""
+    def run_host(self, *args: str, timeout: float = 300, driver: str = "_netdriver.py") -> dict:
+        """Run ``DRIVER ARGS`` (``_netdriver.py`` unless named) as the host (in the host
+        namespace); its JSON output."""
         # The lab's host may be wired: builds there get the allow-list, not the suite's "host".
         env = {**{k: v for k, v in os.environ.items() if k != "ROCKROLL_BUILD_NETWORK"}, "PYTHONPATH": str(HERE)}
-        return self._driver([sys.executable, str(HERE / "_netdriver.py"), str(self.folder), *args], env, timeout)
+        return self._driver([sys.executable, str(HERE / driver), str(self.folder), *args], env, timeout)
 
-    def run_host_unprivileged(self, folder: Path, *args: str, timeout: float = 300) -> dict:
+    def run_host_unprivileged(self, folder: Path, *args: str, timeout: float = 300,
+                              driver: str = "_netdriver.py") -> dict:
         """``run_host``, as uid 65534 with the system Python and a copy of the package made
         in ``folder`` (``_nobody.py``; the lab's folder must be readable by all)."""
         from _nobody import AS_NOBODY, SYSTEM_PY, nobody_env, nobody_package
 
-        pkg = nobody_package(folder, HERE / "_netdriver.py")
+        pkg = nobody_package(folder, *{HERE / "_netdriver.py", HERE / driver})
         subprocess.run(["chmod", "-R", "a+rX", str(self.folder)], check=True)
         env = nobody_env(folder, ROCKROLL_SANDBOX_NETWORK_GUARD=os.environ.get("ROCKROLL_SANDBOX_NETWORK_GUARD", ""))
-        return self._driver([*AS_NOBODY, SYSTEM_PY, str(pkg / "_netdriver.py"), str(self.folder), *args], env, timeout)
+        return self._driver([*AS_NOBODY, SYSTEM_PY, str(pkg / driver), str(self.folder), *args], env, timeout)
 
     def _driver(self, argv: list[str], env: dict[str, str], timeout: float) -> dict:
         out = subprocess.run(["ip", "netns", "exec", self.host, *argv], capture_output=True, text=True,

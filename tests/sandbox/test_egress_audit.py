@@ -24,7 +24,7 @@ from _netlab import NetLab, lab_available
 why_not = lab_available()
 needs_lab = pytest.mark.skipif(why_not is not None and os.environ.get("CI") != "true", reason=why_not or "")
 FIELDS = {"seq", "time", "kind", "method", "host", "path", "ip", "port", "status", "bytes_out", "bytes_in",
-          "decision", "reason"}
+          "decision", "reason", "injected"}
 
 
 @pytest.fixture(scope="module")
