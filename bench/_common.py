@@ -188,11 +188,11 @@ def print_table(title: str, rows: list[dict], columns: Sequence[str]) -> None:
     sys.stdout.flush()
 
 
-def run_arm(script: str, name: str, argv: list[str]) -> dict:
-    """One arm of a benchmark in a fresh process (``python script argv...``), so its memory and
-    threads are its own: the JSON object its last line of stdout prints. Exits with the arm's
-    stderr when it fails."""
-    out = subprocess.run([sys.executable, script, *argv], capture_output=True, text=True, check=False)
+def run_arm(script: str, name: str, argv: list[str], python: str = sys.executable) -> dict:
+    """One arm of a benchmark in a fresh process (``python script argv...``; ``python``: another
+    venv's interpreter), so its memory and threads are its own: the JSON object its last line of
+    stdout prints. Exits with the arm's stderr when it fails."""
+    out = subprocess.run([python, script, *argv], capture_output=True, text=True, check=False)
     if out.returncode:
         sys.exit(f"{name} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])

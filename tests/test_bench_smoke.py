@@ -44,6 +44,7 @@ SMOKE: dict[str, list[str]] = {
     "terminal": ["--n", "3"],
     "lora": [],  # --quick: a tiny Llama (the real run loads SmolLM2-135M)
     "trl_grpo": [],  # --quick: a tiny Llama with SmolLM2's tokenizer, 2 steps an arm
+    "generation": ["--episodes", "4"],  # --quick: the tiny Llama, the Transformers arms
     "runtimes": [],  # --quick: 5 boxes an arm
     "gpu": [],  # --quick: a tiny model on the CPU (the real run needs a GPU: scripts/gpu_check.sh)
 }
