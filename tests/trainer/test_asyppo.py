@@ -227,6 +227,8 @@ def test_agreed_states_get_no_policy_gradient():
         hook.remove()
     agree, disagree = A.uncertainty_masks(std, batch.mask, mask_quantile=0.4, entropy_quantile=0.9)
     (g,) = grads
+    # the logits start at the first position that predicts a response token (trim_prompt): pad back
+    g = torch.nn.functional.pad(g, (0, 0, batch.input_ids.shape[1] - g.shape[1], 0))
     g = g[:, :-1].abs().sum(-1)  # position t predicts target t
     assert agree.any() and (g[agree] == 0).all()
     assert (g[batch.mask & ~agree] > 0).all()

@@ -247,6 +247,8 @@ def test_the_update_scales_each_tokens_advantage():
     finally:
         hook.remove()
     (g,) = grads
+    # the logits start at the first position that predicts a response token (trim_prompt): pad back
+    g = torch.nn.functional.pad(g, (0, 0, batch.input_ids.shape[1] - g.shape[1], 0))
     nonzero = g.abs().sum(-1) > 0
     assert nonzero.nonzero().tolist() == [[b0, t0]]
     plain = update_policy(_tiny_policy(), AlgorithmConfig(), batch, 1.0)
