@@ -157,3 +157,27 @@ def test_trimmed_logprobs_and_entropy_are_the_full_ones(penalty):
         assert f.shape == c.shape
         assert torch.allclose(f[m], c[m], atol=1e-5)
         assert (c[:, :5] == 0).all()  # before the first response position: not computed
+
+
+def test_the_sft_loss_from_the_first_assistant_token_is_the_full_one():
+    """SFT's NLL asks for logits from the first assistant token on; it must be the NLL that
+    the whole sequence's logits give (computed here by hand), over rows of different prompts."""
+    from rockroll.trainer.config import EngineConfig
+    from rockroll.trainer.engines.policy import ActorModule, make_policy
+    from rockroll.trainer.rollout.sft_data import SFTExample
+    from rockroll.trainer.sft import masked_nll
+
+    model = _model()
+    policy = make_policy(ActorModule(copy.deepcopy(model), with_value=False), EngineConfig(), 2)
+    rows = [SFTExample([3, 4, 5, 6, 9, 10, 11, 12], [0, 0, 0, 0, 0, 1, 1, 1], "x"),
+            SFTExample([3, 4, 5, 6, 20, 21, 22, 23, 30, 8], [0, 0, 0, 0, 0, 0, 0, 1, 1, 1], "x")]
+    got = masked_nll(policy, rows, 0, 4096, train=False)["loss"]
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for r in rows:
+            logp = torch.log_softmax(model(input_ids=torch.tensor([r.token_ids])).logits[0, :-1], -1)
+            for t in range(1, len(r.token_ids)):
+                if r.mask[t]:
+                    total -= float(logp[t - 1, r.token_ids[t]])
+                    count += 1
+    assert got == pytest.approx(total / count, rel=1e-5)
