@@ -163,7 +163,6 @@ class _KVBatch:
         after a stored prefix of ``past[0]`` tokens); the last logits, the KV per layer
         (keys, values), the attention mask of that KV."""
         import torch
-        from transformers import DynamicCache
 
         B, width = len(prompts), max(len(p) for p in prompts)
         ids = torch.full((B, width), self.pad, dtype=torch.long)
@@ -176,9 +175,7 @@ class _KVBatch:
         cache, offset = None, 0
         if past is not None:
             offset, kv = past
-            cache = DynamicCache()
-            for layer, (k, v) in enumerate(kv):
-                cache.update(k, v, layer)
+            cache = _cache_of(kv)
             attn = torch.cat([torch.ones(1, offset, dtype=attn.dtype, device=dev), attn], 1)
         with torch.no_grad():  # the next token's logits only: the LM head skips the prompt
             out = self.model(input_ids=ids, attention_mask=attn, past_key_values=cache, use_cache=True,
@@ -193,12 +190,7 @@ class _KVBatch:
 
         lengths = attn.sum(-1)
         if self.cache is None:
-            from transformers import DynamicCache
-
-            self.cache = DynamicCache()
-            for layer, (k, v) in enumerate(layers):
-                self.cache.update(k, v, layer)
-            self.attn, self.pos = attn, lengths
+            self.cache, self.attn, self.pos = _cache_of(layers), attn, lengths
             return
         T = max(self.attn.shape[1], attn.shape[1])
         for old, (k, v) in zip(self.cache.layers, layers):
@@ -248,6 +240,16 @@ class _KVBatch:
     def load_weights(self, state_dict: dict[str, Any]) -> None:
         self.model.load_state_dict(state_dict)
         self.prefixes.clear()  # KV of the old weights is another policy's
+
+
+def _cache_of(layers: list[tuple[Any, Any]]):
+    """A Hugging Face ``DynamicCache`` holding these (keys, values), one pair a layer."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    for layer, (k, v) in enumerate(layers):
+        cache.update(k, v, layer)
+    return cache
 
 
 def _left_pad(x, length: int, dim: int = 2):
