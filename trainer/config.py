@@ -653,8 +653,8 @@ class SFTConfig:
     ``sources``' trajectories, the loss the mean negative log-likelihood of the assistant's
     tokens only; each step takes ``batch_size`` sequences, run in micro-batches packed up to
     ``tokens_per_micro_batch`` tokens (length-sorted, so little padding). It evaluates as
-    ``eval`` says (success on the envs, and the NLL of expert episodes on ``eval.task_ids``),
-    checkpoints in ``<checkpoint.dir>/sft`` and resumes from there, logs in ``<logging.dir>/sft``,
+    ``eval`` says (success on the envs, and the NLL of ``eval.episodes`` expert episodes per env
+    on ``eval.task_ids``), checkpoints in ``<checkpoint.dir>/sft`` and resumes from there, logs in ``<logging.dir>/sft``,
     and writes the model and tokenizer to ``output_dir``, which ``model.init_from`` names."""
 
     sources: list[SFTSource] = field(default_factory=lambda: [SFTSource()])  # where the trajectories come from

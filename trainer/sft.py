@@ -13,7 +13,8 @@ what the uninterrupted one would), packed into micro-batches of at most
 attends to another), the loss the mean negative log-likelihood of the assistant's tokens
 (mask 1) over the whole batch, one optimizer step on the trainer's engine (torch or
 DeepSpeed). Evaluation as ``eval`` says: success over fresh episodes on the generator, and
-``eval/nll``, the NLL per assistant token of expert episodes on the held-out ``eval.task_ids``.
+``eval/nll``, the NLL per assistant token of ``eval.episodes`` expert episodes per env on the
+held-out ``eval.task_ids``.
 """
 
 from __future__ import annotations
@@ -40,15 +41,17 @@ __all__ = ["load_examples", "masked_nll", "pack", "sft"]
 
 
 def load_examples(cfg: TrainConfig, template: PromptTemplate, env_factory: Callable[[EnvConfig], Any],
-                  task_ids: list[Any] | None = None, seed: int | None = None) -> tuple[list[SFTExample], dict]:
+                  task_ids: list[Any] | None = None, seed: int | None = None,
+                  episodes: int | None = None) -> tuple[list[SFTExample], dict]:
     """The examples of every ``sft.sources`` entry, and counts by source. ``task_ids``: play
-    the expert episodes on these tasks instead (the held-out ones), with ``seed``."""
+    the expert episodes on these tasks instead (the held-out ones), with ``seed``, and
+    ``episodes`` of them per env where given (else each source's own count)."""
     out: list[SFTExample] = []
     counts: dict[str, int] = {}
     for i, src in enumerate(cfg.sft.sources):
         if src.kind == "expert":
             for spec in cfg.envs:
-                got = expert_examples(spec, template, env_factory, episodes=src.episodes, epsilon=src.epsilon,
+                got = expert_examples(spec, template, env_factory, episodes=episodes or src.episodes, epsilon=src.epsilon,
                                       seed=cfg.seed + i if seed is None else seed, max_turns=cfg.rollout.max_turns,
                                       task_ids=task_ids, keep_failed=src.keep_failed, habit=src.habit,
                                       habit_rate=src.habit_rate, habit_episodes=src.habit_episodes)
@@ -123,7 +126,7 @@ def sft(config: TrainConfig | dict | str | Path, *,
         env_factory: Callable[[EnvConfig], Any] | None = None) -> dict[str, Any]:
     """Run the SFT stage as ``config`` says; return a summary: ``model_dir`` (for
     ``model.init_from``), ``start_step``, ``history`` (metrics per step), ``evals``, ``counts``
-    (examples by source)."""
+    (examples by source), ``heldout_examples`` (the expert episodes ``eval/nll`` is measured on)."""
     cfg = config if isinstance(config, TrainConfig) else load_config(config)
     if env_factory is None:
         resolve_envs(cfg)
@@ -142,7 +145,10 @@ def sft(config: TrainConfig | dict | str | Path, *,
         raise ValueError("sft: the sources gave no examples")
     heldout: list[SFTExample] = []
     if cfg.eval.task_ids and any(src.kind == "expert" for src in s.sources):
-        heldout, _ = load_examples(cfg, template, factory, task_ids=cfg.eval.task_ids, seed=cfg.eval.seed)
+        # as many held-out expert episodes as the success evaluation plays, not the source's
+        # training count: with a real model, 512 of them cost ~100 s of forward per evaluation
+        heldout, _ = load_examples(cfg, template, factory, task_ids=cfg.eval.task_ids, seed=cfg.eval.seed,
+                                   episodes=cfg.eval.episodes)
     mgr = generator = None
     if cfg.eval.every:
         generator = make_generator(cfg, lm, tokenizer)  # a copy of lm, taken before the engine wraps it
@@ -199,4 +205,5 @@ def sft(config: TrainConfig | dict | str | Path, *,
         finally:
             log.close()
     return {"model_dir": str(model_dir), "start_step": start, "steps": s.steps, "history": history,
-            "evals": evals, "counts": counts, "run_dir": str(run_dir), "policy": policy, "tokenizer": tokenizer}
+            "evals": evals, "counts": counts, "heldout_examples": len(heldout), "run_dir": str(run_dir),
+            "policy": policy, "tokenizer": tokenizer}

@@ -287,6 +287,8 @@ def test_sft_lowers_held_out_nll_and_raises_held_out_success(tmp_path):
     out = sft(cfg)
     first, last = out["evals"][0], out["evals"][-1]
     assert (first["step"], last["step"]) == (0, 60) and last["eval/episodes"] == 64
+    # eval/nll is measured on as many held-out expert episodes as eval plays, not the source's 128
+    assert out["heldout_examples"] == 64
     assert first["eval/nll"] > 4.0 and last["eval/nll"] < 1.0
     assert first["eval/success"] <= 0.15 and last["eval/success"] >= 0.3
     assert last["eval/success_lo"] > first["eval/success_hi"]  # the intervals do not overlap
