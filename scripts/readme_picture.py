@@ -5,9 +5,10 @@
 Reads what ``make demo`` (``scripts/demo.sh``) logs into its run folder: ``<run>/sft/eval.jsonl``
 (the SFT stage's evaluations) and ``<run>/eval.jsonl`` (GRPO's, from the SFT model), each row a
 held-out success rate with its 95 % Wilson interval. RL's steps are drawn after SFT's last. With
-``--config`` (the demo's by default) the board-blind baselines of the same held-out maps are
-drawn too, computed exactly (``rockroll.gem.grid.board_blind_baselines``): nothing on the picture
-is typed in by hand, so a new demo run makes a new picture with one command.
+``--config`` naming a FrozenLake run, the board-blind baselines of its held-out maps are drawn
+too, computed exactly (``rockroll.gem.grid.board_blind_baselines``); the demo's Math-v0 config
+has none (its base model is the curve's first point). Nothing on the picture is typed in by
+hand, so a new demo run makes a new picture with one command.
 """
 
 from __future__ import annotations
@@ -44,7 +45,18 @@ def baselines(config: str) -> dict[str, float]:
     return {"best fixed route (ignores the board)": b["best_fixed_route"], "uniform moves": b["random"]}
 
 
-def draw(run: Path, out: Path, lines: dict[str, float]) -> Path:
+def subject(config: str) -> str:
+    """ ", MODEL on ENV" for the title, from ``config`` (empty without one)."""
+    if not config:
+        return ""
+    from rockroll.trainer import load_config
+
+    cfg = load_config(config)
+    model = cfg.model.name_or_path or "a model from scratch"
+    return f", {model} on {cfg.envs[0].id}"
+
+
+def draw(run: Path, out: Path, lines: dict[str, float], what: str = "") -> Path:
     sft, rl = evals(run / "sft" / "eval.jsonl"), evals(run / "eval.jsonl")
     if not sft and not rl:
         raise SystemExit(f"no evaluations in {run}/sft/eval.jsonl or {run}/eval.jsonl: is it a demo run's folder?")
@@ -68,9 +80,9 @@ def draw(run: Path, out: Path, lines: dict[str, float]) -> Path:
         ax.text(offset, value + 0.015, f"{name}: {value:.2f}", color="grey", fontsize=8, ha="right")
     ax.set_xlabel("step (SFT, then GRPO from the SFT model)")
     ax.set_ylabel("held-out success")
-    ax.set_title(f"make demo: held-out success, {episodes} maps never trained on (95 % intervals)", fontsize=10)
+    ax.set_title(f"make demo{what}\nheld-out success on {episodes} tasks never trained on (95 % intervals)", fontsize=9)
     ax.set_ylim(0, 1)
-    ax.legend(loc="lower center")
+    ax.legend(loc="upper left")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -83,10 +95,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("run_dir", type=Path, help="a demo run's folder (make demo: runs/demo)")
     ap.add_argument("--out", type=Path, default=OUT, help=f"the picture (default: {OUT.relative_to(ROOT)})")
-    ap.add_argument("--config", default=str(ROOT / "examples" / "frozenlake_demo_cpu.yaml"),
-                    help="the run's config, for the baselines of its held-out maps ('' for none)")
+    ap.add_argument("--config", default=str(ROOT / "examples" / "smollm2_math_cpu.yaml"),
+                    help="the run's config, for the baselines of its held-out FrozenLake maps ('' for none)")
     args = ap.parse_args()
-    print(draw(args.run_dir, args.out, baselines(args.config) if args.config else {}))
+    print(draw(args.run_dir, args.out, baselines(args.config) if args.config else {}, subject(args.config)))
 
 
 if __name__ == "__main__":

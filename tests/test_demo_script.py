@@ -1,4 +1,5 @@
-"""`make demo` as a user runs it (`scripts/demo.sh`), with two-step SFT and RL runs: every
+"""`make demo` as a user runs it (`scripts/demo.sh`), with two-step SFT and RL runs of the real
+model, evaluated on 8 held-out problems instead of 64: every
 phase runs and is timed, the held-out curve of both stages, the SWE episode and the sandbox demo print; a demo
 that fails leaves nothing it started in the background running."""
 
@@ -14,11 +15,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PHASES = ("install rockroll (no extras)", "first sandbox answers", "train extras (torch, Transformers, DeepSpeed)",
-          "the packaged model (SmolLM2-135M-Instruct)", "SFT on expert episodes (FrozenLake)", "GRPO from the SFT model", "held-out curve", "SWE tasks, built in the background meanwhile",
+          "the packaged model (SmolLM2-135M-Instruct)", "SFT on worked solutions (SmolLM2, Math-v0)", "GRPO from the SFT model", "held-out curve", "SWE tasks, built in the background meanwhile",
           "waiting for the SWE tasks", "one rock/SWE-v0 episode", "sandbox demo", "make demo, in all")
 
 
-def demo(tmp_path: Path, hub: str, args: str, sft_args: str = "--steps 2") -> subprocess.CompletedProcess:
+def demo(tmp_path: Path, hub: str, args: str, sft_args: str = "--set sft.steps=2 --set eval.episodes=8") -> subprocess.CompletedProcess:
     # This venv (its packages are the ones make demo installs: pip finds them satisfied).
     env = {**os.environ, "VENV": sys.prefix, "ROCKROLL_HUB": hub, "DEMO_DIR": str(tmp_path / "demo"),
            "DEMO_ARGS": args, "DEMO_SFT_ARGS": sft_args}
@@ -34,7 +35,7 @@ def running(pattern: str) -> list[str]:
 def test_make_demo_runs_and_times_every_phase(swe_hub, tmp_path):
     # The hub holding the SWE tasks (build-swe --demo finds its package there), a short run.
     run_dir = tmp_path / "demo"
-    proc = demo(tmp_path, swe_hub, "--steps 2 --set algorithm.dynamic_sampling=false")
+    proc = demo(tmp_path, swe_hub, "--steps 2 --set eval.episodes=8")
     out = proc.stdout
     assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
     assert "a sandbox answered" in out

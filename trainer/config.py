@@ -653,8 +653,8 @@ class SFTConfig:
     ``sources``' trajectories, the loss the mean negative log-likelihood of the assistant's
     tokens only; each step takes ``batch_size`` sequences, run in micro-batches packed up to
     ``tokens_per_micro_batch`` tokens (length-sorted, so little padding). It evaluates as
-    ``eval`` says (success on the envs, and the NLL of ``eval.episodes`` expert episodes per env
-    on ``eval.task_ids``), checkpoints in ``<checkpoint.dir>/sft`` and resumes from there, logs in ``<logging.dir>/sft``,
+    ``eval`` says (success on the envs, and the NLL of ``heldout_nll_episodes`` expert episodes
+    per env on ``eval.task_ids``), checkpoints in ``<checkpoint.dir>/sft`` and resumes from there, logs in ``<logging.dir>/sft``,
     and writes the model and tokenizer to ``output_dir``, which ``model.init_from`` names."""
 
     sources: list[SFTSource] = field(default_factory=lambda: [SFTSource()])  # where the trajectories come from
@@ -663,6 +663,9 @@ class SFTConfig:
     tokens_per_micro_batch: int = 4096  # micro-batches are packed up to this many tokens (padding included)
     lr: float | None = None  # the learning rate of SFT (null: engine.lr)
     output_dir: str | None = None  # where the warm-start model folder goes (null: <logging.dir>/sft/model)
+    # expert episodes per env on eval.task_ids whose NLL each evaluation measures (eval/nll; null:
+    # eval.episodes, 0: none): with a real model on a CPU their forward costs as much as generating
+    heldout_nll_episodes: int | None = None
 
     def validate(self, p: str) -> None:
         _check(len(self.sources) >= 1, f"{p}.sources", "needs at least one source")
@@ -672,6 +675,8 @@ class SFTConfig:
         _check(self.batch_size >= 1, f"{p}.batch_size", "must be >= 1")
         _check(self.tokens_per_micro_batch >= 1, f"{p}.tokens_per_micro_batch", "must be >= 1")
         _check(self.lr is None or self.lr > 0, f"{p}.lr", "must be > 0")
+        _check(self.heldout_nll_episodes is None or self.heldout_nll_episodes >= 0, f"{p}.heldout_nll_episodes",
+               "must be >= 0 (or null: eval.episodes)")
 
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")

@@ -144,11 +144,12 @@ def sft(config: TrainConfig | dict | str | Path, *,
     if not data:
         raise ValueError("sft: the sources gave no examples")
     heldout: list[SFTExample] = []
-    if cfg.eval.task_ids and any(src.kind == "expert" for src in s.sources):
-        # as many held-out expert episodes as the success evaluation plays, not the source's
-        # training count: with a real model, 512 of them cost ~100 s of forward per evaluation
+    nll_episodes = cfg.eval.episodes if s.heldout_nll_episodes is None else s.heldout_nll_episodes
+    if cfg.eval.task_ids and nll_episodes and any(src.kind == "expert" for src in s.sources):
+        # as many held-out expert episodes as asked, not the source's training count: with a real
+        # model, 512 of them cost ~100 s of forward per evaluation
         heldout, _ = load_examples(cfg, template, factory, task_ids=cfg.eval.task_ids, seed=cfg.eval.seed,
-                                   episodes=cfg.eval.episodes)
+                                   episodes=nll_episodes)
     mgr = generator = None
     if cfg.eval.every:
         generator = make_generator(cfg, lm, tokenizer)  # a copy of lm, taken before the engine wraps it

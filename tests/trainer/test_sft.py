@@ -227,6 +227,20 @@ def test_sft_resumes_where_it_stopped_and_its_model_is_the_warm_start(tmp_path):
                        tmp_path / "unused", whole["model_dir"])
 
 
+@pytest.mark.parametrize("nll_episodes", [5, 0])
+def test_heldout_nll_episodes_sets_what_eval_nll_is_measured_on(tmp_path, nll_episodes):
+    """``sft.heldout_nll_episodes`` expert episodes on eval.task_ids, not eval.episodes; 0: no
+    eval/nll at all (the success evaluation still runs)."""
+    cfg = {**_sft_cfg(tmp_path, steps=1, heldout_nll_episodes=nll_episodes),
+           "eval": {"every": 1, "episodes": 8, "task_ids": list(range(1000, 1008))}}
+    out = sft(cfg)
+    assert out["heldout_examples"] == nll_episodes
+    assert [e["eval/episodes"] for e in out["evals"]] == [8, 8]
+    assert all(("eval/nll" in e) == bool(nll_episodes) for e in out["evals"])
+    with pytest.raises(ConfigError, match="sft.heldout_nll_episodes"):
+        load_config({"sft": {"heldout_nll_episodes": -1}})
+
+
 def test_the_loss_is_on_the_assistant_tokens_only(tmp_path, template):
     """Prompt tokens carry no loss: changing them where the mask is 0 past the last reply
     leaves the NLL as it was; changing a reply token changes it."""
