@@ -56,8 +56,10 @@ rm -rf "$DEMO_DIR"
 # example's runs so the whole demo fits in ~10 minutes on 2 cores (docs/results/demo-smollm2.md);
 # GRPO without dynamic sampling: refilling all-win or all-lose groups made a step 20-80 s.
 # shellcheck disable=SC2086  # DEMO_SFT_ARGS is a list of options
+# --steps, not --set sft.steps: a --steps in DEMO_SFT_ARGS then wins (the last --steps counts;
+# a --set of the same key would override it)
 timed "SFT on worked solutions (SmolLM2, Math-v0)" $BIN/rockroll sft examples/smollm2_math_cpu.yaml \
-  --set sft.steps=20 --set eval.every=10 \
+  --steps 20 --set eval.every=10 \
   --set logging.dir="$DEMO_DIR" --set checkpoint.dir="$DEMO_DIR/ckpt" ${DEMO_SFT_ARGS:-}
 # shellcheck disable=SC2086  # DEMO_ARGS is a list of options
 timed "GRPO from the SFT model" $BIN/rockroll train examples/smollm2_math_cpu.yaml \

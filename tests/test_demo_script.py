@@ -19,7 +19,7 @@ PHASES = ("install rockroll (no extras)", "first sandbox answers", "train extras
           "waiting for the SWE tasks", "one rock/SWE-v0 episode", "sandbox demo", "make demo, in all")
 
 
-def demo(tmp_path: Path, hub: str, args: str, sft_args: str = "--set sft.steps=2 --set eval.episodes=8") -> subprocess.CompletedProcess:
+def demo(tmp_path: Path, hub: str, args: str, sft_args: str = "--steps 2 --set eval.episodes=8") -> subprocess.CompletedProcess:
     # This venv (its packages are the ones make demo installs: pip finds them satisfied).
     env = {**os.environ, "VENV": sys.prefix, "ROCKROLL_HUB": hub, "DEMO_DIR": str(tmp_path / "demo"),
            "DEMO_ARGS": args, "DEMO_SFT_ARGS": sft_args}
