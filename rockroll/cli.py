@@ -649,9 +649,10 @@ def envs_build_agent(agent, version, hub_url, s3_endpoint):
                f"image hub:{pub.ref}")
 
 
-def _trainer_config(config_path, overrides, values):
-    """The trainer's config of CONFIG.yaml with the ``--set`` overrides and ``values`` (shortcut
-    options), its env ids resolved; a one-line ``error:`` and exit 2 on a bad key."""
+def _trainer_config(config_path, overrides, steps_key, steps):
+    """The trainer's config of CONFIG.yaml with the ``--set`` overrides and ``--steps`` (``steps``,
+    None when not given: the shortcut for ``steps_key``), its env ids resolved; a one-line
+    ``error:`` and exit 2 on a bad key."""
     try:
         import yaml
 
@@ -660,12 +661,16 @@ def _trainer_config(config_path, overrides, values):
     except ImportError as e:
         click.echo(f"error: the trainer needs the train extra: pip install 'rockroll[train]' ({e})", err=True)
         sys.exit(2)
-    values = dict(values)
+    values = {} if steps is None else {steps_key: steps}
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep:
             raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--set")
-        values[key.strip()] = yaml.safe_load(raw)
+        key = key.strip()
+        if key == steps_key and steps is not None:  # click cannot tell which came last: neither may win silently
+            click.echo(f"error: --steps {steps} and --set {key}={raw} both set {key}: give one", err=True)
+            sys.exit(2)
+        values[key] = yaml.safe_load(raw)
     try:
         cfg = load_config(config_path, values)
         resolve_envs(cfg)  # every env id found (and its hub registered) before anything is built
@@ -686,7 +691,7 @@ def _trainer_command(name: str, example: str, steps_key: str, fresh: str):
             click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
                          help=f"Override a config key, e.g. --set {example} (YAML value; repeatable)."),
             click.option("--steps", type=click.IntRange(min=0), default=None,
-                         help=f"Shortcut for --set {steps_key}=N."),
+                         help=f"Shortcut for --set {steps_key}=N (not both)."),
             click.option("--fresh", is_flag=True, help=f"Start over: delete {fresh} first (else it resumes)."),
         ]):
             f = option(f)
@@ -701,7 +706,7 @@ def train_cmd(config_path, overrides, steps, fresh):
     \b
     Example:  rockroll train examples/frozenlake_cpu.yaml --set steps=20
     """
-    cfg = _trainer_config(config_path, overrides, {} if steps is None else {"steps": steps})
+    cfg = _trainer_config(config_path, overrides, "steps", steps)
     from rockroll.trainer.controller import train
 
     if fresh:
@@ -734,7 +739,7 @@ def sft_cmd(config_path, overrides, steps, fresh):
     Example:  rockroll sft examples/frozenlake_sft_cpu.yaml
               rockroll train examples/frozenlake_sft_cpu.yaml --set model.init_from=runs/frozenlake_sft_cpu/sft/model
     """
-    cfg = _trainer_config(config_path, overrides, {} if steps is None else {"sft.steps": steps})
+    cfg = _trainer_config(config_path, overrides, "sft.steps", steps)
     from pathlib import Path
 
     from rockroll.trainer.sft import sft

@@ -57,7 +57,7 @@ rm -rf "$DEMO_DIR"
 # GRPO without dynamic sampling: refilling all-win or all-lose groups made a step 20-80 s.
 # shellcheck disable=SC2086  # DEMO_SFT_ARGS is a list of options
 # --steps, not --set sft.steps: a --steps in DEMO_SFT_ARGS then wins (the last --steps counts;
-# a --set of the same key would override it)
+# --steps with a --set of the same key is refused)
 timed "SFT on worked solutions (SmolLM2, Math-v0)" $BIN/rockroll sft examples/smollm2_math_cpu.yaml \
   --steps 20 --set eval.every=10 \
   --set logging.dir="$DEMO_DIR" --set checkpoint.dir="$DEMO_DIR/ckpt" ${DEMO_SFT_ARGS:-}

@@ -278,7 +278,11 @@ def test_cli_sft_runs_resumes_and_errors_in_one_line(tmp_path):
     first = subprocess.run(run, capture_output=True, text=True)
     assert first.returncode == 0, first.stderr
     assert first.stdout.startswith("sft steps 0..2: loss ") and f"model in {tmp_path / 'run' / 'sft' / 'model'}" in first.stdout
-    again = subprocess.run(run + ["--set", "sft.steps=3"], capture_output=True, text=True)  # --set wins: resumes at 2
+    # --steps and a --set of its key: click cannot say which came last, so neither wins silently
+    both = subprocess.run(run + ["--set", "sft.steps=3"], capture_output=True, text=True)
+    assert both.returncode == 2 and not both.stdout
+    assert both.stderr.strip() == "error: --steps 2 and --set sft.steps=3 both set sft.steps: give one"
+    again = subprocess.run(run[:-1] + ["3"], capture_output=True, text=True)  # more steps: resumes at 2
     assert "rockroll: sft resumed from" in again.stdout and "\nsft steps 2..3: loss " in again.stdout, again.stderr
 
 

@@ -24,6 +24,8 @@ def test_train_cli_set_errors_name_the_override(tmp_path):
     assert res.exit_code == 2 and "error: --set rollout.group_size: rollout.group_size: must be >= 1" in res.output
     res = CliRunner().invoke(main, ["train", str(p), "--set", "rollout.nope=1"])
     assert res.exit_code == 2 and "error: --set rollout.nope: rollout.nope: unknown key" in res.output
+    res = CliRunner().invoke(main, ["train", str(p), "--set", "steps=4", "--steps", "3"])
+    assert res.exit_code == 2 and "error: --steps 3 and --set steps=4 both set steps: give one" in res.output
 
 
 def test_train_cli_one_step_then_nothing_to_do_then_fresh(tmp_path):
