@@ -103,8 +103,9 @@ class AsyncSandbox(abc.ABC):
         return None
 
     def network_stats(self) -> dict | None:
-        """A sandbox with ``network=True``: ``{"bytes_in", "bytes_out", "connections",
-        "dns_queries", "denied": {reason: count}}`` since it was created (``denied`` reasons:
+        """A sandbox with ``network=True``: ``{"bytes_in", "bytes_out", "bytes_spliced" (of
+        both, those forwarded in the kernel), "connections", "dns_queries", "denied": {reason:
+        count}}`` since it was created (``denied`` reasons:
         ``egress.py``, ``deployment/gateway.py``, ``deployment/network.py``). None without a
         network, or where the backend does not count. ``"log"``: the audit log's ``records``
         and ``bytes`` kept, its ``max_bytes`` and how many of the oldest were ``dropped``."""

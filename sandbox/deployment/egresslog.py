@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 import re
 import threading
 from dataclasses import dataclass, field
@@ -142,6 +143,24 @@ class ResponseFramer:
             pass
         return out
 
+    def ahead(self) -> float:
+        """How many of the server's next bytes need not be shown to ``feed`` (``skip`` counts
+        them): the rest of a body or a chunk of known length, everything after a switch or
+        till the close (``math.inf``); 0 while framing reads."""
+        if self._state in (_TUNNEL, _LOST, _TO_CLOSE):
+            return math.inf
+        return self._left if self._state in (_BODY, _CHUNK_DATA) and not self._buf else 0
+
+    def skip(self, n: int) -> list[Piece]:
+        """``feed`` of ``n`` bytes the caller forwarded unseen, at most ``ahead()`` of them."""
+        if n > self.ahead():
+            raise ValueError(f"skip({n}): only {self.ahead()} bytes may pass unseen")
+        if self._state in (_TUNNEL, _LOST, _TO_CLOSE):
+            return [Piece(n, self._status, False, self._state == _TUNNEL)] if n else []
+        out: list[Piece] = []
+        self._body(out, n)
+        return out
+
     def _piece(self, out: list[Piece], n: int, done: bool) -> None:
         del self._buf[:n]
         if n or done:
@@ -150,6 +169,17 @@ class ResponseFramer:
             self._status, self._state = None, _HEAD
             if self._methods:
                 self._methods.popleft()
+
+    def _body(self, out: list[Piece], n: int) -> None:
+        """``n`` bytes of a body or a chunk's data (``_buf``'s first, or skipped)."""
+        self._left -= n
+        if self._left:
+            self._piece(out, n, False)
+        elif self._state == _BODY:
+            self._piece(out, n, True)
+        else:
+            self._piece(out, n, False)
+            self._state = _CHUNK_END
 
     def _rest(self, out: list[Piece], state: int) -> bool:
         """Everything from here on is the current response's (``_TO_CLOSE``, ``_LOST``) or the tunnel's."""
@@ -203,15 +233,7 @@ class ResponseFramer:
             del self._buf[:head_len]
             return self._rest(out, _TO_CLOSE)
         if self._state in (_BODY, _CHUNK_DATA):
-            n = min(self._left, len(self._buf))
-            self._left -= n
-            if self._left:
-                self._piece(out, n, False)
-            elif self._state == _BODY:
-                self._piece(out, n, True)
-            else:
-                self._piece(out, n, False)
-                self._state = _CHUNK_END
+            self._body(out, min(self._left, len(self._buf)))
             return True
         if self._state == _CHUNK_END:
             if len(self._buf) < 2:
@@ -346,11 +368,26 @@ class Connection:
         elif self._exchanges:
             self._exchanges[-1].bytes_out += n
 
+    def ahead(self) -> float:
+        """How many of the server's next bytes may be forwarded unseen (``received_unseen``):
+        ``ResponseFramer.ahead``; all of a connection that is not HTTP."""
+        return math.inf if self._tunnel is not None and self.kind != "http" else self._framer.ahead()
+
+    def received_unseen(self, n: int) -> None:
+        """``n`` bytes forwarded without being read here (zero-copy), at most ``ahead()``."""
+        if self._tunnel is not None and self.kind != "http":
+            self._tunnel.bytes_in += n
+        else:
+            self._pieces(self._framer.skip(n))
+
     def received(self, data: bytes) -> None:
         if self._tunnel is not None and self.kind != "http":
             self._tunnel.bytes_in += len(data)
-            return
-        for p in self._framer.feed(data):
+        else:
+            self._pieces(self._framer.feed(data))
+
+    def _pieces(self, pieces: list[Piece]) -> None:
+        for p in pieces:
             if p.tunnel:
                 if self._tunnel is not None:
                     self._tunnel.bytes_in += p.n

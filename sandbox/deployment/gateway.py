@@ -41,6 +41,11 @@ the process; each sandbox has its own listeners, bound to its own gateway addres
   the sandbox's CA (one that pins its server's certificate) fails its handshake
   (``tls_client``).
 
+Bytes that need no reading (a connection decided by its address or its server name, a
+tunnel, the rest of a response body of known length: ``egresslog.Connection.ahead``) are
+forwarded in the kernel, socket to socket through a pipe (``splice.py``), each counted as it
+arrives. The client's side of an HTTP connection is always read: its requests are judged.
+
 ``close`` ends every connection still open (each handler returns, its sockets closed)
 before it returns: nothing is left of a sandbox's gateway, nothing printed.
 
@@ -56,6 +61,7 @@ import asyncio
 import collections
 import contextlib
 import ipaddress
+import math
 import re
 import secrets
 import socket
@@ -68,7 +74,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable
 
 from ..egress import EgressPolicy, address_class
 from ..errors import SandboxError, SpecError
-from . import egresslog, httpstream, inject, network, tlsinspect, wire
+from . import egresslog, httpstream, inject, network, splice, tlsinspect, wire
 from .network import DNS_PORT, EXPOSE_MARK, PROXY_PORT, SUBNET
 
 if TYPE_CHECKING:
@@ -84,6 +90,7 @@ REFUSED_GRACE_S = 2.0  # how long the answers to requests before a refused one m
 # How long an address a lookup gave stays granted: the upstream TTL within these bounds
 # (the module doc says why). A process may lower the floor before its sandboxes start.
 MIN_TTL_S, MAX_TTL_S = 30, 3600
+READ = 65536  # bytes read at once where the proxy reads; a full read of a decided stream: bulk, spliced
 UPSTREAM_TIMEOUT_S, UPSTREAM_ATTEMPTS = 2.0, 2
 _loop: asyncio.AbstractEventLoop | None = None
 _loop_lock = threading.Lock()
@@ -110,6 +117,7 @@ class Traffic:
     def __init__(self) -> None:
         self.bytes_in = 0  # to the sandbox
         self.bytes_out = 0  # from the sandbox
+        self.bytes_spliced = 0  # of both, those forwarded in the kernel (splice.py)
         self.connections = 0  # allowed TCP connections
         self.dns_queries = 0
         self.denied: collections.Counter[str] = collections.Counter()
@@ -118,7 +126,8 @@ class Traffic:
     def snapshot(self, kernel: dict[str, int] | None = None) -> dict:
         denied = collections.Counter(self.denied)
         denied.update({k: v for k, v in (kernel or {}).items() if v})
-        return {"bytes_in": self.bytes_in, "bytes_out": self.bytes_out, "connections": self.connections,
+        return {"bytes_in": self.bytes_in, "bytes_out": self.bytes_out, "bytes_spliced": self.bytes_spliced,
+                "connections": self.connections,
                 "dns_queries": self.dns_queries, "denied": dict(denied), "log": self.log.stats()}
 
 
@@ -651,18 +660,35 @@ class _Upstream:
             self.traffic.bytes_out += n
 
     async def _copy_back(self) -> None:
-        first = b""
+        first, bulk = b"", False
         try:
-            while data := await self.reader.read(65536):
+            while True:
+                # what the far end sends next, when nothing need read it (a body of known
+                # length, a decided stream once a full read shows bulk: a short answer
+                # costs less copied), goes to the client in the kernel (splice.py)
+                ahead = self._ahead() if self._first.done() else 0
+                if ahead >= splice.MIN and (ahead < math.inf or bulk) and splice.plain(self.reader, self.writer,
+                                                                                       self.client):
+                    held, ended = await splice.take_over(self.reader, self.writer.transport)
+                    if held:
+                        self._back_to_client(held)
+                        await self.client.drain()
+                    if not ended and (ahead := self._ahead()):
+                        await splice.flushed(self.client)
+                        ended = await splice.forward(self._socket(self.writer), self._socket(self.client), ahead,
+                                                     self._moved_back)
+                    if ended:
+                        break
+                    self.writer.transport.resume_reading()
+                    continue
+                if not (data := await self.reader.read(READ)):
+                    break
+                bulk = len(data) == READ
                 if not self._first.done():
                     first += data
                     if len(first) >= 12 or b"\n" in first:  # a status line's start
                         self._first.set_result(first)
-                self.heard += len(data)
-                self.client.write(data)
-                self._count(len(data), to_client=True)
-                if self.meter is not None:
-                    self.meter.received(data)
+                self._back_to_client(data)
                 await self.client.drain()
             if self._eof_to_client and self.client.can_write_eof():
                 self.client.write_eof()
@@ -672,11 +698,40 @@ class _Upstream:
             if not self._first.done():
                 self._first.set_result(first)
 
+    def _ahead(self) -> float:
+        """How many of the far end's next bytes need not be read (``egresslog``)."""
+        return math.inf if self.meter is None else self.meter.ahead()
+
+    @staticmethod
+    def _socket(writer: asyncio.StreamWriter) -> socket.socket:
+        return writer.get_extra_info("socket")
+
+    def _back_to_client(self, data: bytes) -> None:
+        self.heard += len(data)
+        self.client.write(data)
+        self._count(len(data), to_client=True)
+        if self.meter is not None:
+            self.meter.received(data)
+
+    def _moved_back(self, n: int) -> None:
+        self.heard += n
+        self.traffic.bytes_spliced += n
+        self._count(n, to_client=True)
+        if self.meter is not None:
+            self.meter.received_unseen(n)
+
     def send(self, data: bytes) -> None:
         self.writer.write(data)
-        self._count(len(data), to_client=False)
+        self._sent(len(data))
+
+    def _sent(self, n: int) -> None:
+        self._count(n, to_client=False)
         if self.meter is not None:
-            self.meter.sent(len(data))
+            self.meter.sent(n)
+
+    def _moved_on(self, n: int) -> None:
+        self.traffic.bytes_spliced += n
+        self._sent(n)
 
     async def drain(self) -> None:
         await self.writer.drain()
@@ -696,11 +751,21 @@ class _Upstream:
 
     async def pipe_from(self, reader: asyncio.StreamReader) -> None:
         """Copy the client's bytes on until it is done sending, then until the far end is
-        done answering."""
+        done answering. Nothing of them is read any more: between plain sockets, once a
+        full read shows bulk, the rest goes on in the kernel (``splice.py``)."""
         try:
-            while data := await reader.read(65536):
+            while data := await reader.read(READ):
                 self.send(data)
                 await self.writer.drain()
+                if len(data) == READ and splice.plain(reader, self.client, self.writer):  # bulk: the rest spliced
+                    held, ended = await splice.take_over(reader, self.client.transport)
+                    if held:
+                        self.send(held)
+                    if not ended:
+                        await splice.flushed(self.writer)
+                        await splice.forward(self._socket(self.client), self._socket(self.writer), math.inf,
+                                             self._moved_on)
+                    break
             self.end()
         except (OSError, RuntimeError):
             pass

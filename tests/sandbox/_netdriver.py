@@ -394,6 +394,49 @@ print(json.dumps({"connect_p50_ms": lat[len(lat) // 2] * 1e3, "connect_p90_ms": 
 '''
 
 
+BULK = r'''
+import json, socket, sys
+way, mib = sys.argv[1], int(sys.argv[2])
+ip = socket.gethostbyname("allowed.test") if len(sys.argv) > 3 else "203.0.113.10"
+if way == "down":  # the lab's bulk server: that many MiB of zeros, Content-Length, then it closes
+    s = socket.create_connection((ip, 8080), timeout=30)
+    request = f"GET /{mib} HTTP/1.1\r\nHost: allowed.test\r\n\r\n".encode()
+else:  # a POST of that many MiB of ones: the server answers with the size it read
+    s = socket.create_connection((ip, 80), timeout=30)
+    request = (f"POST / HTTP/1.1\r\nHost: allowed.test\r\nContent-Length: {mib << 20}\r\n"
+               "Connection: close\r\n\r\n").encode() + b"\x01" * (mib << 20)
+s.sendall(request)
+data = bytearray()
+while chunk := s.recv(1 << 20):
+    data += chunk
+head, _, body = bytes(data).partition(b"\r\n\r\n")
+print(json.dumps({"sent": len(request), "got": len(data), "head": len(head) + 4, "body": len(body),
+                  "zeros": body.count(0), "answer": body[-40:].decode(errors="replace") if way == "up" else ""}))
+'''
+
+
+def bulk(lab: Path) -> dict:
+    """Bulk bytes each way through the gateway, where it forwards them in the kernel
+    (``splice.py``): a download and an upload on an open network (decided by the address),
+    a download under an allow-list (a response body of known length, framed around), each
+    with the records and counters it left."""
+    r: dict = {}
+    for name, egress, ways in (("open", None, ("down", "up")),
+                               ("allow_list", EgressPolicy(hosts=("allowed.test",), ports=(8080,)), ("down",))):
+        with open_sandbox(SandboxSpec(network=True, egress=egress, memory_mb=512, timeout_s=300)) as sb:
+            sb.write_file("/workspace/bulk.py", BULK)
+            seq = 0
+            for way in ways:
+                before = sb.network_stats()
+                out = sb.run(f"python3 /workspace/bulk.py {way} 16" + (" allowed" if egress else ""), timeout=300)
+                records, seq = _log_since(sb, seq)
+                after = sb.network_stats()
+                r[f"{name}_{way}"] = {"client": json.loads(out.stdout) if out.exit_code == 0 else out.stderr[-500:],
+                                      "records": records,
+                                      "stats": {k: after[k] - before[k] for k in ("bytes_in", "bytes_out", "bytes_spliced")}}
+    return r
+
+
 def bench(lab: Path, n: str = "200", mib: str = "200", path: str = "root") -> dict:
     """The same measurement from sandboxes (open network, and an allow-list that names the
     server) and, on the root path, from the host itself, in this one run. ``path`` names the
@@ -910,6 +953,6 @@ if __name__ == "__main__":
                       "open": open_net, "etc": etc, "service": service,
                       "bench": bench, "docker": docker, "build": build,
                       "leftovers": leftovers, "ray": ray_net, "ttl": ttl, "scrape": scrape,
-                      "unprivileged": unprivileged, "audit": audit,
+                      "unprivileged": unprivileged, "audit": audit, "bulk": bulk,
                       "audit_remote": audit_remote}[scenario](lab, *sys.argv[3:])))
 

@@ -122,5 +122,5 @@ def test_unprivileged_network_opens_with_only_loopback(world_tmp):  # noqa: F811
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [
         "lo", "lo 127.0.0.1/8", "lo 10.0.2.100/32", "10.0.2.100",
-        "['bytes_in', 'bytes_out', 'connections', 'denied', 'dns_queries', 'log']",
+        "['bytes_in', 'bytes_out', 'bytes_spliced', 'connections', 'denied', 'dns_queries', 'log']",
         "lo", "lo 127.0.0.1/8", "lo 10.0.2.100/32"], out.stdout
