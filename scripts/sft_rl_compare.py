@@ -43,6 +43,7 @@ import json
 import shutil
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -56,6 +57,7 @@ from rockroll.trainer.envs import resolve_envs
 from rockroll.trainer.sft import sft
 
 ARMS = ("sft-rl", "rl-scratch", "sft-only")  # run in this order: the one the issue asks about first
+LABELS = {"sft-rl": "SFT then RL", "rl-scratch": "RL from scratch", "sft-only": "SFT-only"}
 
 
 class EvalWatch:
@@ -173,11 +175,9 @@ def plot(results: dict, title: str, out: Path) -> None:
         for seed_run in results[arm]["per_seed"].values():
             ax.plot([p["seconds"] for p in seed_run["points"]], [p["success"] for p in seed_run["points"]],
                     lw=0.8, alpha=0.35, color=color)
-        if arm == "sft-rl":  # where RL took over
-            cut = next((p["seconds"] for p in pts if p["phase"] == "rl"), None)
-            if cut is not None:
-                ax.axvline(cut, ls=":", color=color, lw=0.8)
-    ax.set_title(title, fontsize=9)
+        if arm == "sft-rl" and any(p["phase"] == "rl" for p in pts):  # where RL took over: SFT's last point
+            ax.axvline([p["seconds"] for p in pts if p["phase"] == "sft"][-1], ls=":", color=color, lw=0.8)
+    ax.set_title("\n".join(textwrap.wrap(title, 90)), fontsize=9)
     ax.set_xlabel("wall seconds since the arm started (mean over seeds; evaluations included)")
     ax.set_ylabel("held-out success: pooled, Wilson 95 %; thin: per seed", fontsize=8)
     ax.set_ylim(-0.02, 1.02)
@@ -304,7 +304,8 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     seeds = ", ".join(f"{a}: {len(r['per_seed'])}" for a, r in results.items())
-    plot(results, f"{args.name}: held-out eval, SFT-only / RL from scratch / SFT then RL\n(seeds: {seeds})", out)
+    arms = " / ".join(LABELS[a] for a in ARMS if a in results)
+    plot(results, f"{args.name}: held-out eval, {arms} (seeds: {seeds})", out)
     print(table(results))
 
 
