@@ -19,7 +19,7 @@ from .errors import (CapacityError, GuestDied, IsolationUnavailable, SandboxClos
                      SandboxFileError, SandboxFileNotFound, SandboxLost, SandboxNotFound, SandboxStartError,
                      ServiceUnreachable, SessionError, SnapshotError, SpecError, StorageFullError,
                      StorageLimitError, UnsafeArchiveError)
-from .egress import EgressPolicy, SecretRef
+from .egress import EgressPolicy, HttpRule, SecretRef
 from .spec import CommandResult, SandboxSpec, Snapshot
 from .sync import Sandbox, open_sandbox
 
@@ -33,7 +33,7 @@ def configure(url: str | None = None, token: str | None = None) -> None:
 
 
 __all__ = [
-    "AsyncSandbox", "CapacityError", "CommandResult", "EgressPolicy", "GuestDied", "IsolationUnavailable",
+    "AsyncSandbox", "CapacityError", "CommandResult", "EgressPolicy", "GuestDied", "HttpRule", "IsolationUnavailable",
     "Sandbox", "SandboxClosed", "SandboxError", "SandboxFileError", "SandboxFileNotFound", "SandboxLost",
     "SandboxNotFound", "SandboxSpec", "SandboxStartError", "SecretRef", "ServiceUnreachable", "SessionError",
     "Snapshot",

@@ -10,6 +10,9 @@ host's own addresses and every sandbox's (checked where the host is known), and,
 CIDR of the policy names them, link-local (169.254.0.0/16, the cloud metadata address),
 private and ULA ranges.
 
+``rules`` narrow what HTTP requests to a host may be: their methods and path prefixes
+(``HttpRule``), judged on every request, plain or inside inspected TLS.
+
 ``inspect_tls=True`` (opt-in) makes the gateway terminate the TLS of connections to allowed
 names with a CA of the sandbox's own (``deployment/tlsinspect.py``), so each request inside
 is judged as plain HTTP's are; ``inject`` then names headers the gateway sets on each
@@ -106,6 +109,67 @@ class SecretRef:
         raise SpecError(where, "must be a SecretRef, 'env:NAME' or 'file:/path'")
 
 
+_METHOD = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Z]+$")  # an HTTP token, upper case (methods are case-sensitive)
+# In a path, what a server may read as something else than it looks: an encoded dot, slash,
+# backslash or NUL, an overlong UTF-8 lead byte (%c0%ae was a dot to old decoders), a backslash.
+_AMBIGUOUS = re.compile(r"%(2[eEfF]|5[cC]|00|[cC][01])|\\")
+
+
+def plain_path(path: str) -> bool:
+    """Whether ``path`` (a request's, without its query) reads one way only: no dot segment
+    (``.``/``..``, also with ``;parameters`` as Tomcat reads ``..;``) and nothing in
+    ``_AMBIGUOUS``. A prefix check on any other path could pass what the server then
+    resolves outside the prefix (``/v1/../admin``, ``/v1/%2e%2e/admin``)."""
+    return path.startswith("/") and not _AMBIGUOUS.search(path) and not any(
+        seg.split(";", 1)[0] in (".", "..") for seg in path.split("/"))
+
+
+@dataclass(frozen=True)
+class HttpRule:
+    """What HTTP requests to a host may be (``EgressPolicy.rules``). ``methods``: e.g.
+    ``("GET", "HEAD")`` (empty: any). ``paths``: prefixes, ending at a segment boundary,
+    that a request's path (its target without the query) must start with: ``"/v1"`` and
+    ``"/v1/"`` take ``/v1/models``, neither takes ``/v1beta`` (empty: any path). Under
+    ``paths``, a path that may read two ways (``plain_path``) is refused whatever it
+    starts with, and so is a request with no path (``CONNECT``, ``OPTIONS *``)."""
+
+    methods: tuple[str, ...] = ()
+    paths: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        methods, paths = _strings("egress.rules.methods", self.methods), _strings("egress.rules.paths", self.paths)
+        for m in methods:
+            if not _METHOD.match(m):
+                raise SpecError("egress.rules.methods", f"not an upper-case HTTP method: {m!r}")
+        for path in paths:
+            if not plain_path(path) or "?" in path or "#" in path:
+                raise SpecError("egress.rules.paths", f"not a plain absolute path (no dot segments, "
+                                                      f"encoded dots or slashes, query): {path!r}")
+        object.__setattr__(self, "methods", methods)
+        object.__setattr__(self, "paths", paths)
+
+    @classmethod
+    def from_value(cls, value: Any, where: str) -> "HttpRule":
+        if isinstance(value, cls):
+            return value
+        if not isinstance(value, Mapping) or not set(value) <= {"methods", "paths"}:
+            raise SpecError(where, "must be an HttpRule or {methods: [...], paths: [...]}")
+        try:
+            return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in value.items()})
+        except SpecError as e:
+            raise SpecError(where + e.field.removeprefix("egress.rules"), str(e).split(": ", 1)[1]) from None
+
+    def refusal(self, method: str, path: str | None) -> str | None:
+        """Why a request of ``method`` for ``path`` (None: its target has none) may not go:
+        ``"http_method"``, ``"http_path"``; None when it may."""
+        if self.methods and method not in self.methods:
+            return "http_method"
+        if self.paths and (path is None or not plain_path(path) or not any(
+                path == p.rstrip("/") or path.startswith(p.rstrip("/") + "/") for p in self.paths)):
+            return "http_path"
+        return None
+
+
 @dataclass(frozen=True)
 class EgressPolicy:
     """An allow-list for a sandbox's outbound traffic (``SandboxSpec.egress``).
@@ -118,6 +182,12 @@ class EgressPolicy:
     opened; loopback, the host and other sandboxes never are). ``ports``: the TCP ports
     allowed, to names and CIDRs alike (empty: any). ``bandwidth_mbit``: a cap on each
     direction (None: none). Only TCP leaves the sandbox, and DNS to its own resolver.
+
+    ``rules``: ``{host: HttpRule}`` (or ``{host: {methods, paths}}``), for entries of
+    ``hosts`` (a wildcard entry covers the names below it; an exact entry wins over it):
+    every HTTP request to that host must pass its rule, or it is answered 403 and counted
+    (``http_method``, ``http_path``). Requests inside TLS are seen only with
+    ``inspect_tls``: without it, TLS to a host with a rule is refused (``tls_rules``).
 
     ``inspect_tls``: terminate TLS to allowed names with a CA made for the sandbox (put in
     its trust stores), judge each request inside (its ``Host`` must be the server name),
@@ -136,6 +206,7 @@ class EgressPolicy:
     inspect_tls: bool = False
     inject: Mapping[str, Mapping[str, Union[SecretRef, str]]] = field(default_factory=dict)
     upstream_ca: str | None = None
+    rules: Mapping[str, Union[HttpRule, Mapping[str, Any]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         hosts = _strings("egress.hosts", self.hosts)
@@ -176,6 +247,27 @@ class EgressPolicy:
             raise SpecError("egress.upstream_ca", "verifies the upstream certificates of inspected TLS: "
                                                   "needs inspect_tls=True")
         object.__setattr__(self, "inject", self._inject())
+        object.__setattr__(self, "rules", self._rules())
+
+    def _rules(self) -> dict[str, HttpRule]:
+        if not isinstance(self.rules, Mapping) or len(self.rules) > MAX_ENTRIES:
+            raise SpecError("egress.rules", "must map entries of egress.hosts to {methods, paths}")
+        out: dict[str, HttpRule] = {}
+        for host, rule in self.rules.items():
+            name = host.lower().rstrip(".") if isinstance(host, str) else host
+            if name not in self.hosts:
+                raise SpecError(f"egress.rules.{host}", "must be an entry of egress.hosts, as written there")
+            out[name] = HttpRule.from_value(rule, f"egress.rules.{host}")
+        return out
+
+    def rule_for(self, host: str) -> HttpRule | None:
+        """The rule the requests to ``host`` pass: its exact entry's, else the most specific
+        wildcard's that covers it; None: any request."""
+        host = host.lower().rstrip(".")
+        if host in self.rules:
+            return self.rules[host]
+        covering = [h for h in self.rules if h.startswith("*.") and host.endswith(h[1:]) and len(host) > len(h) - 1]
+        return self.rules[max(covering, key=len)] if covering else None
 
     def _inject(self) -> dict[str, dict[str, SecretRef]]:
         """``inject`` checked and normalized: exact allowed hosts, header tokens, ``SecretRef``s."""

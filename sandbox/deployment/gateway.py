@@ -312,6 +312,9 @@ class Gateway:
             elif wire.is_tls(first) and not self._name_granted(ip, name):
                 self.traffic.denied["sni"] += 1
                 conn.refuse("sni", kind="tls", host=name)
+            elif wire.is_tls(first) and self.authority is None and self.policy.rule_for(name) is not None:
+                self.traffic.denied["tls_rules"] += 1  # its requests would go unseen: the rule could not hold
+                conn.refuse("tls_rules", kind="tls", host=name)
             elif wire.is_tls(first) and self.authority is not None:
                 if upstream is not None and upstream.heard:  # inside a tunnel, or a server spoke first
                     self.traffic.denied["tls_tunnel"] += 1
@@ -414,6 +417,9 @@ class Gateway:
                         raise httpstream.Refused("http_host", f"{event.host} is not allowed here")
                     if sni is not None and event.host != sni:  # the upstream proved it is sni, nothing else
                         raise httpstream.Refused("http_sni", f"{event.host} is not {sni}")
+                    if self.policy is not None and (rule := self.policy.rule_for(event.host)) is not None and (
+                            why := rule.refusal(event.method, httpstream.path_of(event))):
+                        raise httpstream.Refused(why, f"{event.method} {event.target[:200]} to {event.host}")
                     if upstream is None and (upstream := await (
                             connect() if connect else self._connect(ip, port, writer, conn))) is None:
                         conn.refuse("unreachable", method=event.method, host=event.host, path=event.target)

@@ -48,6 +48,8 @@ REASONS = {  # refusal reason -> (status, what the client is told)
     "http_target": (403, "the request target names another host than Host"),
     "http_upgrade": (403, "CONNECT or Upgrade only as a connection's first request"),
     "http_host": (403, "the request's host is not allowed for this sandbox"),
+    "http_method": (403, "the policy's rule for this host does not allow the method"),
+    "http_path": (403, "the policy's rule for this host does not allow the path"),
     # inspected TLS (tlsinspect.py): the request names another host than the TLS server
     # name the gateway verified upstream, or the upstream's certificate did not verify
     "http_sni": (421, "the request's host is not the TLS server name of its connection"),
@@ -122,6 +124,16 @@ def _target_host(method: str, target: str) -> str | None:
     if host is None:
         raise Refused("http_malformed", "the target's host")
     return host
+
+
+def path_of(head: Head) -> str | None:
+    """The path a request's target names, without its query (origin- and absolute-form;
+    None for authority-form ``CONNECT`` and ``OPTIONS *``); absolute-form's empty path is ``/``."""
+    if head.target.startswith("/"):
+        return re.split(r"[?#]", head.target, maxsplit=1)[0]
+    if head.method != "CONNECT" and (m := _ABSOLUTE.fullmatch(head.target.encode())):
+        return re.split(r"[?#]", (m.group(2) or b"/").decode(), maxsplit=1)[0] or "/"
+    return None
 
 
 def parse_head(raw: bytes, first: bool = True) -> Head:

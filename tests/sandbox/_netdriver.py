@@ -263,6 +263,56 @@ def requests(lab: Path) -> dict:
     return r
 
 
+RULE_CASES = [  # (name, what the client sends, the reason it is refused: None, answered)
+    ("allowed", get("allowed.test", "/ok/page"), None),
+    ("allowed_exact", get("allowed.test", "/ok"), None),
+    ("query_is_not_path", get("allowed.test", "/ok?next=/../admin"), None),
+    ("method", "POST /ok/x HTTP/1.1\r\nHost: allowed.test\r\nContent-Length: 0\r\n\r\n", "http_method"),
+    ("lower_case_method", "get /ok/x HTTP/1.1\r\nHost: allowed.test\r\n\r\n", "http_method"),
+    ("path", get("allowed.test", "/admin"), "http_path"),
+    ("prefix_is_not_a_segment", get("allowed.test", "/okay"), "http_path"),
+    ("dot_dot", get("allowed.test", "/ok/../admin"), "http_path"),
+    ("encoded_dot_dot", get("allowed.test", "/ok/%2e%2E/admin"), "http_path"),
+    ("encoded_slash", get("allowed.test", "/ok%2F..%2Fadmin"), "http_path"),
+    ("tomcat_dot_dot", get("allowed.test", "/ok/..;/admin"), "http_path"),
+    ("backslash", get("allowed.test", "/ok\\..\\admin"), "http_path"),
+    ("overlong_dot", get("allowed.test", "/ok/%c0%ae%c0%ae/admin"), "http_path"),
+    ("absolute_form", "GET http://allowed.test/admin HTTP/1.1\r\nHost: allowed.test\r\n\r\n", "http_path"),
+    ("keepalive_second", get("allowed.test", "/ok/1") + get("allowed.test", "/admin"), "http_path"),
+    ("connect", "CONNECT allowed.test:80 HTTP/1.1\r\nHost: allowed.test:80\r\n\r\n", "http_method"),
+    ("other_host_no_rule", get("api.test", "/anything"), None),  # same address, resolved first
+]
+
+
+def rules(lab: Path) -> dict:
+    """A policy's ``rules`` (methods and path prefixes for allowed.test, a rule for tls.test
+    without TLS inspection, none for api.test): each request of ``RULE_CASES`` from inside,
+    what came back and what was counted, and a TLS connection to tls.test."""
+    policy = EgressPolicy(hosts=("allowed.test", "api.test", "tls.test"), ports=(80, 443), rules={
+        "allowed.test": {"methods": ["GET", "HEAD"], "paths": ["/ok"]}, "tls.test": {"paths": ["/"]}})
+    r: dict = {"cases": {}}
+    with open_sandbox(SandboxSpec(network=True, egress=policy, memory_mb=256, timeout_s=120)) as sb:
+        prepare(sb, lab)
+        probe(sb, "resolve", "api.test")  # granted for the shared address too
+        for name, request, _ in RULE_CASES:
+            before, seq = sb.network_stats()["denied"], (sb.egress_log() or [{"seq": 0}])[-1]["seq"]
+            got = probe(sb, "converse", "allowed.test", "80", json.dumps([[request, None, 0]]), "1")
+            records, _ = _log_since(sb, seq)
+            after = sb.network_stats()["denied"]
+            answer = _GATEWAY_ANSWER.search(got) if isinstance(got, str) else None
+            r["cases"][name] = {"status": int(answer.group(1)) if answer else None,
+                                "reason": answer.group(2) if answer else None,
+                                "counted": {k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)},
+                                "answered": str(got).count("HTTP/1.0 200") + str(got).count("HTTP/1.1 200"),
+                                "records": [(x["decision"], x["reason"], x["method"], x["path"]) for x in records],
+                                "raw": str(got)[-300:]}
+        before = sb.network_stats()["denied"]
+        r["tls"] = probe(sb, "tls", "tls.test", "tls.test", CA)
+        r["tls_counted"] = {k: n - before.get(k, 0) for k, n in sb.network_stats()["denied"].items()
+                            if n != before.get(k, 0)}
+    return r
+
+
 # Runs in a sandbox, in the background: connections through the gateway in each state
 # it holds one in, kept open until killed.
 HOLD = r'''
@@ -953,6 +1003,6 @@ if __name__ == "__main__":
                       "open": open_net, "etc": etc, "service": service,
                       "bench": bench, "docker": docker, "build": build,
                       "leftovers": leftovers, "ray": ray_net, "ttl": ttl, "scrape": scrape,
-                      "unprivileged": unprivileged, "audit": audit, "bulk": bulk,
+                      "unprivileged": unprivileged, "audit": audit, "bulk": bulk, "rules": rules,
                       "audit_remote": audit_remote}[scenario](lab, *sys.argv[3:])))
 

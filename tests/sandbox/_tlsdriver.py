@@ -81,6 +81,9 @@ CASES = [
                                       [get("api.test", "/headers"), "Host: api.test"]], "-", "-", 3),
     ("upgrade_then_evil", "api.test", [[get("api.test", "/echo", extra=UPGRADE), "\r\n\r\n"],
                                        [req("evil.test", "/headers"), None]], "-", "-", 8),
+    # the policy's rule for allowed.test (GET and HEAD only) holds inside inspected TLS
+    ("rule_method", "allowed.test", [["POST / HTTP/1.1\r\nHost: allowed.test\r\nContent-Length: 0\r\n"
+                                      "Connection: close\r\n\r\n", None]], "-", "-", 8),
     # forged upstreams: a certificate of the lab's CA for other names, one of a CA nobody trusts
     ("wrong_name", "wrongname.test", [[req("wrongname.test"), None]], "-", "-", 8),
     ("rogue_ca", "rogue.test", [[req("rogue.test"), None]], "-", "-", 8),
@@ -166,6 +169,7 @@ def inspect(lab: Path) -> dict:
     key_file.write_text(key + "\n")
     key_file.chmod(0o600)
     policy = EgressPolicy(hosts=INSPECTED_HOSTS, ports=(443,), inspect_tls=True, upstream_ca=str(lab / "ca.pem"),
+                          rules={"allowed.test": {"methods": ["GET", "HEAD"]}},
                           inject={"api.test": {"Authorization": SecretRef("env:RR_LAB_TOKEN", prefix="Bearer "),
                                                "X-Api-Key": SecretRef(f"file:{key_file}")}})
     r: dict = {"secrets": [token, key], "decoy": decoy, "cases": {}, "extract": {}}

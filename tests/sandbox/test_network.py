@@ -13,7 +13,7 @@ import os
 import pytest
 
 from rockroll.sandbox import EgressPolicy, SandboxSpec, SpecError
-from rockroll.sandbox.egress import address_class
+from rockroll.sandbox.egress import HttpRule, address_class
 
 from _netlab import NetLab, lab_available
 
@@ -98,6 +98,29 @@ def test_every_http_request_on_a_connection_is_judged(lab):
     silent past the sniff, HTTP/2's preface: each refused with the gateway's 4xx and
     counted under its reason, evil.test never answering; allowed requests and bodies pass."""
     check_every_request_judged(lab.run_host("requests"))
+
+
+@needs_lab
+def test_a_hosts_rule_holds_for_every_request(lab):
+    """``rules`` for allowed.test (GET and HEAD, paths under /ok): each request is judged,
+    the second on a kept-alive connection and an absolute-form one too, and each path a
+    server could resolve outside the prefix (dot segments, encoded, Tomcat's ``..;``,
+    backslashes, overlong UTF-8) is refused and counted, never answered by the server;
+    another name on the same address has no rule; TLS to a host with a rule, not inspected,
+    is refused (its requests would go unseen)."""
+    from _netdriver import RULE_CASES
+
+    r = lab.run_host("rules")
+    for name, _, reason in RULE_CASES:
+        case = r["cases"][name]
+        if reason is None:
+            assert (case["status"], case["counted"], case["answered"]) == (None, {}, 1), (name, case)
+            assert [x[0] for x in case["records"]] == ["allowed"], (name, case)
+        else:
+            assert (case["status"], case["reason"], case["counted"]) == (403, reason, {reason: 1}), (name, case)
+            assert case["records"][-1][:2] == ["refused", reason], (name, case)
+            assert case["answered"] == (1 if name == "keepalive_second" else 0), (name, case)  # the first was /ok/1
+    assert r["tls_counted"] == {"tls_rules": 1} and "tls-site" not in str(r["tls"]), r
 
 
 def check_close_with_connections_open(r: dict) -> None:
@@ -240,6 +263,15 @@ def test_counters_reach_the_services_metrics(lab):
     (dict(ports=["80"]), "egress.ports"),
     (dict(bandwidth_mbit=0), "egress.bandwidth_mbit"),
     (dict(nonsense=1), "egress.nonsense"),
+    (dict(hosts=["a.example"], rules={"b.example": {}}), "egress.rules.b.example"),
+    (dict(hosts=["*.a.example"], rules={"x.a.example": {}}), "egress.rules.x.a.example"),  # as hosts writes it
+    (dict(hosts=["a.example"], rules={"a.example": {"methods": ["get"]}}), "egress.rules.a.example.methods"),
+    (dict(hosts=["a.example"], rules={"a.example": {"methods": "GET"}}), "egress.rules.a.example.methods"),
+    (dict(hosts=["a.example"], rules={"a.example": {"paths": ["v1/"]}}), "egress.rules.a.example.paths"),
+    (dict(hosts=["a.example"], rules={"a.example": {"paths": ["/v1/../admin"]}}), "egress.rules.a.example.paths"),
+    (dict(hosts=["a.example"], rules={"a.example": {"paths": ["/v1?x=1"]}}), "egress.rules.a.example.paths"),
+    (dict(hosts=["a.example"], rules={"a.example": {"verbs": ["GET"]}}), "egress.rules.a.example"),
+    (dict(hosts=["a.example"], rules=["a.example"]), "egress.rules"),
 ])
 def test_bad_policies_are_refused_by_field(policy, field):
     with pytest.raises(SpecError) as e:
@@ -258,6 +290,36 @@ def test_policy_needs_network_and_round_trips():
     assert not p.allows_name("packages.example") and not p.allows_name("evilpackages.example")
     assert not p.allows_name("index.example.evil.com")
     assert p.allows_port(443) and not p.allows_port(80)
+
+
+@pytest.mark.parametrize("method, path, why", [
+    ("GET", "/v1", None), ("GET", "/v1/", None), ("HEAD", "/v1/models/x", None), ("GET", "/v1/a.b/...", None),
+    ("POST", "/v1/models", "http_method"), ("get", "/v1", "http_method"),
+    ("GET", "/v1beta", "http_path"), ("GET", "/", "http_path"), ("GET", None, "http_path"),
+    ("GET", "/v1/../admin", "http_path"), ("GET", "/v1/..", "http_path"), ("GET", "/v1/./x", "http_path"),
+    ("GET", "/v1/%2e%2e/admin", "http_path"), ("GET", "/v1/%2E./admin", "http_path"),
+    ("GET", "/v1%2fadmin", "http_path"), ("GET", "/v1/..;x=1/admin", "http_path"),
+    ("GET", "/v1\\..\\admin", "http_path"), ("GET", "/v1/%5c../admin", "http_path"),
+    ("GET", "/v1/%c0%ae%c0%ae/admin", "http_path"), ("GET", "/v1/%00", "http_path"),
+])
+def test_a_rule_takes_its_methods_and_paths_only(method, path, why):
+    policy = EgressPolicy(hosts=("api.example", "*.example"), rules={
+        "api.example": {"methods": ["GET", "HEAD"], "paths": ["/v1/"]}, "*.example": {"methods": ["GET"]}})
+    assert policy.rule_for("API.example.").refusal(method, path) == why
+    assert policy.rule_for("other.example") == HttpRule(methods=("GET",))  # the wildcard's, for the others
+    assert policy.rule_for("example") is None and EgressPolicy(hosts=("x.example",)).rule_for("x.example") is None
+
+
+def test_the_path_of_each_request_target_form():
+    from rockroll.sandbox.deployment.httpstream import parse_head, path_of
+
+    def path(line: str) -> str | None:
+        return path_of(parse_head(f"{line}\r\nHost: a.example\r\n\r\n".encode()))
+
+    assert path("GET /v1/x?q=/../y HTTP/1.1") == "/v1/x"
+    assert path("GET http://a.example HTTP/1.1") == "/" and path("GET http://a.example/v1#f HTTP/1.1") == "/v1"
+    assert path("GET http://a.example?q=1 HTTP/1.1") == "/"
+    assert path("CONNECT a.example:443 HTTP/1.1") is None and path("OPTIONS * HTTP/1.1") is None
 
 
 @pytest.mark.parametrize("ip, cls", [

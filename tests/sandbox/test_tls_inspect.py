@@ -106,13 +106,15 @@ def test_domain_fronting_is_refused_with_inspection_and_passes_without(lab_resul
 @needs_lab
 def test_each_request_inside_inspected_tls_is_judged(lab_result):
     """A second request, pipelined or kept alive, an absolute-form target, Content-Length
-    with Transfer-Encoding, a request after a 101: judged one by one, as on plain HTTP; what
+    with Transfer-Encoding, a request after a 101, a method the host's rule does not take:
+    judged one by one, as on plain HTTP; what
     came before a refused one was answered; a body that reads as a request stays a body."""
     cases = lab_result["cases"]
     for name, want, reached in (
             ("keepalive_evil", (403, "http_host"), ["api.test"]), ("pipelined_evil", (403, "http_host"), ["api.test"]),
             ("absolute_evil", (403, "http_target"), []), ("smuggle_cl_te", (400, "http_smuggling"), []),
-            ("upgrade_then_evil", (403, "http_host"), [])):  # the echo (after its 101) writes no record
+            ("upgrade_then_evil", (403, "http_host"), []),  # the echo (after its 101) writes no record
+            ("rule_method", (403, "http_method"), [])):  # the policy's rule for allowed.test: GET and HEAD
         case = cases[name]
         assert (gateway_answer(case), case["counted"], upstream_hosts(case)) == (want, {want[1]: 1}, reached), case
     assert cases["keepalive_evil"]["got"].count("allowed-site:api") == 1
@@ -196,10 +198,10 @@ def test_the_audit_log_records_each_inspected_request_and_names_injected_headers
     assert (first["method"], first["path"], first["status"], first["port"], first["injected"]) == (
         "GET", "/", 200, 443, [])
     refused = {x["reason"] for x in log if x["decision"] == "refused"}
-    assert refused == {"http_host", "http_sni", "http_target", "http_smuggling", "http_malformed", "tls_upstream",
-                       "tls_client"}, refused
+    assert refused == {"http_host", "http_sni", "http_target", "http_smuggling", "http_malformed", "http_method",
+                       "tls_upstream", "tls_client"}, refused
     assert r["stats"]["denied"] == {"http_malformed": 1, "http_host": 4, "http_sni": 1, "http_target": 1,
-                                    "http_smuggling": 1, "tls_upstream": 2, "tls_client": 1}
+                                    "http_smuggling": 1, "http_method": 1, "tls_upstream": 2, "tls_client": 1}
 
 
 # -- without a lab ----------------------------------------------------------------------
