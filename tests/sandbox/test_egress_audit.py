@@ -180,14 +180,20 @@ def feed_split(framer: ResponseFramer, data: bytes, cut: int) -> list:
     return framer.feed(data[:cut]) + framer.feed(data[cut:])
 
 
-@pytest.mark.parametrize("step", [1, 7, 1000])
-def test_pipelined_answers_are_split_exactly_by_their_framing(step):
+def requested(answers: list) -> tuple[EgressLog, Connection]:
+    """A connection's log, and the connection with a request (10 bytes) sent for each answer."""
     log = EgressLog()
     conn = Connection(log, lambda: 0.0, "203.0.113.10", 80, kind="http")
-    for method, _ in ANSWERS:
+    for method, _ in answers:
         conn.request(method, "allowed.test", f"/{method.lower()}")
         conn.sent(10)
     conn.request_done()
+    return log, conn
+
+
+@pytest.mark.parametrize("step", [1, 7, 1000])
+def test_pipelined_answers_are_split_exactly_by_their_framing(step):
+    log, conn = requested(ANSWERS)
     stream = b"".join(a for _, a in ANSWERS)
     for i in range(0, len(stream), step):
         conn.received(stream[i:i + step])
@@ -208,12 +214,7 @@ def test_bytes_forwarded_unseen_where_framing_allows_make_the_same_records(step)
                          ("CONNECT", b"HTTP/1.1 200 OK\r\n\r\n" + b"t" * 500)]
 
     def records(unseen: bool) -> list:
-        log = EgressLog()
-        conn = Connection(log, lambda: 0.0, "203.0.113.10", 80, kind="http")
-        for method, _ in answers:
-            conn.request(method, "allowed.test", f"/{method.lower()}")
-            conn.sent(10)
-        conn.request_done()
+        log, conn = requested(answers)
         stream, i, skipped = b"".join(a for _, a in answers), 0, 0
         while i < len(stream):
             if unseen and (ahead := conn.ahead()):
