@@ -16,11 +16,12 @@ need_apt=()
 command -v debootstrap >/dev/null 2>&1 || need_apt+=(debootstrap)
 if ! $swe_only; then
   # a sandbox's own network (network=True): veths and tc (iproute2), its filter rules (iptables);
-  # the network tests' lab: a test CA (openssl), pip inside sandboxes (python3-pip)
+  # the network tests' lab: a test CA (openssl), pip and Node inside sandboxes (python3-pip, nodejs)
   command -v ip >/dev/null 2>&1 && command -v tc >/dev/null 2>&1 || need_apt+=(iproute2)
   command -v iptables >/dev/null 2>&1 || need_apt+=(iptables)
   command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
   /usr/bin/python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)
+  command -v node >/dev/null 2>&1 || need_apt+=(nodejs)  # Node's trust of an inspecting sandbox's CA
   command -v dockerd >/dev/null 2>&1 || need_apt+=(docker.io)
   command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
   command -v tmux >/dev/null 2>&1 || need_apt+=(tmux)  # terminals: tmux in a host-image sandbox

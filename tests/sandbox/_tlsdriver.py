@@ -110,6 +110,11 @@ EXTRACT = {
               "print(urllib.request.urlopen('https://api.test/').read().decode())\"",
     "python_system": "env -i /usr/bin/python3 -c \"import urllib.request; "
                      "print(urllib.request.urlopen('https://allowed.test/').read().decode())\"",
+    # Node reads NODE_EXTRA_CA_CERTS; pip PIP_CERT (no pip.conf of the host's: its own index)
+    "node": "node -e \"require('https').get('https://allowed.test/', r => r.on('data', d => process.stdout.write(d)))"
+            ".on('error', e => console.log('error', e.code))\" 2>&1",
+    "pip": "PIP_CONFIG_FILE=/dev/null python3 -m pip download --no-deps --retries 0 --timeout 10 -d /tmp/pip "
+           "--index-url https://allowed.test/simple/ nothing-here 2>&1",
 }
 
 
@@ -173,7 +178,9 @@ def inspect(lab: Path) -> dict:
                           inject={"api.test": {"Authorization": SecretRef("env:RR_LAB_TOKEN", prefix="Bearer "),
                                                "X-Api-Key": SecretRef(f"file:{key_file}")}})
     r: dict = {"secrets": [token, key], "decoy": decoy, "cases": {}, "extract": {}}
-    with open_sandbox(SandboxSpec(network=True, egress=policy, memory_mb=512, timeout_s=120)) as sb:
+    # 2 GiB: in the lab (ip netns exec: no cgroup mounts) memory is RLIMIT_AS, and Node reserves
+    # more address space than 512 MiB
+    with open_sandbox(SandboxSpec(network=True, egress=policy, memory_mb=2048, timeout_s=120)) as sb:
         prepare(sb, lab)
         sb.write_file("/workspace/tlsprobe.py", TLSPROBE)
         for name, sni, steps, cafile, alpn, timeout in CASES:

@@ -72,13 +72,16 @@ def upstream_hosts(case: dict) -> list[str]:
 
 @needs_lab
 def test_clients_inside_trust_the_sandbox_ca_with_no_flags(lab_result):
-    """curl and Python, with the variables and with the system bundle alone, trust the
-    sandbox's CA; ALPN gives HTTP/1.1 to a client that offers h2 too, and one that speaks
+    """curl and Python, with the variables and with the system bundle alone, Node and pip
+    (through theirs) trust the sandbox's CA; ALPN gives HTTP/1.1 to a client that offers h2 too, and one that speaks
     h2 alone is refused by its preface."""
     r = lab_result
     ex = r["extract"]
-    assert (ex["curl"], ex["curl_system"], ex["python"], ex["python_system"]) == (
-        "allowed-site", "allowed-site", "allowed-site:api\n", "allowed-site\n"), ex
+    assert (ex["curl"], ex["curl_system"], ex["python"], ex["python_system"], ex["node"]) == (
+        "allowed-site", "allowed-site", "allowed-site:api\n", "allowed-site\n", "allowed-site"), ex
+    # pip reached the index over the sandbox's CA: the GET was answered (a page that is no index), no TLS error
+    assert "Skipping page https://allowed.test/simple/nothing-here/ because the GET request got" in ex["pip"]
+    assert "SSL" not in ex["pip"] and "CERTIFICATE" not in ex["pip"], ex["pip"]
     assert ex["trust_env"].split() == [tlsinspect.BUNDLE_PATH] * 5
     assert r["ca_pem_inside"] == 1 and "PRIVATE KEY" not in ex["bundle"]
     assert r["uninspected_env"] == ""  # no inspection: no CA, no variables
