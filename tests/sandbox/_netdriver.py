@@ -795,6 +795,19 @@ def ray_net(lab: Path) -> dict:
             r["exposed"] = [host, host_connect(host, port)]
             r["stats"] = sb.network_stats()
         r["stats_after_close"] = sb.aio.network_stats()
+        # TLS inspection and a host's rule on the Ray node's gateway: the CA made there, in
+        # the sandbox's trust store; fronting and a method the rule does not take refused
+        inspected = EgressPolicy(hosts=("allowed.test",), ports=(443,), inspect_tls=True,
+                                 upstream_ca=str(lab / "ca.pem"), rules={"allowed.test": {"methods": ["GET"]}})
+        with open_sandbox(SandboxSpec(backend="ray", network=True, egress=inspected, memory_mb=1024,
+                                      timeout_s=60)) as sb:
+            fetch = ("python3 -c \"import sys, urllib.request, urllib.error\n"
+                     "req = urllib.request.Request('https://allowed.test/', method=sys.argv[1], headers={'Host': sys.argv[2]})\n"
+                     "try: print(urllib.request.urlopen(req, timeout=10).read().decode())\n"
+                     "except urllib.error.HTTPError as e: print(e.code, e.read().decode().split(': ')[1])\" ")
+            r["inspected"] = {name: sb.run(fetch + args, timeout=30).stdout.strip() for name, args in (
+                ("get", "GET allowed.test"), ("fronting", "GET evil.test"), ("post", "POST allowed.test"))}
+            r["inspected_denied"] = sb.network_stats()["denied"]
     finally:
         ray.shutdown()
         shutil.rmtree(temp, ignore_errors=True)

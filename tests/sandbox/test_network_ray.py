@@ -58,6 +58,9 @@ def test_ray_sandbox_gets_the_policy_counters_and_expose(lab):
     # pipelined: allowed.test answered, the request for evil.test refused by the node's gateway
     assert "allowed-site" in r["pipelined"] and "evil-site" not in r["pipelined"], r["pipelined"]
     assert "403 Forbidden" in r["pipelined"] and r["stats"]["denied"].get("http_host") == 1, r
+    # TLS inspection on the node: the sandbox trusts its CA, each request inside is judged
+    assert r["inspected"] == {"get": "allowed-site", "fronting": "403 http_host", "post": "403 http_method"}, r
+    assert r["inspected_denied"] == {"http_host": 1, "http_method": 1}, r
     assert r["listen"] == "listening"
     assert r["exposed"] == ["127.0.0.1", "from-the-sandbox"], r  # expose through the host actor
     stats = r["stats"]
