@@ -586,6 +586,18 @@ def docker(lab: Path) -> dict:
             r["attacks"][name] = {"stdout": out.stdout, "reason": reason,
                                   "counted": sb.network_stats()["denied"].get(reason, 0) - before}
         r["stats"] = sb.network_stats()
+    # a host's rule and TLS inspection's wiring in a container: the image has no TLS client,
+    # so what is read is its trust store and variables, and a plain-HTTP request the rule refuses
+    inspected = EgressPolicy(hosts=("allowed.test",), ports=(80, 443), inspect_tls=True,
+                             upstream_ca=str(lab / "ca.pem"), rules={"allowed.test": {"paths": ["/ok"]}})
+    with open_sandbox(SandboxSpec(backend="docker", image=ensure_docker_image(), network=True, egress=inspected,
+                                  memory_mb=256, timeout_s=60)) as sb:
+        ca = sb.aio._deploy.network.authority.cert_pem.decode().strip()
+        r["inspected"] = {
+            "ca_in_bundle": sb.read_file("/etc/ssl/certs/ca-certificates.crt").decode().count(ca),
+            "env": sb.run("printenv SSL_CERT_FILE REQUESTS_CA_BUNDLE PIP_CERT NODE_EXTRA_CA_CERTS CURL_CA_BUNDLE").stdout,
+            "ruled_out": sb.run(tcp("allowed.test/80", "allowed.test"), timeout=30).stdout,
+            "denied": sb.network_stats()["denied"]}
     return r
 
 

@@ -181,7 +181,8 @@ def test_name_resolution_is_the_gateways_read_only_and_in_no_snapshot(lab):
 @needs_lab
 def test_docker_sandbox_gets_the_same_network_and_policy(lab, client):
     """backend='docker': the container (network 'none') is wired to a gateway in the
-    namespace of the process that made it, with the same policy and counters."""
+    namespace of the process that made it, with the same policy and counters, a host's
+    rules, and TLS inspection's trust store."""
     r = lab.run_host("docker")
     assert r["resolv"].startswith(f"nameserver {r['gateway']}\n")
     assert "allowed-site" in r["allowed"], r
@@ -191,6 +192,11 @@ def test_docker_sandbox_gets_the_same_network_and_policy(lab, client):
     assert "allowed-site" in r["pipelined"] and "evil-site" not in r["pipelined"], r["pipelined"]
     assert "403 Forbidden" in r["pipelined"] and r["stats"]["denied"].get("http_host", 0) >= 2, r["stats"]
     assert r["stats"]["connections"] >= 1
+    # inspection's CA in the container's trust store and variables; a host's rule holds there
+    inspected = r["inspected"]
+    assert inspected["ca_in_bundle"] == 1 and inspected["env"].split() == ["/etc/ssl/certs/ca-certificates.crt"] * 5
+    assert "403 Forbidden" in inspected["ruled_out"] and "http_path" in inspected["ruled_out"], inspected
+    assert "allowed-site" not in inspected["ruled_out"] and inspected["denied"] == {"http_path": 1}, inspected
 
 
 @needs_lab
