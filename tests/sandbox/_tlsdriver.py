@@ -113,6 +113,23 @@ EXTRACT = {
     # Node reads NODE_EXTRA_CA_CERTS; pip PIP_CERT (no pip.conf of the host's: its own index)
     "node": "node -e \"require('https').get('https://allowed.test/', r => r.on('data', d => process.stdout.write(d)))"
             ".on('error', e => console.log('error', e.code))\" 2>&1",
+    # TLS the gateway cannot terminate: a ClientHello inside a CONNECT tunnel (refused: tls_tunnel;
+    # to api.test: allowed.test's rule takes GET and HEAD only)
+    "tunnel_tls": "python3 -c \"import socket, ssl\n"
+                  "s = socket.create_connection(('api.test', 80), timeout=8)\n"
+                  "s.sendall(b'CONNECT api.test:443 HTTP/1.1\\r\\nHost: api.test:443\\r\\n\\r\\n')\n"
+                  "print(s.recv(100).split(b'\\r\\n')[0].decode())\n"
+                  "try: ssl.create_default_context().wrap_socket(s, server_hostname='api.test'); print('handshake')\n"
+                  "except (OSError, ssl.SSLError) as e: print('refused', type(e).__name__)\"",
+    # a client silent past the sniff window, then a ClientHello: inspected as any other
+    "late_hello": "python3 -c \"import socket, ssl, time\n"
+                  "s = socket.create_connection(('allowed.test', 443), timeout=10)\n"
+                  "time.sleep(3.5)\n"
+                  "t = ssl.create_default_context().wrap_socket(s, server_hostname='allowed.test')\n"
+                  "t.sendall(b'GET / HTTP/1.1\\r\\nHost: allowed.test\\r\\nConnection: close\\r\\n\\r\\n')\n"
+                  "got = b''\n"
+                  "while data := t.recv(4096): got += data\n"
+                  "print(got.split(b'\\r\\n\\r\\n', 1)[1].decode())\"",
     "pip": "PIP_CONFIG_FILE=/dev/null python3 -m pip download --no-deps --retries 0 --timeout 10 -d /tmp/pip "
            "--index-url https://allowed.test/simple/ nothing-here 2>&1",
 }
@@ -173,7 +190,7 @@ def inspect(lab: Path) -> dict:
     key_file = Path(tempfile.mkdtemp()) / "api-key.txt"  # the host's, outside the lab (nobody may not write there)
     key_file.write_text(key + "\n")
     key_file.chmod(0o600)
-    policy = EgressPolicy(hosts=INSPECTED_HOSTS, ports=(443,), inspect_tls=True, upstream_ca=str(lab / "ca.pem"),
+    policy = EgressPolicy(hosts=INSPECTED_HOSTS, ports=(80, 443), inspect_tls=True, upstream_ca=str(lab / "ca.pem"),
                           rules={"allowed.test": {"methods": ["GET", "HEAD"]}},
                           inject={"api.test": {"Authorization": SecretRef("env:RR_LAB_TOKEN", prefix="Bearer "),
                                                "X-Api-Key": SecretRef(f"file:{key_file}")}})

@@ -94,6 +94,18 @@ def test_clients_inside_trust_the_sandbox_ca_with_no_flags(lab_result):
 
 
 @needs_lab
+def test_tls_it_cannot_terminate_is_refused_and_a_late_hello_is_inspected(lab_result):
+    """A ClientHello inside a CONNECT tunnel the server agreed to: the gateway cannot put its
+    certificate there, so it refuses (``tls_tunnel``) rather than pass TLS it cannot read. A
+    client that waits past the sniff window before its ClientHello is inspected as any other."""
+    ex = lab_result["extract"]
+    assert ex["tunnel_tls"].splitlines()[0] == "HTTP/1.1 200 Connection established", ex["tunnel_tls"]
+    assert ex["tunnel_tls"].splitlines()[1].startswith("refused "), ex["tunnel_tls"]
+    assert ex["late_hello"] == "allowed-site\n", ex["late_hello"]
+    assert lab_result["stats"]["denied"]["tls_tunnel"] == 1
+
+
+@needs_lab
 def test_domain_fronting_is_refused_with_inspection_and_passes_without(lab_result):
     """SNI allowed.test, ``Host`` another name of the address: refused before a byte goes
     on (``http_host`` for a name not allowed, ``http_sni`` for an allowed one, whose secret
@@ -202,9 +214,10 @@ def test_the_audit_log_records_each_inspected_request_and_names_injected_headers
         "GET", "/", 200, 443, [])
     refused = {x["reason"] for x in log if x["decision"] == "refused"}
     assert refused == {"http_host", "http_sni", "http_target", "http_smuggling", "http_malformed", "http_method",
-                       "tls_upstream", "tls_client"}, refused
+                       "tls_upstream", "tls_client", "tls_tunnel"}, refused
     assert r["stats"]["denied"] == {"http_malformed": 1, "http_host": 4, "http_sni": 1, "http_target": 1,
-                                    "http_smuggling": 1, "http_method": 1, "tls_upstream": 2, "tls_client": 1}
+                                    "http_smuggling": 1, "http_method": 1, "tls_upstream": 2, "tls_client": 1,
+                                    "tls_tunnel": 1}
 
 
 # -- without a lab ----------------------------------------------------------------------
