@@ -266,7 +266,7 @@ class EgressPolicy:
         host = host.lower().rstrip(".")
         if host in self.rules:
             return self.rules[host]
-        covering = [h for h in self.rules if h.startswith("*.") and host.endswith(h[1:]) and len(host) > len(h) - 1]
+        covering = [h for h in self.rules if _below(host, h)]
         return self.rules[max(covering, key=len)] if covering else None
 
     def _inject(self) -> dict[str, dict[str, SecretRef]]:
@@ -314,8 +314,7 @@ class EgressPolicy:
 
     def allows_name(self, name: str) -> bool:
         name = name.lower().rstrip(".")
-        return any(name == h or (h.startswith("*.") and name.endswith(h[1:]) and len(name) > len(h) - 1)
-                   for h in self.hosts)
+        return any(name == h or _below(name, h) for h in self.hosts)
 
     def cidr_allows(self, ip: str) -> bool:
         addr = ipaddress.ip_address(ip)
@@ -323,6 +322,11 @@ class EgressPolicy:
 
     def allows_port(self, port: int) -> bool:
         return not self.ports or port in self.ports
+
+
+def _below(name: str, pattern: str) -> bool:
+    """Whether ``pattern`` is a ``*.`` wildcard and ``name`` a name below it."""
+    return pattern.startswith("*.") and name.endswith(pattern[1:]) and len(name) > len(pattern) - 1
 
 
 def _strings(field: str, value) -> tuple[str, ...]:
