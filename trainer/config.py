@@ -696,10 +696,17 @@ class RoleResources:
     # a role whose placement-group bundles this role's actors join (null: bundles of its own)
     colocate: str | None = None
     offload: bool = False  # keep models and optimizer state in host memory outside the role's turns
+    # custom Ray resources each actor asks for (a node offers them with `ray start --resources`):
+    # how a cluster keeps env workers and their sandboxes on CPU nodes, the learner on a GPU node
+    resources: dict[str, float] = field(default_factory=dict)
 
     def validate(self, p: str) -> None:
         _check(self.num_cpus >= 0, f"{p}.num_cpus", "must be >= 0")
         _check(self.num_gpus >= 0, f"{p}.num_gpus", "must be >= 0")
+        for name, amount in self.resources.items():
+            _check(name not in ("CPU", "GPU", "memory", "object_store_memory"), f"{p}.resources.{name}",
+                   "is one of Ray's own resources: use num_cpus / num_gpus")
+            _check(amount > 0, f"{p}.resources.{name}", "must be > 0")
         # Ray shares a GPU between actors only by fractions of one; more than one is whole GPUs
         _check(self.num_gpus <= 1 or self.num_gpus == int(self.num_gpus), f"{p}.num_gpus",
                "must be a fraction of one GPU or a whole number of GPUs")
@@ -730,6 +737,9 @@ class RayConfig:
     roles: dict[str, RoleResources] = field(default_factory=dict)
     placement_strategy: str = "PACK"  # the placement group's strategy: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD
     num_reward_actors: int = 1  # reward-role actors (with verifiers or a judge), shared by the env workers
+    # an env worker lost with its node is replaced; with none left, how long the run waits for a
+    # replacement to be placed (a node that returns or joins) before it stops with an error
+    env_worker_wait_s: float = 300.0
 
     def validate(self, p: str) -> None:
         _check(self.num_env_workers >= 1, f"{p}.num_env_workers", "must be >= 1")
@@ -739,6 +749,7 @@ class RayConfig:
                "must be object_store or collective")
         _check(self.num_gpus >= 0, f"{p}.num_gpus", "must be >= 0")
         _check(self.num_trainers >= 1, f"{p}.num_trainers", "must be >= 1")
+        _check(self.env_worker_wait_s > 0, f"{p}.env_worker_wait_s", "must be > 0")
         _check(self.placement_strategy in PLACEMENT_STRATEGIES, f"{p}.placement_strategy",
                f"must be one of {', '.join(PLACEMENT_STRATEGIES)}")
         _check(1 <= self.num_reward_actors <= self.num_env_workers, f"{p}.num_reward_actors",

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .config import EnvConfig, TrainConfig
-from .roles.base import Roles
+from .roles.base import RoleLost, Roles
 from .roles.runlog import RunLogger
 
 __all__ = ["run"]
@@ -62,6 +62,12 @@ def run(cfg: TrainConfig, open_roles: Callable[..., Roles],
             log.log_eval(cfg.steps, roles.rollout.evaluate(cfg.eval.episodes, cfg.eval.seed))
         if cfg.checkpoint.dir and cfg.steps > start and (not cfg.checkpoint.every or cfg.steps % cfg.checkpoint.every):
             _save(roles, cfg.steps)
+    except Exception as e:
+        if not (lost := roles.lost(e)):
+            raise
+        who = lost[0] if len(lost) == 1 else f"{', '.join(lost[:-1])} and {lost[-1]}"
+        raise RoleLost(f"{who} {'is' if len(lost) == 1 else 'are'} lost (process or node died: {type(e).__name__}); "
+                       f"{_resume_hint(cfg)}") from e
     finally:
         try:
             roles.close()
@@ -70,6 +76,17 @@ def run(cfg: TrainConfig, open_roles: Callable[..., Roles],
                 log.close()
     return {"steps": cfg.steps, "start_step": start, "history": history, "run_dir": str(run_dir),
             "tokenizer": roles.tokenizer, **roles.summary()}
+
+
+def _resume_hint(cfg: TrainConfig) -> str:
+    """What a rerun of the same command does: resume from the last checkpoint, or start over."""
+    if not cfg.checkpoint.dir:
+        return "no checkpoint is kept (checkpoint.dir is not set): a rerun starts over"
+    from .roles.checkpoint import latest_checkpoint  # torch: only once there is something to say
+
+    last = latest_checkpoint(cfg.checkpoint.dir)
+    return (f"run the same command again to resume from {last}" if last
+            else f"no checkpoint was written yet in {cfg.checkpoint.dir}: a rerun starts over")
 
 
 def _save(roles: Roles, step: int) -> None:

@@ -409,8 +409,11 @@ class RayCluster:
     async def refresh(self, *, force: bool = False) -> list[HostRef]:
         if force or time.monotonic() - self.refreshed > REFRESH_S:
             await asyncio.to_thread(connect)
-            job = _ray().get_runtime_context().get_job_id()
-            if job != self.job:  # a new connection: the old actor handles mean nothing
+            ctx = _ray().get_runtime_context()
+            # a new connection (another cluster's job ids start over: its session tells them
+            # apart): the old actor handles mean nothing
+            job = f"{ctx.get_session_name()}/{ctx.get_job_id()}"
+            if job != self.job:
                 self.hosts, self.banned, self.job = {}, {}, job
             nodes = await asyncio.to_thread(_ray().nodes)
             await self._sync(nodes)

@@ -50,10 +50,16 @@ class RunInfo:
     sandboxes: list[str] = field(default_factory=list)
 
 
+STARTING = ".starting-"  # a run directory being made, before it holds its run.json
+STARTING_GRACE_S = 60.0  # one older than this was left by a process that died making it
+
+
 def list_runs(home: Path | None = None) -> list[RunInfo]:
     runs_dir = (home or state_home()) / "runs"
     out = []
     for run_dir in sorted(runs_dir.glob("*")) if runs_dir.is_dir() else []:
+        if run_dir.name.startswith(STARTING):
+            continue  # a run being registered (RunRegistry.ensure)
         try:
             info = json.loads((run_dir / "run.json").read_text())
         except (OSError, ValueError):
@@ -99,6 +105,11 @@ def reap_dead_runs(home: Path | None = None, *, include_live: bool = False,
         detach_loops(run_dir)
         reaped.append(run.run_id)
         shutil.rmtree(run_dir, ignore_errors=True)
+    runs_dir = (home or state_home()) / "runs"
+    for making in runs_dir.glob(f"{STARTING}*") if runs_dir.is_dir() else []:
+        with contextlib.suppress(OSError):
+            if time.time() - making.stat().st_mtime > STARTING_GRACE_S:
+                shutil.rmtree(making, ignore_errors=True)  # its maker died between mkdir and rename
     if cgroup_mode() != "none":
         for name in Cgroup.leftovers():
             owner = parse_cgroup_tag(name.split(".", 1)[0])
@@ -154,10 +165,14 @@ class RunRegistry:
             reap_dead_runs(self.home, keep=self.run_id)
             SnapshotStore(self.home).sweep_temps()
             private_home(self.home)
-            self.dir.mkdir(parents=True, exist_ok=True)
+            # The directory appears with its run.json in it (made aside, then renamed): another
+            # process's reaper that saw it without one would take it for a dead run's and remove it.
             pid = os.getpid()
             info = {"pid": pid, "start": proc_start_time(pid), "created": time.time()}
-            (self.dir / "run.json").write_text(json.dumps(info))
+            making = self.dir.parent / f"{STARTING}{self.run_id}"
+            making.mkdir(parents=True, exist_ok=True)
+            (making / "run.json").write_text(json.dumps(info))
+            os.rename(making, self.dir)
             atexit.register(self.close_all)
             self._started = True
 

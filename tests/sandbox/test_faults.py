@@ -166,6 +166,50 @@ def test_gc_never_touches_a_live_run_of_another_home(tmp_path):
         proc.wait()
 
 
+def test_a_run_being_registered_is_never_taken_for_a_dead_one(tmp_path, monkeypatch):
+    """Two processes that start sandbox engines at once on one home (two env workers on a
+    node): the second's reaper runs while the first registers its run. Held open here at its
+    widest -- the reaper runs while the first is about to write its run.json -- the first's
+    directory must come through (before: it was seen without a run.json, taken for a dead
+    run's and removed, and later its spare disks vanished under it)."""
+    import threading
+
+    from rockroll.sandbox.deployment.reaper import RunRegistry
+
+    window, reaped = threading.Event(), threading.Event()
+    write_text = Path.write_text
+
+    def held(self, data, *args, **kwargs):
+        if self.name == "run.json":
+            window.set()
+            reaped.wait(30)
+        return write_text(self, data, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", held)
+    registry = RunRegistry(tmp_path)
+    registering = threading.Thread(target=registry.ensure)
+    registering.start()
+    assert window.wait(30)
+    assert reap_dead_runs(tmp_path) == []  # the other process's reaper, in the window
+    reaped.set()
+    registering.join(30)
+    monkeypatch.undo()
+    assert json.loads((registry.dir / "run.json").read_text())["pid"] == os.getpid()
+    assert [r.run_id for r in list_runs(tmp_path)] == [registry.run_id]
+
+    # a directory whose maker died between mkdir and rename goes once it is older than the grace
+    from rockroll.sandbox.deployment.reaper import STARTING, STARTING_GRACE_S
+
+    fresh, stale = tmp_path / "runs" / f"{STARTING}aaaa", tmp_path / "runs" / f"{STARTING}bbbb"
+    fresh.mkdir()
+    stale.mkdir()
+    old = time.time() - STARTING_GRACE_S - 5
+    os.utime(stale, (old, old))
+    reap_dead_runs(tmp_path)
+    assert fresh.is_dir() and not stale.exists() and registry.dir.is_dir()
+    registry.close_all()
+
+
 async def test_cancelled_create_leaves_no_sandbox():
     # A create cancelled at any point of its build (threads that cannot be interrupted) must
     # not leave a sandbox running that nobody holds: pools cancel refills when they close.

@@ -7,17 +7,7 @@ its own by process group. No mocks: real actors, real sandboxes, a real node los
 """
 
 import dataclasses
-import json
-import os
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -28,114 +18,26 @@ from rockroll.sandbox import (SandboxError, SandboxLost, SandboxSpec, SandboxFil
 from rockroll.sandbox.errors import TerminalError  # noqa: E402
 from rockroll.sandbox.deployment import ray as raycluster  # noqa: E402
 from rockroll.sandbox.pool import SandboxPool  # noqa: E402
-from rockroll.sandbox.lifecycle import proc_start_time
 from rockroll.sandbox.deployment.reaper import list_runs, reap_dead_runs  # noqa: E402
-from rockroll.sandbox.home import state_home  # noqa: E402
+
+from _raycluster import LoopbackCluster, guests_of, wait_for as _wait  # noqa: E402
 
 SPEC = SandboxSpec(backend="ray", memory_mb=128, timeout_s=30)
 pytestmark = pytest.mark.timeout(600)
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def _wait(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-@dataclass
-class Node:
-    temp_dir: Path
-    pgid: int
-
-    def kill(self) -> None:
-        """SIGKILL the node's Ray processes (raylet, agents, actor workers) -- not the
-        sandbox agents they started: those must go away on their own."""
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                if os.getpgid(int(entry.name)) != self.pgid:
-                    continue
-                if b"guest/__main__.py" in (entry / "cmdline").read_bytes():
-                    continue
-                os.kill(int(entry.name), signal.SIGKILL)
-            except (ProcessLookupError, PermissionError, OSError):
-                pass
-
-    def kill_all(self) -> None:
-        try:
-            os.killpg(self.pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-def _ray_start(args: list[str], temp_dir: Path, env: dict) -> Node:
-    temp_dir.mkdir(parents=True)
-    agent, grpc, metrics, rt_env = _free_ports(4)
-    cmd = [sys.executable, "-m", "rockroll.sandbox.deployment.ray", "start", *args,
-           "--node-ip-address=127.0.0.1", "--num-cpus=1", "--object-store-memory=100000000",
-           f"--temp-dir={temp_dir}", "--disable-usage-stats",
-           f"--dashboard-agent-listen-port={agent}", f"--dashboard-agent-grpc-port={grpc}",
-           f"--metrics-export-port={metrics}", f"--runtime-env-agent-port={rt_env}"]
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
-    node = Node(temp_dir, proc.pid)  # its daemons stay in this new process group
-    try:
-        out, _ = proc.communicate(timeout=180)
-    except subprocess.TimeoutExpired:
-        node.kill_all()
-        raise
-    if proc.returncode != 0:
-        node.kill_all()
-        raise RuntimeError(f"ray start failed:\n{out.decode(errors='replace')[-3000:]}")
-    return node
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ray")
-    # Ray puts unix sockets under its --temp-dir, which must stay short (108-byte limit):
-    # hence tempfile.mkdtemp under /tmp below, not pytest's deep tmp_path.
-    # Ray's dashboard asks cloud metadata servers what it runs on unless it finds a
-    # cluster config in $HOME: give it one, so no traffic leaves 127.0.0.1.
-    home = root / "home"
-    home.mkdir()
-    (home / "ray_bootstrap_config.yaml").write_text("provider: {type: local}\n")
-    # RAY_AUTH_MODE: the nodes' own (an earlier ray.init in this process may have set "token",
-    # and the token lives in the real HOME): loopback only, no auth
-    env = {**os.environ, "HOME": str(home), "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
-           # notice a dead node in seconds, not the default tens of seconds
-           "RAY_health_check_initial_delay_ms": "1000", "RAY_health_check_period_ms": "1000",
-           "RAY_health_check_timeout_ms": "1000", "RAY_health_check_failure_threshold": "3"}
-    port = _free_ports(1)[0]
-    nodes: list[Node] = []
+    loop = LoopbackCluster(tmp_path_factory.mktemp("ray"))
     try:
-        nodes.append(_ray_start(["--head", f"--port={port}", "--include-dashboard=false",
-                                 "--dashboard-host=127.0.0.1", f"--ray-client-server-port={_free_ports(1)[0]}"],
-                                Path(tempfile.mkdtemp(prefix="rr-")) / "h", env))
-        nodes.append(_ray_start([f"--address=127.0.0.1:{port}"], Path(tempfile.mkdtemp(prefix="rr-")) / "w", env))
-        raycluster.connect(f"127.0.0.1:{port}")
-        _wait(lambda: sum(n["Alive"] for n in ray.nodes()) == 2, 120, "two alive nodes")
-        yield nodes
+        loop.start_head()
+        loop.add_node()
+        raycluster.connect(loop.address)
+        _wait(lambda: loop.alive() == 2, 120, "two alive nodes")
+        yield loop.nodes
     finally:
         ray.shutdown()
-        for node in reversed(nodes):
-            node.kill_all()
-            shutil.rmtree(node.temp_dir.parent, ignore_errors=True)
+        loop.close()
 
 
 def _node_of(sb) -> str:
@@ -244,8 +146,7 @@ def test_terminal_through_ray(cluster):
 
 def test_pool_spreads_then_refills_after_node_loss(cluster):
     head, worker = cluster
-    worker_node = next(n["NodeID"] for n in ray.nodes()
-                       if n["Alive"] and str(worker.temp_dir) in n.get("ObjectStoreSocketName", ""))
+    worker_node = worker.node_id()
     with SandboxPool(SPEC, size=4, health_interval_s=0.5) as pool:
         _wait(lambda: pool.idle == 4, 120, "a full pool")
         held = [pool.acquire() for _ in range(4)]
@@ -275,7 +176,7 @@ def test_pool_spreads_then_refills_after_node_loss(cluster):
     run = _wait(lambda: next((r for r in list_runs() if r.run_id == worker_run and not r.alive), None),
                 60, "the killed host's run to be dead")
     assert run.sandboxes
-    _wait(lambda: not _guests_of(worker_run), 60, "the killed node's agents to exit")
+    _wait(lambda: not guests_of(worker_run), 60, "the killed node's agents to exit")
     assert worker_run in reap_dead_runs()
     assert worker_run not in {r.run_id for r in list_runs()}
 
@@ -293,16 +194,6 @@ def _wait_lost(sb, timeout: float = 60.0):
         sb.run("true", timeout=5)
         time.sleep(0.2)
     raise AssertionError("the sandbox was never reported lost")
-
-
-def _guests_of(run_id: str) -> list[int]:
-    """The recorded guest pids of a run's sandboxes that are still running."""
-    alive = []
-    for sb_dir in (state_home() / "runs" / run_id).glob("*/guest.json"):
-        pids = json.loads(sb_dir.read_text())
-        alive += [pids[k] for k in ("init_pid", "outer_pid")
-                  if isinstance(pids.get(k), int) and proc_start_time(pids[k]) == pids.get(k.replace("pid", "start"))]
-    return alive
 
 
 def test_model_endpoint_on_a_ray_node(cluster, monkeypatch):

@@ -44,6 +44,17 @@ def test_unlisted_roles_ask_for_ray_num_gpus_and_empty_bundles_reserve_a_little_
     assert p.bundles[4] == p.bundles[5] == {"CPU": MIN_BUNDLE_CPUS}  # env workers ask for nothing
 
 
+def test_custom_resources_go_into_the_bundles_and_the_actors_options():
+    """``resources`` pins a role to the nodes that offer them (the learner on a GPU node, env
+    workers on CPU nodes): each bundle asks for its actors' sum, and each actor for its own."""
+    p = plan(_ray(roles={"trainer": {"resources": {"learner": 1}}, "reference": {"colocate": "trainer",
+                                                                                 "resources": {"learner": 0.5}},
+                         "env_worker": {"num_cpus": 1, "resources": {"envs": 1, "ssd": 2}}}), COUNTS)
+    assert p.bundles[:2] == [{"learner": 1.5}, {"learner": 1.0}]  # rank 0's bundle holds the reference too
+    assert p.bundles[4:6] == [{"CPU": 1.0, "envs": 1.0, "ssd": 2.0}] * 2
+    assert p.resources["env_worker"].resources == {"envs": 1.0, "ssd": 2.0}
+
+
 @pytest.mark.parametrize("roles, key", [
     ({"critics": {}}, "ray.roles.critics: no such role in this run"),
     ({"reference": {"colocate": "judge"}}, "ray.roles.reference.colocate: judge is no role of this run"),
@@ -63,6 +74,11 @@ def test_plan_errors_name_the_key(roles, key):
     ({"roles": {"reference": {"colocate": "reference"}}}, "ray.roles.reference.colocate: a role cannot be"),
     ({"roles": {"reference": {"colocate": "critics"}, "critics": {"colocate": "trainer"}}},
      "ray.roles.reference.colocate: critics is itself colocated with trainer"),
+    ({"roles": {"env_worker": {"resources": {"CPU": 1}}}},
+     "ray.roles.env_worker.resources.CPU: is one of Ray's own resources: use num_cpus / num_gpus"),
+    ({"roles": {"env_worker": {"resources": {"envs": 0}}}}, "ray.roles.env_worker.resources.envs: must be > 0"),
+    ({"roles": {"env_worker": {"resources": {"envs": "one"}}}}, "ray.roles.env_worker.resources.envs: must be a number"),
+    ({"env_worker_wait_s": 0}, "ray.env_worker_wait_s: must be > 0"),
     ({"placement_strategy": "pack"}, "ray.placement_strategy: must be one of PACK"),
     ({"num_trainers": 0}, "ray.num_trainers: must be >= 1"),
     ({"num_trainers": 2}, "ray.num_trainers: data-parallel ranks are Ray actors: needs ray.enabled"),

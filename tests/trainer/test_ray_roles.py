@@ -29,6 +29,7 @@ import torch
 from rockroll.trainer.config import ConfigError, load_config
 from rockroll.trainer.models import load_tokenizer
 
+from _tensors import same_state  # noqa: E402
 from _tiny import multi_turn_groups, run_config  # noqa: E402
 from test_reward import TEMPLATE, ScriptedJudge, _openai, judge_server  # noqa: E402,F401  (the judge fixture)
 
@@ -242,6 +243,11 @@ def test_a_placement_the_cluster_cannot_hold_is_a_config_error(tmp_path, local_r
     with pytest.raises(ConfigError, match="^ray.roles: the roles ask for 2 GPU in all, the cluster has 1"):
         start_roles(cfg, tokenizer)
     assert len(ray.util.placement_group_table()) == groups_before  # no group reserved
+    # a custom resource no node offers (env workers pinned to `envs` nodes, none joined yet)
+    pinned = run_config(tmp_path, ray={"enabled": True, "roles": {"env_worker": {"resources": {"envs": 1}}}})
+    with pytest.raises(ConfigError, match="^ray.roles: the roles ask for 1 envs in all, the cluster has 0"):
+        start_roles(pinned, tokenizer)
+    assert len(ray.util.placement_group_table()) == groups_before
     bad = run_config(tmp_path, ray={"enabled": True, "roles": {"reference": {"num_gpus": 0.5}}})  # kl_coef 0
     with pytest.raises(ConfigError, match="^ray.roles.reference: no such role in this run"):
         start_roles(bad, tokenizer)
@@ -373,7 +379,7 @@ def test_critics_state_and_offloading_roles_under_ray(tmp_path, local_ray):
         roles.close()
     assert set(saved) == {"reference", "critics"} and saved["reference"] == {}
     on_disk = torch.load(tmp_path / "ckpt" / "step_000002" / "roles.pt", weights_only=False)
-    _same_state(on_disk, saved)
+    same_state(on_disk, saved)
 
     fresh = start_roles(cfg, tokenizer)
     try:
@@ -382,25 +388,9 @@ def test_critics_state_and_offloading_roles_under_ray(tmp_path, local_ray):
         before = fresh.batch_state()["critics"]
         assert not torch.equal(before["critics"][0]["head.weight"], saved["critics"]["critics"][0]["head.weight"])
         fresh.load_batch_state(state["roles"])
-        _same_state(fresh.batch_state(), saved)
+        same_state(fresh.batch_state(), saved)
         again = fresh.update(groups)
     finally:
         fresh.close()
     critic_keys = [k for k in third if k.startswith("critic/")]
     assert critic_keys and {k: again[k] for k in critic_keys} == {k: third[k] for k in critic_keys}
-
-
-def _same_state(a, b):
-    """Two nested state dicts hold the same structure and bit-identical tensors."""
-    if torch.is_tensor(a):
-        assert torch.is_tensor(b) and a.dtype == b.dtype and torch.equal(a, b)
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys()
-        for k in a:
-            _same_state(a[k], b[k])
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b):
-            _same_state(x, y)
-    else:
-        assert a == b

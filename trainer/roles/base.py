@@ -23,7 +23,12 @@ if TYPE_CHECKING:
 
     from ..rollout.types import Group
 
-__all__ = ["BatchRole", "Roles", "Rollout", "Trainer"]
+__all__ = ["BatchRole", "RoleLost", "Roles", "Rollout", "Trainer"]
+
+
+class RoleLost(RuntimeError):
+    """A role the run cannot go on without (the trainer, a generator, a batch role) died with
+    its process or node. What the last checkpoint holds is safe: the same command resumes it."""
 
 
 class Trainer(Protocol):
@@ -140,6 +145,11 @@ class Roles(ABC):
     @abstractmethod
     def close(self) -> None:
         """Stop every role (the rollout first); idempotent."""
+
+    def lost(self, error: BaseException) -> list[str]:
+        """The roles ``error`` says are gone with their process or node (``["the trainer
+        (rank 0)"]``); none for an error of the run itself. In one process nothing is lost alone."""
+        return []
 
     def summary(self) -> dict[str, Any]:
         """Objects of this process that the run's summary hands back (none when remote)."""

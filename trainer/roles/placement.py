@@ -3,7 +3,8 @@ it is colocated with) as one placement group.
 
 :func:`plan` is pure (no Ray): every actor of a role placed on its own gets a bundle; actor i
 of a role with ``colocate: X`` joins the bundle of X's actor i % (X's actors); a bundle asks
-for the sum of its actors' resources. Roles are named ``trainer``, ``generator``,
+for the sum of its actors' resources (CPUs, GPUs and the custom resources of ``resources``,
+which pin a role to the nodes that offer them). Roles are named ``trainer``, ``generator``,
 ``env_worker``, ``reward`` and, for batch roles, by :func:`role_name` of their class (``reference``...).
 
 Time-division sharing of one GPU, as ROLL runs every role on one device: colocated roles
@@ -59,7 +60,7 @@ class Placement:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         res = self.resources[role]
-        return {"num_cpus": res.num_cpus, "num_gpus": res.num_gpus,
+        return {"num_cpus": res.num_cpus, "num_gpus": res.num_gpus, "resources": dict(res.resources),
                 "scheduling_strategy": PlacementGroupSchedulingStrategy(
                     self.group, placement_group_bundle_index=self.bundle[role][index])}
 
@@ -69,7 +70,7 @@ class Placement:
         from ray.util.placement_group import placement_group, remove_placement_group
 
         have = ray.cluster_resources()
-        for key in ("CPU", "GPU"):
+        for key in sorted({"CPU", "GPU", *(k for b in self.bundles for k in b)}):
             want = sum(b.get(key, 0.0) for b in self.bundles)
             if want > have.get(key, 0.0) + 1e-9:
                 raise ConfigError("ray.roles", f"the roles ask for {want:g} {key} in all, the cluster has "
@@ -118,7 +119,8 @@ def plan(ray_cfg: RayConfig, counts: dict[str, int]) -> Placement | None:
             where[name] = [where[target][i % len(where[target])] for i in range(n)]
     for name, n in counts.items():
         for b in where[name]:
-            for key, amount in (("CPU", resources[name].num_cpus), ("GPU", resources[name].num_gpus)):
+            for key, amount in (("CPU", resources[name].num_cpus), ("GPU", resources[name].num_gpus),
+                                *resources[name].resources.items()):
                 if amount:
                     bundles[b][key] = bundles[b].get(key, 0.0) + amount
     for b in bundles:

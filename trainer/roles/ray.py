@@ -53,15 +53,17 @@ from ..rollout.curriculum import initialized_metrics
 from ..rollout.manager import mix_seeds, batch_metrics
 from ..rollout.reward import RemoteReward, RewardRole
 from ..rollout.types import Group
-from .base import Roles
+from .base import RoleLost, Roles
 from .local import EnvWorker, PolicyTrainer, batch_role_classes, make_generator, seed_everything
 from .placement import Placement, plan, role_name
 
-__all__ = ["GROUP_ID_BLOCK", "RayRoles", "RayRollout", "RayTrainer", "Remote", "init_local_ray",
-           "merge_rank_metrics", "merge_rollout_metrics", "role_counts", "start_roles", "worker_config"]
+__all__ = ["GROUP_ID_BLOCK", "RayRoles", "RayRollout", "RayTrainer", "Remote", "actor_lost_errors", "first_group_id",
+           "init_local_ray", "merge_rank_metrics", "merge_rollout_metrics", "role_counts", "start_roles",
+           "worker_config"]
 
 GROUP_ID_BLOCK = 1 << 32  # env worker i numbers its groups from i * GROUP_ID_BLOCK
 GENERATOR_CONCURRENCY = 256  # calls a generator actor serves at once (they share its running batch)
+LOST_PROBE_S = 30.0  # how long an actor may take to say where it is before it counts as lost
 
 
 def init_local_ray(num_cpus: int | None = None, num_gpus: int | None = None) -> None:
@@ -85,14 +87,25 @@ def _node_ip() -> str:
     return ray.util.get_node_ip_address()
 
 
-def worker_config(cfg: TrainConfig, index: int) -> TrainConfig:
+def worker_config(cfg: TrainConfig, index: int, incarnation: int = 0) -> TrainConfig:
     """Env worker ``index``'s config: an even share of ``rollout.batch_groups`` (a step still
     trains on ``batch_groups`` groups) and a seed of its own, which draws its tasks, env seeds
-    and sampling seeds. Worker 0 keeps ``cfg.seed``: one worker draws what the local loop does."""
+    and sampling seeds. Worker 0 keeps ``cfg.seed``: one worker draws what the local loop does.
+    ``incarnation`` k > 0: the k-th replacement of a lost worker, on a seed stream of its own."""
     n, bg = cfg.ray.num_env_workers, cfg.rollout.batch_groups
     share = bg // n + (index < bg % n)
-    return dataclasses.replace(cfg, seed=cfg.seed if index == 0 else mix_seeds(cfg.seed, index),
-                               rollout=dataclasses.replace(cfg.rollout, batch_groups=share))
+    if incarnation:
+        seed = mix_seeds(cfg.seed, index, incarnation)
+    else:
+        seed = cfg.seed if index == 0 else mix_seeds(cfg.seed, index)
+    return dataclasses.replace(cfg, seed=seed, rollout=dataclasses.replace(cfg.rollout, batch_groups=share))
+
+
+def first_group_id(cfg: TrainConfig, index: int, incarnation: int = 0) -> int:
+    """Where worker ``index`` (its ``incarnation``-th replacement) numbers its groups from: a
+    block of its own, so the groups of two workers, or of a lost one and its replacement, never
+    share an id."""
+    return (index + incarnation * cfg.ray.num_env_workers) * GROUP_ID_BLOCK
 
 
 # ----------------------------------------------------------------------------- actors
@@ -159,11 +172,14 @@ class RemoteEngine:
     requests in flight from here (ties: round-robin), so a group's samples spread over all
     generators. :meth:`submit` (continuous batching) sends one request and returns a future;
     :meth:`generate` spreads a batch's prompts the same way. Each output carries the version
-    of the generator that made it."""
+    of the generator that made it. ``whole_batches`` (``deterministic: true``): :meth:`generate`
+    sends generator i the i-th slice of the batch in one call, which it runs as one batch, so
+    what a row is batched with never depends on timing."""
 
-    def __init__(self, actors: Any):
+    def __init__(self, actors: Any, whole_batches: bool = False):
         import ray
 
+        self.whole_batches = whole_batches
         self.actors = list(actors) if isinstance(actors, (list, tuple)) else [actors]
         self._ray = ray
         self._load = [0] * len(self.actors)
@@ -206,6 +222,8 @@ class RemoteEngine:
         return fut
 
     def generate(self, prompts, sampling):
+        if self.whole_batches:
+            return self._generate_slices(prompts, sampling)
         seeds = sampling.seeds or [None] * len(prompts)
         sent = [self._send(p, sampling, s) for p, s in zip(prompts, seeds)]
         try:
@@ -216,13 +234,26 @@ class RemoteEngine:
         self.version = min(v for _, v in results)
         return [dataclasses.replace(outs[0], version=v) for outs, v in results]
 
+    def _generate_slices(self, prompts, sampling):
+        n = len(self.actors)
+        bounds = [len(prompts) * i // n for i in range(n + 1)]
+        calls = [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+        refs = [self.actors[i].generate.remote(
+                    [list(p) for p in prompts[a:b]],
+                    dataclasses.replace(sampling, seeds=None if sampling.seeds is None else list(sampling.seeds[a:b])))
+                for i, (a, b) in enumerate(calls)]
+        results = self._ray.get(refs)
+        self.version = min(v for _, v in results)
+        return [dataclasses.replace(o, version=v) for outs, v in results for o in outs]
+
 
 class _EnvWorker(EnvWorker, _Placed):
     """``reward``: the shared reward actor's handle (None: no reward role)."""
 
     def __init__(self, cfg: TrainConfig, tokenizer: Any, generator: Any, first_group_id: int,
                  env_factory: Callable[[EnvConfig], Any] | None = None, reward: Any = None):
-        super().__init__(cfg, tokenizer, RemoteEngine(generator), first_group_id, env_factory,
+        engine = RemoteEngine(generator, whole_batches=cfg.deterministic)
+        super().__init__(cfg, tokenizer, engine, first_group_id, env_factory,
                          reward=None if reward is None else RemoteReward(reward))
 
     def reward_kind(self) -> str:
@@ -381,53 +412,154 @@ class Remote:
 
 class RayRollout:
     """Every env worker as one :class:`~.base.Rollout`: a step's groups are all of theirs, the
-    rollout state one per worker, evaluation runs on worker 0."""
+    rollout state one per worker, evaluation on the first live worker.
 
-    def __init__(self, workers: list[Any]):
+    An env worker lost with its node (or its process) is dropped, not fatal: a step trains on
+    the groups of the others and counts what it is short of (``rollout/env_workers_lost``,
+    ``rollout/groups_lost``, ``rollout/env_workers_live``). A replacement is created at once
+    (``spawn(index, incarnation)``: a seed stream and a block of group ids of its own, so it
+    neither replays the lost worker's tasks nor reuses its group ids) and joins the first step
+    after Ray has placed it: at once where the cluster has room, else on a node that returns or
+    joins (in its placement-group bundle, which Ray reschedules). With no worker left, the run
+    waits ``wait_s`` for one, then stops with :class:`~.base.RoleLost`. ``shares[i]``: the groups
+    worker i gives a step."""
+
+    def __init__(self, workers: list[Any], spawn: Callable[[int, int], Any] | None = None,
+                 shares: list[int] | None = None, wait_s: float = 300.0):
         import ray
 
-        self.workers, self._ray = workers, ray
+        self.workers: list[Any | None] = list(workers)  # None: lost, its replacement not yet placed
+        self._spawn, self._wait_s, self._ray = spawn, wait_s, ray
+        self._shares = list(shares) if shares else [1] * len(self.workers)
+        self._incarnation = [0] * len(self.workers)
+        self._pending: dict[int, tuple[Any, Any]] = {}  # index -> (replacement, its placement() ref)
+        self._version = 0
+        self._lost = 0  # workers lost since the last batch reported them
 
-    def _all(self, method: str, *args: Any) -> list[Any]:
-        return self._ray.get([getattr(w, method).remote(*args) for w in self.workers])
+    def _live(self) -> list[tuple[int, Any]]:
+        return [(i, w) for i, w in enumerate(self.workers) if w is not None]
+
+    def _each(self, refs: dict[int, Any]) -> dict[int, Any]:
+        """The answers of ``refs`` (worker index -> ref), by index; a worker found lost is
+        replaced and has no answer."""
+        out = {}
+        for i, ref in refs.items():
+            try:
+                out[i] = self._ray.get(ref)
+            except actor_lost_errors() as e:
+                if isinstance(e, self._ray.exceptions.RayTaskError):
+                    raise  # the worker is alive; what it called is not (a generator): the loop's to say
+                self._lose(i)
+        return out
+
+    def _all(self, method: str, *args: Any) -> dict[int, Any]:
+        self._admit()
+        return self._each({i: getattr(w, method).remote(*args) for i, w in self._live()})
+
+    def _lose(self, i: int) -> None:
+        actor, self.workers[i] = self.workers[i], None
+        self._lost += 1
+        self._ray.kill(actor)  # an actor only unreachable for now must not come back beside its replacement
+        if self._spawn is not None:
+            self._incarnation[i] += 1
+            new = self._spawn(i, self._incarnation[i])
+            self._pending[i] = (new, new.placement.remote())
+
+    def _admit(self, wait_s: float = 0.0) -> None:
+        """Replacements that Ray has placed become workers, started at the current version
+        (``wait_s``: wait that long for the first of them)."""
+        if not self._pending:
+            return
+        refs = {ref: i for i, (_, ref) in self._pending.items()}
+        if wait_s:
+            self._ray.wait(list(refs), num_returns=1, timeout=wait_s)
+        ready, _ = self._ray.wait(list(refs), num_returns=len(refs), timeout=0)
+        for ref in ready:
+            i = refs[ref]
+            self.workers[i], _ = self._pending.pop(i)
+            self._each({i: self.workers[i].start.remote(self._version, None)})
+
+    def _await_worker(self) -> None:
+        self._admit(self._wait_s)
+        if not self._live():
+            raise RoleLost(f"every env worker is lost and no replacement was placed within "
+                           f"ray.env_worker_wait_s={self._wait_s:g} s: a node that offers the env workers' "
+                           "resources must return or join")
 
     def start(self, version: int, state: dict[str, Any] | None = None) -> None:
         states = state.get("workers") if state else [None] * len(self.workers)
         if states is None or len(states) != len(self.workers):
             raise RuntimeError(f"the checkpoint's rollout state is not one per env worker (ray.num_env_workers="
                                f"{len(self.workers)}); resume with the settings that wrote it")
-        self._ray.get([w.start.remote(version, s) for w, s in zip(self.workers, states)])
+        self._version = version
+        self._each({i: w.start.remote(version, states[i]) for i, w in self._live()})
 
     def get_batch(self, step: int) -> tuple[list[Group], dict[str, float]]:
-        results = self._all("get_batch", step)
-        return [g for gs, _ in results for g in gs], merge_rollout_metrics(results, step)
+        while True:  # until one live worker answers
+            self._admit()
+            if not self._live():
+                self._await_worker()
+            results = self._all("get_batch", step)
+            if results:
+                break
+        metrics = merge_rollout_metrics(list(results.values()), step)
+        metrics.update({"rollout/env_workers_lost": self._lost, "rollout/env_workers_live": len(results),
+                        "rollout/groups_lost": sum(n for i, n in enumerate(self._shares) if i not in results)})
+        self._lost = 0
+        return [g for gs, _ in results.values() for g in gs], metrics
 
     def evaluate(self, episodes: int, seed: int) -> dict[str, float]:
-        return self._ray.get(self.workers[0].evaluate.remote(episodes, seed))
+        while True:
+            self._admit()
+            if not self._live():
+                self._await_worker()
+            i, w = self._live()[0]
+            if (out := self._each({i: w.evaluate.remote(episodes, seed)})):
+                return out[i]
 
     def advance(self, version: int) -> None:
+        self._version = version
         self._all("advance", version)
 
     def pause(self) -> None:
         self._all("pause")
 
     def state_dict(self) -> dict[str, Any]:
-        return {"workers": self._all("state_dict")}
+        """One state per worker (None for a lost one: its replacement starts afresh on resume)."""
+        states = self._all("state_dict")
+        return {"workers": [states.get(i) for i in range(len(self.workers))]}
+
+    def actors(self) -> list[Any]:
+        """Every env worker's actor, replacements not yet placed included."""
+        return [w for _, w in self._live()] + [a for a, _ in self._pending.values()]
 
     def close(self) -> None:
-        self._ray.get([w.close.remote() for w in self.workers], timeout=60)
+        refs = [w.close.remote() for _, w in self._live()]
+        for ref in refs:
+            try:
+                self._ray.get(ref, timeout=60)
+            except actor_lost_errors():
+                pass  # gone already: nothing of it to close
+
+
+def actor_lost_errors() -> tuple[type[BaseException], ...]:
+    """What ``ray.get`` raises when the actor that owes the answer is gone (its process or its
+    node died): the actor's error, or the loss of the object it left on its node."""
+    import ray
+
+    return (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError)
 
 
 class RayRoles(Roles):
     """The roles in Ray actors (:func:`start_roles`); ``generators`` and ``rollout.workers``
     are actor handles, every env worker asking every generator (:class:`RemoteEngine`)."""
 
-    def __init__(self, trainer: Any, generators: list[Any], workers: list[Any], tokenizer: Any,
+    def __init__(self, trainer: Any, generators: list[Any], rollout: RayRollout, tokenizer: Any,
                  owns_ray: bool = False, batch_actors: list[Any] = (), trainers: list[Any] = (),
                  placement: Placement | None = None, batch_classes: list[type] = (),
                  reward_actors: list[Any] = (), offload: set[str] = frozenset()):
         self.trainer = RayTrainer(list(trainers) or [trainer])
-        self.generators, self.rollout = generators, RayRollout(workers)
+        self.generators, self.rollout = generators, rollout
         self.batch_actors = list(batch_actors)
         self.batch_roles = [Remote(a) for a in self.batch_actors]
         self.batch_names = [role_name(cls) for cls in batch_classes]
@@ -468,6 +600,33 @@ class RayRoles(Roles):
     @property
     def workers(self) -> list[Any]:
         return self.rollout.workers
+
+    def lost(self, error: BaseException) -> list[str]:
+        """The roles gone with their process or node when ``error`` comes from Ray: each actor
+        of the run is asked where it is, and those that cannot answer are named (the error
+        alone may name only what failed because of them: an env worker whose generator died)."""
+        import ray
+
+        if not isinstance(error, ray.exceptions.RayError):
+            return []
+        asked = [(name, actor.placement.remote()) for name, actor in self._named_actors()]
+        dead = []
+        for name, ref in asked:
+            try:
+                ray.get(ref, timeout=LOST_PROBE_S)
+            except actor_lost_errors():
+                dead.append(name)
+            except ray.exceptions.GetTimeoutError:
+                dead.append(f"{name} (not answering)")
+        if not dead and isinstance(error, actor_lost_errors()):
+            return ["an actor of the run"]
+        return dead
+
+    def _named_actors(self):
+        yield from ((f"the trainer (rank {i})", a) for i, a in enumerate(self.trainer.ranks))
+        yield from ((f"generator {i}", a) for i, a in enumerate(self.generators))
+        yield from ((f"the reward actor {i}", a) for i, a in enumerate(self.reward_actors))
+        yield from ((f"the {name} role", a) for name, a in zip(self.batch_names, self.batch_actors))
 
     def update(self, groups: list[Group]) -> dict[str, float]:
         """:meth:`Roles.update` with the batch roles asked at once (each in its actor), but
@@ -542,7 +701,7 @@ class RayRoles(Roles):
             try:
                 self.rollout.close()
             finally:
-                for actor in [*self.workers, *self.reward_actors, *self.generators, *self.batch_actors,
+                for actor in [*self.rollout.actors(), *self.reward_actors, *self.generators, *self.batch_actors,
                               *self.trainer.ranks]:
                     ray.kill(actor)
                 if self.placement is not None:
@@ -582,17 +741,22 @@ def start_roles(cfg: TrainConfig, tokenizer: Any, env_factory: Callable[[EnvConf
                       for i in range(cfg.ray.num_generators)]
         rewards = [Reward.options(**opts("reward", i), runtime_env=_judge_env(cfg)).remote(cfg, tokenizer)
                    for i in range(cfg.ray.num_reward_actors if cfg.reward.active else 0)]
-        workers = [EnvWorker.options(**opts("env_worker", i)).remote(
-                       worker_config(cfg, i), tokenizer, generators, i * GROUP_ID_BLOCK, env_factory,
-                       rewards[i % len(rewards)] if rewards else None)
-                   for i in range(cfg.ray.num_env_workers)]
+
+        def spawn(i: int, incarnation: int = 0) -> Any:  # env worker i (a lost one's replacement: incarnation > 0)
+            return EnvWorker.options(**opts("env_worker", i)).remote(
+                worker_config(cfg, i, incarnation), tokenizer, generators, first_group_id(cfg, i, incarnation),
+                env_factory, rewards[i % len(rewards)] if rewards else None)
+
+        workers = [spawn(i) for i in range(cfg.ray.num_env_workers)]
     except BaseException:
         if placement is not None:
             placement.remove()
         raise
     trainer = trainers[0]
     offload = {name for name, r in cfg.ray.roles.items() if r.offload}
-    roles = RayRoles(trainer, generators, workers, tokenizer, batch_actors=batch_actors, trainers=trainers,
+    rollout = RayRollout(workers, spawn, [worker_config(cfg, i).rollout.batch_groups for i in range(len(workers))],
+                         cfg.ray.env_worker_wait_s)
+    roles = RayRoles(trainer, generators, rollout, tokenizer, batch_actors=batch_actors, trainers=trainers,
                      placement=placement, batch_classes=classes, reward_actors=rewards, offload=offload)
     # built on their device: the offloading roles leave it until their first turn
     resting = (trainers if "trainer" in offload else []) + \
