@@ -51,6 +51,11 @@ def percentiles(samples: Sequence[float], *qs: int) -> dict[str, float | int | N
     return out
 
 
+def log(msg: str) -> None:
+    """A benchmark's progress line, on stderr (stdout is its table)."""
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
 def mem_available_mb() -> int:
     """``MemAvailable`` from /proc/meminfo (what ``free -m`` shows as available), in MiB."""
     with open("/proc/meminfo") as f:

@@ -36,9 +36,10 @@ from pathlib import Path
 from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (children_map, descendants, mem_available_mb, percentiles, print_table,  # noqa: E402
+from _common import (children_map, descendants, log, mem_available_mb, print_table,  # noqa: E402
                      progress, pss_kb, sigterm_as_exit, stats, swap_used_mb, timer, tree_cpu_s, write_json)
 from _services import RayCluster, Service, free_ports  # noqa: E402
+from _burst import bench_concurrent  # noqa: E402
 
 from rockroll.sandbox import AsyncSandbox, SandboxSpec, open_sandbox  # noqa: E402
 from rockroll.sandbox.pool import SandboxPool  # noqa: E402
@@ -60,8 +61,6 @@ DENSITY_SPEC = dict(memory_mb=64, pids=32)
 DENSITY_BATCH = 100    # created at once, then each runs "true" (its shell session starts)
 DENSITY_TIMEOUT_S = 900
 PSS_TARGET_KB, DENSITY_TARGET = 5 * 1024, 1000
-SANDBOX_MB = 10        # what one idle sandbox (agent + bash) costs the host, for the memory check
-HEADROOM_MB = 2048     # left to the rest of the machine (shared with others' jobs)
 COMPAT_COLUMNS = ("client", "server", "median (ms)", "p95 (ms)", "ratio (theirs/ours)")
 # ROCK's own server needs Ray, Redis and Docker: its number is issue #15's, measured on this machine
 ROCK_ROCKLET_MS = 112.0
@@ -124,10 +123,6 @@ QUICK = Counts(run_true=50, cold=5, acquire=10, snapshot=2, restore=3, fork=1, d
 SMOKE = Counts(run_true=3, cold=2, acquire=2, snapshot=1, restore=1, fork=1, docker_run=1, docker_exec=2, swarm=2,
                swarm_cmds=3, cold_docker=1, cold_ray=1, concurrent=4, density=4, compat=2, workspace_mb=1,
                workspace_files=100, between_bursts_s=0.5)
-
-
-def log(msg: str) -> None:
-    print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
 def sample(fn: Callable[[], None], n: int, desc: str) -> list[float]:
@@ -445,81 +440,6 @@ def _drain_sandbox_threads() -> None:
 
 
 # ----------------------------------------------------------------- service: N creates at once
-def concurrent_size(wanted: int) -> tuple[int, dict]:
-    """How many sandboxes the host can hold now: ``wanted``, or fewer if MemAvailable
-    (``free -m``), less headroom for the others on this machine, cannot hold them."""
-    avail = mem_available_mb()
-    fits = max(1, (avail - HEADROOM_MB) // SANDBOX_MB)
-    n = min(wanted, fits)
-    memo = {"wanted": wanted, "n": n, "mem_available_mb": avail, "assumed_mb_per_sandbox": SANDBOX_MB,
-            "headroom_mb": HEADROOM_MB}
-    if n < wanted:
-        log(f"MemAvailable {avail} MiB holds only {n} sandboxes of ~{SANDBOX_MB} MiB "
-            f"(+{HEADROOM_MB} MiB headroom): measuring N={n}, not {wanted}")
-    return n, memo
-
-
-async def _concurrent_creates(n: int, service_pid: int, spec: SandboxSpec) -> dict:
-    """``n`` ``AsyncSandbox.create`` calls launched at once (one gather), each timed from
-    the launch to its sandbox being ready; then all closed at once. CPU: the service's
-    process tree (it, its zygote, the agents) and this process (the SDK client)."""
-    cpu0, client0 = tree_cpu_s(service_pid), time.process_time()
-    launched = time.perf_counter()
-
-    async def one() -> tuple[object, float]:
-        try:
-            sb = await AsyncSandbox.create(spec)
-        except Exception as e:  # noqa: BLE001 - a failure is a result here
-            return e, time.perf_counter() - launched
-        return sb, time.perf_counter() - launched
-
-    results = await asyncio.gather(*(one() for _ in range(n)))
-    created_s = time.perf_counter() - launched
-    cpu1, client1 = tree_cpu_s(service_pid), time.process_time()
-    boxes = [r for r, _ in results if not isinstance(r, Exception)]
-    errors = [r for r, _ in results if isinstance(r, Exception)]
-    mem_after = mem_available_mb()
-    try:
-        alive = sum(await asyncio.gather(*(b.ping() for b in boxes)))  # each one really answers
-    finally:
-        with timer() as t:
-            closed = await asyncio.gather(*(b.close() for b in boxes), return_exceptions=True)
-    close_errors = [c for c in closed if isinstance(c, BaseException)]
-    await asyncio.sleep(2)  # the last agents are reaped
-    cpu2 = tree_cpu_s(service_pid)
-    done = max(1, n - len(errors))
-    kinds: dict[str, int] = {}
-    for e in errors:
-        kinds[type(e).__name__] = kinds.get(type(e).__name__, 0) + 1
-    return {"latencies": [dt for r, dt in results if not isinstance(r, Exception)], "created_s": created_s,
-            "closed_s": t[0], "failures": len(errors), "failure_kinds": kinds,
-            "first_failure": repr(errors[0]) if errors else None, "answered_ping": alive,
-            "close_failures": len(close_errors), "mem_available_after_mb": mem_after,
-            "create_cpu_ms": (cpu1 - cpu0) * 1e3 / done, "close_cpu_ms": (cpu2 - cpu1) * 1e3 / done,
-            "client_create_cpu_ms": (client1 - client0) * 1e3 / done,
-            "sdk_max_connections": _sdk_connections()}  # reported, not changed
-
-
-def _sdk_connections() -> int:
-    from rockroll.sandbox.runtime import remote
-
-    return remote.SHARDS * remote.SHARD_CONNECTIONS  # the SDK's pooled connections per event loop
-
-
-def bench_concurrent(wanted: int, service_pid: int, spec: dict) -> dict:
-    from rockroll.sandbox.sync import run_sync
-
-    n, memo = concurrent_size(wanted)
-    log(f"{n} sandboxes created at once through the service, disk_mb={SandboxSpec(**spec).disk_mb}")
-    # On the sync API's loop: the SDK's one pooled client (max_connections=512, no pool
-    # timeout), as an application would have it. We add no semaphore of our own.
-    out = run_sync(_concurrent_creates(n, service_pid, SandboxSpec(**spec)))
-    lat = out.pop("latencies")
-    out.update(memo, **percentiles(lat, 50, 99), median=stats(lat)["median"])
-    out["mb_per_sandbox_observed"] = ((memo["mem_available_mb"] - out["mem_available_after_mb"]) / max(1, n - out["failures"]))
-    return out
-
-
 def concurrent_row(c: dict, disk: bool) -> dict:
     """A row of the burst table; the target is the default spec's (with its disk limit)."""
     n_text = str(c["n"]) + (f" (of {c['wanted']}: memory)" if c["n"] < c["wanted"] else "")
@@ -757,9 +677,10 @@ def main() -> int:
             if "cold" in only:
                 res["remote_cold_create"] = stats(bench_cold_create(spec, counts.cold))
             if "concurrent" in only:
-                res["concurrent_create"] = bench_concurrent(counts.concurrent, svc.proc.pid, CONCURRENT_SPEC)
+                service_cpu = lambda: tree_cpu_s(svc.proc.pid)  # noqa: E731  (it, its zygote, the agents)
+                res["concurrent_create"] = bench_concurrent(counts.concurrent, service_cpu, CONCURRENT_SPEC)
                 time.sleep(counts.between_bursts_s)  # the first burst's teardown is over
-                res["concurrent_create_no_disk"] = bench_concurrent(counts.concurrent, svc.proc.pid,
+                res["concurrent_create_no_disk"] = bench_concurrent(counts.concurrent, service_cpu,
                                                                     CONCURRENT_NO_DISK)
             if "compat" in only:
                 res["compat"] = bench_compat(svc, counts.compat)

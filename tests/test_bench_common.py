@@ -56,3 +56,22 @@ def test_tree_cpu_keeps_reaped_children():
     os.waitpid(pid, 0)
     os.close(gate[0])
     assert _common.tree_cpu_s(os.getpid()) - before >= 0.14
+
+
+def test_the_cluster_model_scales_the_nodes_side_and_not_the_service():
+    """bench/cluster.py's model of N nodes: the nodes' share of a burst falls as nodes are
+    added, the one service process's does not, so past some N the service is what breaks
+    first; a burst the nodes cannot hold at the spec's memory limit says so."""
+    import cluster
+
+    import pytest
+
+    calib = dict(node_create_ms=20.0, service_create_ms=0.2, mb_each=3.0, node_pss_mib=400.0, node_idle_cores=0.1)
+    small, large = cluster.model(2, **calib, burst=4000), cluster.model(100, **calib, burst=4000)
+    assert small["node_s"] == pytest.approx(4000 * 0.020 / (2 * (32 - 0.1)))  # 4,000 creates of 20 ms, 63.8 cores
+    assert large["node_s"] * 50 == pytest.approx(small["node_s"])
+    assert large["service_s"] == small["service_s"] == pytest.approx(0.8)
+    assert small["breaks_first"] == "the nodes' CPU" and large["breaks_first"] == "the service process"
+    assert large["gcs_calls_per_s"] == 100 * small["gcs_calls_per_s"] / 2  # per node, not per create
+    full = cluster.model(2, **calib, burst=10_000)
+    assert full["holds"] == 2 * ((128 * 1024 - 400) // 64) < 10_000 and full["breaks_first"].startswith("memory")

@@ -47,6 +47,7 @@ SMOKE: dict[str, list[str]] = {
     "generation": ["--episodes", "4"],  # --quick: the tiny Llama, the Transformers arms
     "runtimes": [],  # --quick: 5 boxes an arm
     "gpu": [],  # --quick: a tiny model on the CPU (the real run needs a GPU: scripts/gpu_check.sh)
+    "cluster": ["--n", "4,8"],  # a two-node Ray cluster behind the service; the real bursts are 1,000 and 4,000
 }
 NEEDS_DOCKER = {"envs", "sandbox", "terminal"}
 _RENDEZVOUS = {"MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE"}

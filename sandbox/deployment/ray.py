@@ -7,7 +7,8 @@ and ``ray_pool.py`` spreads a warm pool over the hosts.
 
 - Placement is by load, not by Ray resources: a sandbox is not a Ray task, so charging
   it ``num_cpus`` would only starve Ray's own scheduling. A new sandbox goes to the host
-  with the fewest sandboxes (busy + warm) per CPU of its node.
+  with the fewest sandboxes (busy + warm) per CPU of its node: the hosts' counts from one
+  round of stats a second, plus what was placed since, so a burst costs no stats call per create.
 - A lost node (or host actor) turns every call on its sandboxes into ``SandboxLost``;
   their guests die with the host process (stdin EOF and PDEATHSIG), so nothing leaks.
 - ``AsyncRaySandboxPool`` (``ray_pool.py``) splits its size over the hosts by CPU and re-splits it over
@@ -30,6 +31,7 @@ import os
 import tempfile
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,8 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 REVIVE_S = 30.0      # a node whose host was lost is not offered a new host for this long
 REFRESH_S = 2.0      # how stale the node list may be before a placement re-reads it
 STATS_TIMEOUT_S = 10.0
+PLACE_STATS_S = 1.0  # how long one round of the hosts' stats serves the placements that follow
+STARTS_PER_CPU = 8   # sandbox starts a host runs at once per CPU of its node; the rest queue
 
 
 # ===================================================================== connection
@@ -155,6 +159,10 @@ class SandboxHost:
         self.terminals: dict[str, Any] = {}  # "<sandbox id>/<n>" -> AsyncTerminal
         self.terminal_count = 0
         self.store = SnapshotStore(state_home())
+        # Starts at once on this node: past it a create waits its turn here instead of starting
+        # a guest that a saturated CPU cannot bring up within its handshake timeout (a burst of
+        # 2,000 a node failed ~45 % that way; queued, the same creates succeed, later).
+        self._starting = asyncio.Semaphore(STARTS_PER_CPU * len(os.sched_getaffinity(0)))
 
     def _box(self, sid: str) -> AsyncSandbox:
         sb = self.boxes.get(sid)
@@ -185,8 +193,9 @@ class SandboxHost:
         """``model_token``: the driver's admin token of ``spec.model_endpoint`` (a call
         argument, never part of the spec, never in this actor's environment)."""
         async def make():
-            with admin_token(model_token):
-                sb = await AsyncSandbox.create(SandboxSpec.from_dict(spec), snapshot=digest)
+            async with self._starting:
+                with admin_token(model_token):
+                    sb = await AsyncSandbox.create(SandboxSpec.from_dict(spec), snapshot=digest)
             return self._adopt(sb)
         return await self._guard(make)
 
@@ -405,20 +414,32 @@ class RayCluster:
         self.pending: dict[str, int] = {}   # creations in flight per node, so that a
         self.refreshed = 0.0                # burst of creates does not all pick one node
         self.job: str | None = None         # the Ray connection these hosts belong to
+        # per event loop: the refresh's lock; placement stats, their lock and when they were taken
+        self._locks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._stats_locks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._stats_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     async def refresh(self, *, force: bool = False) -> list[HostRef]:
         if force or time.monotonic() - self.refreshed > REFRESH_S:
-            await asyncio.to_thread(connect)
-            ctx = _ray().get_runtime_context()
-            # a new connection (another cluster's job ids start over: its session tells them
-            # apart): the old actor handles mean nothing
-            job = f"{ctx.get_session_name()}/{ctx.get_job_id()}"
-            if job != self.job:
-                self.hosts, self.banned, self.job = {}, {}, job
-            nodes = await asyncio.to_thread(_ray().nodes)
-            await self._sync(nodes)
-            self.refreshed = time.monotonic()
+            # one refresh at a time: two at once would each start a host for a new node, and
+            # the handle overwritten in ``hosts`` takes its actor down (out of scope) as it goes
+            lock = self._locks.setdefault(asyncio.get_running_loop(), asyncio.Lock())
+            async with lock:
+                if force or time.monotonic() - self.refreshed > REFRESH_S:  # not done meanwhile
+                    await self._refresh()
         return [h for h in self.hosts.values() if not h.lost]
+
+    async def _refresh(self) -> None:
+        await asyncio.to_thread(connect)
+        ctx = _ray().get_runtime_context()
+        # a new connection (another cluster's job ids start over: its session tells them
+        # apart): the old actor handles mean nothing
+        job = f"{ctx.get_session_name()}/{ctx.get_job_id()}"
+        if job != self.job:
+            self.hosts, self.banned, self.job = {}, {}, job
+        nodes = await asyncio.to_thread(_ray().nodes)
+        await self._sync(nodes)
+        self.refreshed = time.monotonic()
 
     async def _sync(self, nodes: list[dict]) -> None:
         alive = {n["NodeID"]: n for n in nodes if n.get("Alive")}
@@ -457,16 +478,35 @@ class RayCluster:
         return [(h, s) for h, s in await asyncio.gather(*(one(h) for h in hosts)) if s is not None]
 
     async def pick(self) -> HostRef:
-        """The least loaded host: fewest sandboxes (busy + warm) per node CPU."""
-        answers = await self.stats()
+        """The least loaded host: fewest sandboxes (busy + warm, and those being placed) per
+        node CPU. A burst's placements share one round of stats (``PLACE_STATS_S``) instead
+        of asking every host once per create; a host too busy to answer in time is still a
+        host (its creates queue there): only when none is alive is there none to pick."""
+        answers, placed = await self._placement_stats()
+        if not answers:
+            answers = [(h, None) for h in await self.refresh() if not h.lost]
         if not answers:
             raise SandboxError("no sandbox host is available in the Ray cluster")
 
         def load(item):
             h, s = item
-            warm = sum(p["idle"] for p in s["pools"].values())
-            return (s["sandboxes"] + warm + self.pending.get(h.node_id, 0)) / h.cpus, h.node_id
-        return min(answers, key=load)[0]
+            held = s["sandboxes"] + sum(p["idle"] for p in s["pools"].values()) if s else 0
+            return (held + self.pending.get(h.node_id, 0) + placed.get(h.node_id, 0)) / h.cpus, h.node_id
+        host = min(answers, key=load)[0]
+        placed[host.node_id] = placed.get(host.node_id, 0) + 1  # what the stats do not show yet
+        return host
+
+    async def _placement_stats(self) -> tuple[list[tuple[HostRef, dict]], dict[str, int]]:
+        """:meth:`stats`, reused for ``PLACE_STATS_S`` by every placement of this loop, with
+        the sandboxes placed per node since they were taken."""
+        loop = asyncio.get_running_loop()
+        lock = self._stats_locks.setdefault(loop, asyncio.Lock())
+        async with lock:
+            taken, answers, placed = self._stats_cache.get(loop, (-PLACE_STATS_S, [], {}))
+            if time.monotonic() - taken >= PLACE_STATS_S or any(h.lost for h, _ in answers):
+                answers, placed = await self.stats(), {}
+                self._stats_cache[loop] = (time.monotonic(), answers, placed)
+            return answers, placed
 
     @contextlib.contextmanager
     def placing(self, host: HostRef):

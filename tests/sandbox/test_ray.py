@@ -242,3 +242,36 @@ async def test_rock_and_swerex_clients_drive_a_service_on_the_ray_backend(cluste
             await sb.stop()
     finally:
         srv.stop()
+
+
+async def test_a_fresh_service_on_the_ray_backend_takes_a_burst(cluster, monkeypatch):
+    """A service on the Ray backend whose first creates come all at once (and again once its
+    view of the nodes is stale): every one is served. Before, each of the concurrent
+    placements refreshed the view and started a host for the same node; the handle
+    overwritten took its host actor down (Ray: out of scope), and the burst found no host."""
+    import asyncio
+
+    from rockroll.sandbox import AsyncSandbox
+    from rockroll.sandbox.deployment.ray import REFRESH_S
+    from rockroll.sandbox.runtime import remote
+
+    from _server import Server
+
+    monkeypatch.setenv("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
+    srv = Server("--backend", "ray", "--max-sandboxes", "32")
+    try:
+        remote.configure(srv.url, srv.token)
+        spec = SandboxSpec(backend="remote", memory_mb=64, timeout_s=30)
+        for burst in range(2):
+            made = await asyncio.gather(*(AsyncSandbox.create(spec) for _ in range(8)), return_exceptions=True)
+            failed = [repr(m) for m in made if isinstance(m, BaseException)]
+            boxes = [m for m in made if not isinstance(m, BaseException)]
+            try:
+                assert not failed, failed
+                assert [(await b.run("echo ok")).stdout for b in boxes] == ["ok\n"] * 8
+            finally:
+                await asyncio.gather(*(b.close() for b in boxes))
+            await asyncio.sleep(REFRESH_S + 0.5)  # the next burst refreshes the view again
+    finally:
+        remote.configure(None, None)
+        srv.stop()
