@@ -145,7 +145,8 @@ def test_bench_group_lists_and_refuses_unknown_names():
     out = rr("bench", "list")
     assert out.returncode == 0
     listed = {line.split()[0] for line in out.stdout.splitlines()}
-    assert listed == {"envs", "generation", "gpu", "hub", "lora", "modelservice", "network", "rollout", "sandbox", "runtimes", "terminal", "trl_grpo"}
+    assert listed == {"cluster", "envs", "generation", "gpu", "hub", "lora", "modelservice", "network", "rollout", "sandbox",
+                      "runtimes", "terminal", "trl_grpo"}
     bad = rr("bench", "run", "nope")
     assert bad.returncode == 2 and "no benchmark 'nope'" in bad.stderr and "rollout" in bad.stderr
     private = rr("bench", "run", "_common")
