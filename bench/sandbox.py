@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (children_map, descendants, log, mem_available_mb, print_table,  # noqa: E402
                      progress, pss_kb, sigterm_as_exit, stats, swap_used_mb, timer, tree_cpu_s, write_json)
 from _services import RayCluster, Service, free_ports  # noqa: E402
-from _burst import bench_concurrent  # noqa: E402
+from _burst import bench_concurrent, concurrent_size  # noqa: E402
 
 from rockroll.sandbox import AsyncSandbox, SandboxSpec, open_sandbox  # noqa: E402
 from rockroll.sandbox.pool import SandboxPool  # noqa: E402
