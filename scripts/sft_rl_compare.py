@@ -177,8 +177,14 @@ def plot(results: dict, title: str, out: Path) -> None:
                     lw=0.8, alpha=0.35, color=color)
         if arm == "sft-rl" and any(p["phase"] == "rl" for p in pts):  # where RL took over: SFT's last point
             ax.axvline([p["seconds"] for p in pts if p["phase"] == "sft"][-1], ls=":", color=color, lw=0.8)
+    finish(fig, ax, title, "wall seconds since the arm started (mean over seeds; evaluations included)", out)
+
+
+def finish(fig, ax, title: str, xlabel: str, out: Path) -> None:
+    """Title, axes and legend of a held-out success plot, saved as ``out``.png. Shared with
+    ``scripts/smollm2_guess_study.py``."""
     ax.set_title("\n".join(textwrap.wrap(title, 90)), fontsize=9)
-    ax.set_xlabel("wall seconds since the arm started (mean over seeds; evaluations included)")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("held-out success: pooled, Wilson 95 %; thin: per seed", fontsize=8)
     ax.set_ylim(-0.02, 1.02)
     ax.legend(fontsize=8, loc="lower right")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sft_rl_compare import band  # noqa: E402  (the curve and its Wilson band)
+from sft_rl_compare import band, finish  # noqa: E402  (the curve, its Wilson band, the axes)
 
 from rockroll.trainer.algorithms.stats import wilson_interval  # noqa: E402
 
@@ -67,14 +67,8 @@ def main() -> None:
     for pts in per_seed.values():
         ax.plot([p["step"] for p in pts], [p["success"] for p in pts], lw=0.8, alpha=0.4, color=color)
     ax.axhline(7 / 50, ls=":", color="grey", lw=0.8, label="best policy blind to the hints (7/50)")
-    ax.set_title("SmolLM2-135M-Instruct (LoRA) on gem-llm's GuessTheNumber-v0-hard: 64 held-out games, greedy",
-                 fontsize=9)
-    ax.set_xlabel("SFT step (8 bisection games a step)")
-    ax.set_ylabel("held-out success: pooled, Wilson 95 %; thin: per seed", fontsize=8)
-    ax.set_ylim(-0.02, 1.02)
-    ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(out.with_suffix(".png"), dpi=110)
+    finish(fig, ax, "SmolLM2-135M-Instruct (LoRA) on gem-llm's GuessTheNumber-v0-hard: 64 held-out games, greedy",
+           "SFT step (8 bisection games a step)", out)
     print("| SFT step | held-out success, pooled [Wilson 95 %] | per seed |\n|---:|---|---|")
     for p in pooled:
         lo, hi = p["wilson95"]
