@@ -5,8 +5,9 @@ evaluated (Wilson 95 %), each seed a thin line.
     python scripts/smollm2_guess_study.py OUT_PREFIX RUN_DIR [RUN_DIR ...]
 
 Each ``RUN_DIR`` is the ``logging.dir`` of one ``rockroll sft examples/smollm2_guess_cpu.yaml
---set seed=S --set logging.dir=RUN_DIR``: its ``sft/eval.jsonl`` is read. Writes ``OUT_PREFIX.json`` (every point, per seed and pooled) and
-``OUT_PREFIX.png``, and prints the table in Markdown.
+--set seed=S --set logging.dir=RUN_DIR``: its ``sft/eval.jsonl`` is read. Writes
+``OUT_PREFIX.json`` (every point, per seed and pooled) and ``OUT_PREFIX.png``, and prints the
+table in Markdown.
 """
 
 from __future__ import annotations
