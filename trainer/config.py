@@ -480,6 +480,11 @@ class EngineConfig:
     # sequences per forward/backward: a mini-batch's micro-batches accumulate their gradients
     # into one optimizer step, exactly as one pass would (0: the whole mini-batch at once)
     micro_batch_size: int = 0
+    # micro_batch_size 0: a mini-batch whose fp32 logits (rows x longest row x vocabulary x 4 bytes)
+    # exceed this many MiB is cut into as many micro-batches as keep each within it. A real model's
+    # 49k vocabulary makes logits the memory of an update (16 seven-turn episodes of SmolLM2 in one
+    # forward took 12 GB); a tiny model's never come near it (0: never cut)
+    logits_mib: float = 256.0
 
     def validate(self, p: str) -> None:
         _check(self.kind in ("torch", "deepspeed"), f"{p}.kind", "must be torch or deepspeed")
@@ -489,6 +494,7 @@ class EngineConfig:
                "must be two numbers in [0, 1)")
         _check(self.grad_clip >= 0, f"{p}.grad_clip", "must be >= 0")
         _check(self.micro_batch_size >= 0, f"{p}.micro_batch_size", "must be >= 0")
+        _check(self.logits_mib >= 0, f"{p}.logits_mib", "must be >= 0")
 
 
 @dataclass

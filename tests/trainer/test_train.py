@@ -8,11 +8,11 @@ import torch
 
 import rockroll.trainer
 from rockroll.trainer.algorithms import credit as C
-from rockroll.trainer.config import AlgorithmConfig, EngineConfig, IPAConfig, ModelConfig
+from rockroll.trainer.config import AlgorithmConfig, ConfigError, EngineConfig, IPAConfig, ModelConfig
 from rockroll.trainer.controller import train
 from rockroll.trainer.algorithms.table import ADVANTAGES, LOSSES
 from rockroll.trainer.roles.update import (
-    collate, compute_advantages, compute_loss, target_logp, token_logp, update_policy,
+    collate, compute_advantages, compute_loss, micro_rows, target_logp, token_logp, update_policy,
 )
 from rockroll.trainer.models import build_model
 from rockroll.trainer.engines.policy import ActorModule, make_policy
@@ -318,23 +318,48 @@ def test_target_logp_in_checkpointed_slices_matches_log_softmax():
         torch.testing.assert_close(target_logp(logits, targets, 0.7, chunk=3), expected.detach())
 
 
+def _logits_bytes(batch, rows: int) -> int:
+    """fp32 logits of ``rows`` of ``batch``'s longest row over the tiny model's vocabulary."""
+    return rows * int(batch.attention_mask.sum(-1).max()) * len(TinyTok()) * 4
+
+
+def test_micro_rows_keep_a_forwards_logits_within_the_limit():
+    batch = collate(multi_turn_groups(), 0)  # 6 rows
+    two_and_a_half = _logits_bytes(batch, 1) * 2.5 / 2**20  # MiB
+    vocab = len(TinyTok())
+    assert micro_rows(EngineConfig(logits_mib=two_and_a_half), batch, vocab) == 2
+    assert micro_rows(EngineConfig(logits_mib=1e-9), batch, vocab) == 1  # never below one row
+    assert micro_rows(EngineConfig(logits_mib=two_and_a_half * 3), batch, vocab) == 0  # 6 rows fit: one pass
+    assert micro_rows(EngineConfig(logits_mib=0), batch, vocab) == 0  # off
+    assert micro_rows(EngineConfig(logits_mib=1e-9, micro_batch_size=4), batch, vocab) == 4  # the user's wins
+    with pytest.raises(ConfigError, match="engine.logits_mib"):
+        EngineConfig(logits_mib=-1).validate("engine")
+
+
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
 @pytest.mark.parametrize("engine", ["torch", "deepspeed"])
-def test_micro_batches_take_the_same_step_as_one_pass(agg, engine):
-    """micro_batch_size=2 splits the 6 samples (3, 4, 5, 3, 4, 5 response tokens) into 3
-    micro-batches whose gradients accumulate into one optimizer step: the same loss, gradient
-    norm (before clipping) and parameters as one pass. A per-micro-batch normalisation would
-    weigh the micro-batches' tokens differently and change all three. DeepSpeed (ZeRO-1)
-    accumulates across micro-batches and is compared with the one-pass torch step."""
+@pytest.mark.parametrize("cut", ["micro_batch_size", "logits_mib"])
+def test_micro_batches_take_the_same_step_as_one_pass(agg, engine, cut):
+    """micro_batch_size=2, or a logits limit that holds 2.5 rows' logits, splits the 6 samples
+    (3, 4, 5, 3, 4, 5 response tokens) into 3 micro-batches whose gradients accumulate into one
+    optimizer step: the same loss, gradient norm (before clipping) and parameters as one pass.
+    A per-micro-batch normalisation would weigh the micro-batches' tokens differently and
+    change all three. DeepSpeed (ZeRO-1) accumulates across micro-batches and is compared with
+    the one-pass torch step. Every forward of the split policy holds at most 2 rows."""
     a = AlgorithmConfig(loss_agg=agg, kl_coef=0.05)
     lm_ref = _tiny_policy().module.lm
     ref = lambda ids, m: (lm_ref(input_ids=ids, attention_mask=m).logits, None)  # noqa: E731
-    whole = _tiny_policy(EngineConfig(lr=0.01, grad_clip=0.0))
-    split = _tiny_policy(EngineConfig(kind=engine, zero_stage=1, lr=0.01, grad_clip=0.0, micro_batch_size=2))
+    whole = _tiny_policy(EngineConfig(lr=0.01, grad_clip=0.0, logits_mib=0))
     batch = collate(multi_turn_groups(), 0).to(whole.device)
+    limit = ({"micro_batch_size": 2} if cut == "micro_batch_size"
+             else {"logits_mib": _logits_bytes(batch, 1) * 2.5 / 2**20})  # 2.5 rows' logits
+    split = _tiny_policy(EngineConfig(kind=engine, zero_stage=1, lr=0.01, grad_clip=0.0, **limit))
+    rows, forward = [], split.forward
+    split.forward = lambda ids, *args, **kw: rows.append(len(ids)) or forward(ids, *args, **kw)
     with torch.no_grad():
         aux = {"ref_logp": token_logp(ref, batch, 1.0)[0]}
     mets = [update_policy(p, a, batch, 1.0, aux=aux) for p in (whole, split)]
+    assert rows == [2, 2, 2] * 2  # the no-grad pass for the proximal log-probs, then the update
     for k in ("loss/total", "loss/pg", "loss/kl", "grad_norm"):
         assert mets[1][k] == pytest.approx(mets[0][k], rel=1e-4, abs=1e-6), k
     w0, w1 = whole.sync_state_dict(), split.sync_state_dict()

@@ -31,7 +31,7 @@ from .base import BatchRole, Roles
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .critics import CriticsRole
 from .placement import role_name
-from .update import collate, token_logp, update_policy
+from .update import collate, micro_rows, token_logp, update_policy
 
 __all__ = ["AttentionRole", "EnvWorker", "LocalRoles", "PolicyTrainer", "ReferenceRole", "batch_role_classes",
            "batch_roles", "build_policy", "make_generator", "seed_everything"]
@@ -115,9 +115,10 @@ class ReferenceRole(BatchRole, Offloadable):
     def annotate(self, groups: list[Group]) -> dict[str, torch.Tensor]:
         with torch.no_grad():
             g = self.cfg.generation
-            logp, _ = token_logp(self._forward, collate(groups, self.pad_id).to(self.device), g.temperature,
-                                 self.cfg.engine.micro_batch_size, self.allowed, g.top_k, g.top_p, min_p=g.min_p,
-                                 repetition_penalty=g.repetition_penalty, trim_prompt=True)
+            batch = collate(groups, self.pad_id).to(self.device)
+            micro = micro_rows(self.cfg.engine, batch, self.model.config.vocab_size)
+            logp, _ = token_logp(self._forward, batch, g.temperature, micro, self.allowed, g.top_k, g.top_p,
+                                 min_p=g.min_p, repetition_penalty=g.repetition_penalty, trim_prompt=True)
         return {"ref_logp": logp.cpu()}
 
     def train(self, groups: list[Group], aux: dict[str, torch.Tensor]) -> dict[str, float]:

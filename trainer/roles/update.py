@@ -17,7 +17,7 @@ import torch.utils.checkpoint
 from ..algorithms import credit as C
 from ..algorithms import pg as A
 from ..algorithms import rhythm as R
-from ..config import AlgorithmConfig
+from ..config import AlgorithmConfig, EngineConfig
 from ..engines.sampling import Seen, penalized, processed_logits
 from ..rollout.types import Group
 
@@ -163,6 +163,17 @@ def token_entropy(logits, temperature: float, chunk: int = LOGP_CHUNK, allowed=N
                       repetition_penalty)
 
 
+def micro_rows(engine: EngineConfig, batch: Batch, vocab: int) -> int:
+    """Sequences a forward takes (0: the whole batch): ``engine.micro_batch_size`` when it is
+    set, else the most whose fp32 logits (rows x the batch's longest row x ``vocab`` x 4 bytes)
+    fit in ``engine.logits_mib``, at least one; 0 when the whole batch fits or the limit is off."""
+    if engine.micro_batch_size or not engine.logits_mib:
+        return engine.micro_batch_size
+    longest = int(batch.attention_mask.sum(-1).max())
+    fit = max(1, int(engine.logits_mib * 2**20 // (longest * vocab * 4)))
+    return 0 if fit >= batch.size else fit
+
+
 def token_logp(policy_forward, batch: Batch, temperature: float, micro_batch_size: int = 0, allowed=None,
                top_k: int = 0, top_p: float = 1.0, with_entropy: bool = False, min_p: float = 0.0,
                repetition_penalty: float = 1.0, trim_prompt: bool = False):
@@ -276,7 +287,8 @@ def update_policy(policy, a: AlgorithmConfig, batch: Batch, temperature: float,
                   min_p: float = 0.0, repetition_penalty: float = 1.0) -> dict[str, float]:
     """One training step on a batch: advantages, then ppo_epochs x mini_batches optimizer steps.
 
-    A mini-batch runs in micro-batches of ``engine.micro_batch_size`` sequences (0: at once):
+    A mini-batch runs in micro-batches of ``engine.micro_batch_size`` sequences (0: as many as
+    keep each forward's logits within ``engine.logits_mib``, :func:`micro_rows`):
     each is forwarded and backwarded with its loss normalised by the *mini-batch's* token /
     sequence counts, and their gradients accumulate into the mini-batch's one optimizer step,
     the same step as unsplit. The batch moves to the policy's device first. ``allowed_ids``:
@@ -297,7 +309,7 @@ def update_policy(policy, a: AlgorithmConfig, batch: Batch, temperature: float,
     rank, world = shard
     batch = batch.to(policy.device)
     allowed = None if allowed_ids is None else torch.tensor(allowed_ids, device=policy.device)
-    micro = policy.cfg.micro_batch_size
+    micro = micro_rows(policy.cfg, batch, policy.module.lm.config.vocab_size)
     # One optimizer step over one forward: the proximal policy is the current one, so that
     # forward's log-probs serve as old_logp, and no separate no-grad pass is needed.
     single = a.ppo_epochs == 1 and a.mini_batches == 1 and not 0 < micro < batch.size and world == 1
