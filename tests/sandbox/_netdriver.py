@@ -586,8 +586,9 @@ def docker(lab: Path) -> dict:
             r["attacks"][name] = {"stdout": out.stdout, "reason": reason,
                                   "counted": sb.network_stats()["denied"].get(reason, 0) - before}
         r["stats"] = sb.network_stats()
-    # a host's rule and TLS inspection's wiring in a container: the image has no TLS client,
-    # so what is read is its trust store and variables, and a plain-HTTP request the rule refuses
+    # a host's rule and TLS inspection in a container: its trust store and variables, a plain-HTTP
+    # request the rule refuses, and TLS handshakes by the host's own openssl (the image has no TLS
+    # client; image and host are both Debian bookworm, so the binary and its two libraries run there)
     inspected = EgressPolicy(hosts=("allowed.test",), ports=(80, 443), inspect_tls=True,
                              upstream_ca=str(lab / "ca.pem"), rules={"allowed.test": {"paths": ["/ok"]}})
     with open_sandbox(SandboxSpec(backend="docker", image=ensure_docker_image(), network=True, egress=inspected,
@@ -596,9 +597,34 @@ def docker(lab: Path) -> dict:
         r["inspected"] = {
             "ca_in_bundle": sb.read_file("/etc/ssl/certs/ca-certificates.crt").decode().count(ca),
             "env": sb.run("printenv SSL_CERT_FILE REQUESTS_CA_BUNDLE PIP_CERT NODE_EXTRA_CA_CERTS CURL_CA_BUNDLE").stdout,
-            "ruled_out": sb.run(tcp("allowed.test/80", "allowed.test"), timeout=30).stdout,
-            "denied": sb.network_stats()["denied"]}
+            "ruled_out": sb.run(tcp("allowed.test/80", "allowed.test"), timeout=30).stdout}
+        for path in _openssl_files():
+            sb.write_file(f"/opt/tls/{Path(path).name}", Path(path).read_bytes(), mode=0o755)
+        sb.write_file("/opt/tls/lab-ca.pem", (lab / "ca.pem").read_bytes())  # signed the server's, not the gateway's
+
+        def tls(host: str, path: str, cafile: str = "/etc/ssl/certs/ca-certificates.crt") -> dict:
+            out = sb.run(f"printf 'GET {path} HTTP/1.0\\r\\nHost: {host}\\r\\n\\r\\n' | LD_LIBRARY_PATH=/opt/tls "
+                         f"timeout 10 /opt/tls/openssl s_client -quiet -verify_return_error -CAfile {cafile} "
+                         "-servername allowed.test -connect allowed.test:443", timeout=30)
+            return {"stdout": out.stdout, "stderr": out.stderr[-600:], "exit_code": out.exit_code}
+
+        r["tls"] = {"ok": tls("allowed.test", "/ok"), "other_path": tls("allowed.test", "/other"),
+                    "fronting": tls("evil.test", "/ok"),
+                    # the sandbox's CA is the only one that vouches for the gateway's certificate
+                    "untrusted": tls("allowed.test", "/ok", cafile="/opt/tls/lab-ca.pem")}
+        r["inspected"]["denied"] = sb.network_stats()["denied"]
     return r
+
+
+def _openssl_files() -> list[str]:
+    """The host's openssl binary and the libssl/libcrypto it loads."""
+    import shutil
+    import subprocess
+
+    binary = shutil.which("openssl")
+    libs = re.findall(r"=> (\S*lib(?:ssl|crypto)\.so\S*)", subprocess.run(["ldd", binary], capture_output=True,
+                                                                         text=True, check=True).stdout)
+    return [binary, *libs]
 
 
 def build(lab: Path) -> dict:

@@ -182,7 +182,9 @@ def test_name_resolution_is_the_gateways_read_only_and_in_no_snapshot(lab):
 def test_docker_sandbox_gets_the_same_network_and_policy(lab, client):
     """backend='docker': the container (network 'none') is wired to a gateway in the
     namespace of the process that made it, with the same policy and counters, a host's
-    rules, and TLS inspection's trust store."""
+    rules, and TLS inspection: openssl in the container completes a verified handshake
+    against the sandbox's CA only, and each request inside TLS is judged (a path the rule
+    does not name, and domain fronting, get a 403)."""
     r = lab.run_host("docker")
     assert r["resolv"].startswith(f"nameserver {r['gateway']}\n")
     assert "allowed-site" in r["allowed"], r
@@ -196,7 +198,16 @@ def test_docker_sandbox_gets_the_same_network_and_policy(lab, client):
     inspected = r["inspected"]
     assert inspected["ca_in_bundle"] == 1 and inspected["env"].split() == ["/etc/ssl/certs/ca-certificates.crt"] * 5
     assert "403 Forbidden" in inspected["ruled_out"] and "http_path" in inspected["ruled_out"], inspected
-    assert "allowed-site" not in inspected["ruled_out"] and inspected["denied"] == {"http_path": 1}, inspected
+    assert "allowed-site" not in inspected["ruled_out"]
+    tls = r["tls"]
+    assert tls["ok"]["exit_code"] == 0 and "allowed-site" in tls["ok"]["stdout"], tls["ok"]
+    for refused_ in ("other_path", "fronting"):
+        assert "403 Forbidden" in tls[refused_]["stdout"] and "-site" not in tls[refused_]["stdout"], tls[refused_]
+    # trusting only the CA that signed the real server's certificate (a pinning client), the
+    # handshake fails, and the gateway counts the client's refusal
+    assert tls["untrusted"]["exit_code"] != 0 and "verify error" in tls["untrusted"]["stderr"], tls["untrusted"]
+    assert "-site" not in tls["untrusted"]["stdout"]
+    assert inspected["denied"] == {"http_path": 2, "http_host": 1, "tls_client": 1}, inspected
 
 
 @needs_lab
