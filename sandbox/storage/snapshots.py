@@ -76,8 +76,13 @@ class SnapshotStore:
         meter = self.limits.meter(self.layer_root, room=room, what=f"layer {digest}", bound=bound)
         try:
             unpack_layer(src, dest, meter=meter)
-        except (FileExistsError, OSError) as e:
-            if not dest.is_dir():  # lost a race with another unpacker: fine; else real error
+        except (SnapshotError, OSError) as e:
+            # Another thread or process unpacked the same layer first (sandboxes of a new image
+            # starting together): unpack_layer refuses a dest that appears meanwhile, and since a
+            # layer is renamed into place whole, the winner's copy is the layer. Else a real error.
+            if not dest.is_dir():
+                if isinstance(e, SnapshotError):
+                    raise
                 raise SnapshotError(f"cannot unpack layer {digest}: {e}") from e
             return dest
         _write_int(self._bytes_file(digest), meter.used)

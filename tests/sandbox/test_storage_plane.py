@@ -127,6 +127,37 @@ def test_a_chain_is_bounded_as_a_whole(tmp_path):
     assert not (store.layer_root / top[7:]).exists() and leftovers(tmp_path / "home") == []
 
 
+def test_sandboxes_of_a_new_image_starting_together_unpack_its_layer_once_without_error(tmp_path):
+    """Eight threads ask for the same layer of a fresh store at once (a warm pool's sandboxes of
+    an image not unpacked yet): each gets the complete layer; the losers of the race to rename it
+    into place drop their copies (no temp dir left) instead of failing with "appeared while
+    unpacking" (what every rollout episode of a new agent image but one hit)."""
+    import threading
+
+    store = SnapshotStore(tmp_path / "home", StorageLimits(min_free_bytes=0))
+    digest = store.import_tarball(crafted_layer(tmp_path / "l", {f"f{i}": (0o644, 256 * 1024) for i in range(64)}))
+    start, results = threading.Barrier(8), []
+
+    def ask() -> None:
+        start.wait()
+        try:
+            results.append(store.layer_dir(digest))
+        except Exception as e:  # noqa: BLE001
+            results.append(e)
+
+    threads = [threading.Thread(target=ask) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    dest = store.layer_root / digest[7:]
+    assert results == [dest] * 8, [r for r in results if not isinstance(r, Path)]
+    assert sorted(p.name for p in dest.iterdir()) == sorted(f"f{i}" for i in range(64))
+    assert all((dest / f"f{i}").stat().st_size == 256 * 1024 for i in range(64))
+    assert leftovers(tmp_path / "home") == []
+    assert store.layer_bytes(digest) >= 64 * 256 * 1024
+
+
 def test_a_compressed_file_past_the_layer_limit_is_not_imported(tmp_path):
     store = SnapshotStore(tmp_path / "home", StorageLimits(max_layer_bytes=MiB, min_free_bytes=0))
     big = tmp_path / "big.tar.zst"
