@@ -24,10 +24,12 @@ from rockroll.trainer.algorithms.stats import wilson_interval  # noqa: E402
 
 
 def evals(run_dir: Path) -> dict[int, dict]:
-    """Step -> the evaluation's row; a step evaluated twice (a resumed run re-evaluates its
-    start) keeps its first row, which greedy decoding of the same weights repeats anyway."""
+    """Step -> the evaluation's row, from an SFT run's ``sft/eval.jsonl`` or else an RL run's
+    ``eval.jsonl``; a step evaluated twice (a resumed run re-evaluates its start) keeps its first
+    row, which greedy decoding of the same weights repeats anyway."""
     out: dict[int, dict] = {}
-    for line in (run_dir / "sft" / "eval.jsonl").read_text().splitlines():
+    path = run_dir / "sft" / "eval.jsonl"
+    for line in (path if path.exists() else run_dir / "eval.jsonl").read_text().splitlines():
         if line.strip():
             row = json.loads(line)
             out.setdefault(int(row["step"]), row)
@@ -43,7 +45,8 @@ def pool(runs: dict[str, dict[int, dict]]) -> list[dict]:
         n = sum(int(x["eval/episodes"]) for x in rows)
         k = round(sum(x["eval/success"] * x["eval/episodes"] for x in rows))
         out.append({"step": step, "success": k / n, "wilson95": list(wilson_interval(k, n)), "episodes": n,
-                    "success_per_seed": [x["eval/success"] for x in rows]})
+                    "success_per_seed": [x["eval/success"] for x in rows],
+                    "format_errors": sum(x.get("eval/format_errors", 0.0) * x["eval/episodes"] for x in rows) / n})
     return out
 
 
