@@ -180,14 +180,14 @@ def plot(results: dict, title: str, out: Path) -> None:
     finish(fig, ax, title, "wall seconds since the arm started (mean over seeds; evaluations included)", out)
 
 
-def finish(fig, ax, title: str, xlabel: str, out: Path) -> None:
-    """Title, axes and legend of a held-out success plot, saved as ``out``.png. Shared with
-    ``scripts/smollm2_guess_study.py``."""
+def finish(fig, ax, title: str, xlabel: str, out: Path, legend: str = "lower right") -> None:
+    """Title, axes and legend (at ``legend``) of a held-out success plot, saved as ``out``.png.
+    Shared with ``scripts/smollm2_guess_study.py`` and ``scripts/smollm2_math_rl_study.py``."""
     ax.set_title("\n".join(textwrap.wrap(title, 90)), fontsize=9)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("held-out success: pooled, Wilson 95 %; thin: per seed", fontsize=8)
     ax.set_ylim(-0.02, 1.02)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc=legend)
     fig.tight_layout()
     fig.savefig(out.with_suffix(".png"), dpi=110)
 
