@@ -50,14 +50,16 @@ def pool(runs: dict[str, dict[int, dict]]) -> list[dict]:
     return out
 
 
-def main() -> None:
-    if len(sys.argv) < 3:
-        sys.exit(__doc__)
-    out, dirs = Path(sys.argv[1]), [Path(d) for d in sys.argv[2:]]
+def study(out: Path, dirs: list[Path], *, label: str, title: str, xlabel: str, step_name: str, unit: str = "",
+          extra=None, legend: str = "lower right", format_column: bool = False) -> None:
+    """Pool the runs in ``dirs``, write ``out``.json and ``out``.png (the pooled curve ``label``
+    with its band, each seed a thin line, and what ``extra(ax, pooled)`` draws), print the table;
+    ``format_column``: with the pooled format errors. Shared with ``smollm2_math_rl_study.py``."""
     runs = {d.name: evals(d) for d in dirs}
     pooled = pool(runs)
-    per_seed = {name: [{"step": s, "success": r[s]["eval/success"], "episodes": int(r[s]["eval/episodes"])}
-                       for s in sorted(r)] for name, r in runs.items()}
+    per_seed = {name: [{"step": s, "success": r[s]["eval/success"], "episodes": int(r[s]["eval/episodes"]),
+                        "format_errors": r[s].get("eval/format_errors")} for s in sorted(r)]
+                for name, r in runs.items()}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"pooled": pooled, "per_seed": per_seed}, indent=1))
 
@@ -67,17 +69,32 @@ def main() -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    color = band(ax, [p["step"] for p in pooled], pooled, f"SFT, pooled over {len(runs)} seeds")
+    color = band(ax, [p["step"] for p in pooled], pooled, f"{label}, pooled over {len(runs)} seeds")
     for pts in per_seed.values():
         ax.plot([p["step"] for p in pts], [p["success"] for p in pts], lw=0.8, alpha=0.4, color=color)
-    ax.axhline(7 / 50, ls=":", color="grey", lw=0.8, label="best policy blind to the hints (7/50)")
-    finish(fig, ax, "SmolLM2-135M-Instruct (LoRA) on gem-llm's GuessTheNumber-v0-hard: 64 held-out games, greedy",
-           "SFT step (8 bisection games a step)", out)
-    print("| SFT step | held-out success, pooled [Wilson 95 %] | per seed |\n|---:|---|---|")
+    if extra is not None:
+        extra(ax, pooled)
+    finish(fig, ax, title, xlabel, out, legend=legend)
+    fmt = " format errors, pooled |" if format_column else ""
+    print(f"| {step_name} | held-out success, pooled [Wilson 95 %] | per seed |{fmt}\n|---:|---|---|"
+          + ("---|" if format_column else ""))
     for p in pooled:
         lo, hi = p["wilson95"]
-        print(f"| {p['step']} | {p['success']:.3f} [{lo:.2f}, {hi:.2f}] ({p['episodes']} games) | "
-              f"{', '.join(f'{s:.2f}' for s in p['success_per_seed'])} |")
+        print(f"| {p['step']} | {p['success']:.3f} [{lo:.2f}, {hi:.2f}] ({p['episodes']}{unit}) | "
+              f"{', '.join(f'{s:.3f}' for s in p['success_per_seed'])} |"
+              + (f" {p['format_errors']:.2f} |" if format_column else ""))
+
+
+def main() -> None:
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+
+    def blind(ax, pooled: list[dict]) -> None:
+        ax.axhline(7 / 50, ls=":", color="grey", lw=0.8, label="best policy blind to the hints (7/50)")
+
+    study(Path(sys.argv[1]), [Path(d) for d in sys.argv[2:]], label="SFT", extra=blind, step_name="SFT step",
+          unit=" games", title="SmolLM2-135M-Instruct (LoRA) on gem-llm's GuessTheNumber-v0-hard: 64 held-out games, "
+          "greedy", xlabel="SFT step (8 bisection games a step)")
 
 
 if __name__ == "__main__":
