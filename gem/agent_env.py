@@ -146,9 +146,11 @@ class _Run:
         self.pending: PendingCall | None = None
 
     def end(self) -> None:
-        """From now on the episode's calls, waiting or new, are refused."""
-        self.mode.close(self.id)
+        """From now on the episode's calls, waiting or new, are refused. The key goes first:
+        a waiting call refused here is recorded in the service's file only, so the run's file
+        holds what it held when the episode ended."""
         self.service.revoke(self.key)
+        self.mode.close(self.id)
 
 
 class _Runs:

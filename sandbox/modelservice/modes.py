@@ -39,10 +39,14 @@ class ModeError(Exception):
 class Caller:
     """Who made a call: resolved from the key, never from anything the caller sends.
     ``records``: a JSONL file this caller's records also go to (its training run's), set
-    only in-process by whoever admitted it: services are shared by runs, files are not."""
+    only in-process by whoever admitted it: services are shared by runs, files are not.
+    ``ended``: set when its key is revoked; from then on nothing goes to ``records`` (a call
+    still in flight, or refused because its episode ended, is recorded in the service's file
+    only), so a run's file is final once its env is closed."""
     sandbox_id: str
     episode: str
     records: Path | None = None
+    ended: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .modes import Answer, Call
+from .modes import Answer, Call, Caller
 
 SCHEMA = 1
 
@@ -50,11 +50,19 @@ class Recorder:
         self._lock = threading.Lock()
         self.records: collections.deque[dict] = collections.deque(maxlen=10_000)
 
-    def write(self, record: dict, also: Path | None = None) -> None:
-        """Record to the service's file and to ``also`` (the caller's own, if any)."""
+    def write(self, record: dict, caller: Caller | None = None) -> None:
+        """Record to the service's file and to the caller's own (``caller.records``), unless
+        the caller has ``ended``."""
         line = json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
         with self._lock:
             self.records.append(record)
+            also = caller.records if caller is not None and not caller.ended.is_set() else None
             for path in dict.fromkeys(p for p in (self.path, also) if p is not None):
                 with open(path, "a") as f:
                     f.write(line)
+
+    def end(self, caller: Caller) -> None:
+        """Nothing more goes to ``caller``'s own file, from the moment this returns (under
+        the write lock: a write that began before has ended)."""
+        with self._lock:
+            caller.ended.set()

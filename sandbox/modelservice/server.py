@@ -75,7 +75,10 @@ class ModelService:
         """Refuse ``key`` from now on; False if it was not admitted."""
         with self._lock:
             self._calls.pop(key, None)
-            return self._keys.pop(key, None) is not None
+            caller = self._keys.pop(key, None)
+        if caller is not None:  # its run's file is final once revoke returns
+            self.recorder.end(caller)
+        return caller is not None
 
     def caller(self, key: str) -> Caller | None:
         with self._lock:
@@ -121,8 +124,7 @@ class ModelService:
 
     def _record(self, call: Call, answer: Answer | None, finished: list, start: float, mode: str,
                 error: str | None = None) -> None:
-        self.recorder.write(record_of(call, answer, finished, time.monotonic() - start, mode, error),
-                            call.caller.records)
+        self.recorder.write(record_of(call, answer, finished, time.monotonic() - start, mode, error), call.caller)
 
     def _refused(self, call: Call, e: Exception, start: float, mode: str) -> tuple[int, dict]:
         """A call the mode failed: recorded, and the caller's error (a ``ModeError``'s own

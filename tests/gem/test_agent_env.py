@@ -18,6 +18,7 @@ import json
 import os
 import signal
 import socket
+import time
 import warnings
 
 import gymnasium
@@ -130,7 +131,10 @@ def test_scripted_episode_is_graded_by_the_checker(agent_snapshot, service, stre
 def test_each_env_records_its_calls_in_its_own_runs_file(agent_snapshot, service, tmp_path):
     """Envs of two runs share the process's model service: each env's calls go to the file
     its run named (record_calls), and deleting the first run's folder breaks no call of the
-    second (the service used to record to whichever run named a file last)."""
+    second (the service used to record to whichever run named a file last). A run's file is
+    final once its env is closed: the call its agent was waiting on, refused by the close, is
+    recorded in the service's file only (it used to land in the run's file at any time after
+    close, even in a folder the user had just removed)."""
     envs = {run: make_env(agent_snapshot) for run in ("run1", "run2")}
     try:
         episodes = {}
@@ -148,6 +152,11 @@ def test_each_env_records_its_calls_in_its_own_runs_file(agent_snapshot, service
 
         assert recorded("run1") == [episodes["run1"]] and recorded("run2") == [episodes["run2"]]
         envs["run1"].close()
+        deadline = time.monotonic() + 30  # the refused call is recorded by the service's thread
+        while not [r for r in records_of(service, episodes["run1"]) if r["error"]] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [r["error"] is not None for r in records_of(service, episodes["run1"])] == [False, True]
+        assert recorded("run1") == [episodes["run1"]]
         (tmp_path / "run1" / "model_calls.jsonl").unlink()
         (tmp_path / "run1").rmdir()
         obs, reward, term, trunc, info = envs["run2"].step(bash_call("echo 7 > n.txt"))
