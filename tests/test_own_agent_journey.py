@@ -112,13 +112,19 @@ def test_a_silent_agent_stops_the_run_with_what_it_printed(tmp_path):
     assert _sandboxes(home) == []
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_run_killed_with_live_sandboxes_leaves_none(tmp_path, sig):
+@pytest.mark.parametrize("command,sig", [("train", signal.SIGTERM), ("train", signal.SIGINT), ("sft", signal.SIGTERM)])
+def test_a_run_killed_with_live_sandboxes_leaves_none(tmp_path, command, sig):
+    """Killed while its envs' sandboxes are up, ``rockroll train`` (rollouts) and ``rockroll
+    sft`` (the expert's episodes) close them all: ``sft`` used to leave them for ``sandbox gc``."""
     hub = _publish(tmp_path, "mover", "python3 /opt/mover/mover.py {task}")
     home = tmp_path / "home"
+    config = _config(tmp_path, hub, "rock/agent-mover-v1", 1000)
+    if command == "sft":  # the corridor's expert plays far more episodes than the test waits for
+        data = yaml.safe_load(config.read_text())
+        config.write_text(yaml.safe_dump({**data, "sft": {"steps": 1, "sources": [{"kind": "expert", "episodes": 100000}]}}))
     # SIGINT as a terminal's Ctrl-C finds it: handled (a suite started in the background, as by
     # `nohup ... &`, hands its children SIGINT ignored, and Python then keeps it ignored)
-    proc = subprocess.Popen([str(BIN / "rockroll"), "train", str(_config(tmp_path, hub, "rock/agent-mover-v1", 1000))],
+    proc = subprocess.Popen([str(BIN / "rockroll"), command, str(config)],
                             cwd=tmp_path, env=_env(home), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:

@@ -26,6 +26,8 @@ from typing import Any, Callable
 
 import torch
 
+from rockroll.sandbox.lifecycle import install_exit_handlers
+
 from .config import EnvConfig, TrainConfig, config_to_dict, load_config
 from .engines.lora import save_lm
 from .engines.policy import ActorModule, make_policy
@@ -127,6 +129,7 @@ def sft(config: TrainConfig | dict | str | Path, *,
     """Run the SFT stage as ``config`` says; return a summary: ``model_dir`` (for
     ``model.init_from``), ``start_step``, ``history`` (metrics per step), ``evals``, ``counts``
     (examples by source), ``heldout_examples`` (the expert episodes ``eval/nll`` is measured on)."""
+    install_exit_handlers()  # SIGTERM -> a normal exit, so the expert's sandboxes are closed (as train's)
     cfg = config if isinstance(config, TrainConfig) else load_config(config)
     if env_factory is None:
         resolve_envs(cfg)
