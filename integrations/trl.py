@@ -146,29 +146,86 @@ def _turn_parts(tokenizer: Any, observation: str, ends: set[int]) -> tuple[list[
 
 # ---- the rollout ---------------------------------------------------------------------------
 
-def _sample(model: Any, sequences: list[list[int]], generation_config: Any, max_new: int, pad_id: int,
-            temperature: float) -> list[tuple[list[int], list[float]]]:
-    """One batched ``model.generate`` over token sequences (left-padded): per sequence its new
-    token ids and their log-probs under the sampling temperature (raw logits / T, as TRL scores
-    them)."""
-    import torch
+class _Sampler:
+    """Batched ``model.generate`` over the live episodes, turn after turn, keeping the KV cache
+    between turns: a turn feeds each episode only what the cache lacks (the last reply's final
+    token and the observation; the whole prompt on the first turn), not its whole history again.
 
-    width = max(map(len, sequences))
-    ids = torch.tensor([[pad_id] * (width - len(s)) + s for s in sequences], device=model.device)
-    mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in sequences], device=model.device)
-    cfg = copy.deepcopy(generation_config)
-    cfg.max_new_tokens, cfg.return_dict_in_generate, cfg.output_logits = max_new, True, True
-    with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg)
-    new = out.sequences[:, width:]
-    logps = torch.stack(out.logits, dim=1).float().div(temperature).log_softmax(-1)
-    picked = logps[:, :new.size(1)].gather(-1, new.unsqueeze(-1)).squeeze(-1)
-    return [(new[i].tolist(), picked[i].tolist()) for i in range(len(sequences))]
+    The cache's columns are shared by the rows: a turn's new tokens are left-padded to the
+    longest, so a row's own history has holes (that padding; a reply's tokens after its end or
+    its budget). They are masked out, and ``generate`` counts positions on the attention mask,
+    so every token sits at the position and sees the context it would have without the cache.
+    ``reuse=False`` re-feeds each whole sequence every turn (one left-padded batch)."""
+
+    def __init__(self, model: Any, generation_config: Any, pad_id: int, temperature: float, reuse: bool):
+        self.model, self.config, self.pad_id, self.temperature, self.reuse = (
+            model, generation_config, pad_id, temperature, reuse)
+        self.cache = None  # the DynamicCache of the rows' fed tokens, or None (first turn, or not reused)
+        self.ids = self.mask = None  # the cached columns' token ids and mask, rows x cache length
+        self.fed: list[int] = []  # per row, how many of its sequence's tokens the cache holds
+
+    def keep(self, rows: list[int]) -> None:
+        """Keep only these rows (indices into the last ``sample``'s), in this order."""
+        if self.cache is None or rows == list(range(len(self.fed))):
+            return
+        if not rows:
+            self.cache = self.ids = self.mask = None
+            self.fed = []
+        else:
+            import torch
+
+            index = torch.tensor(rows, dtype=torch.long, device=self.ids.device)
+            self.cache.batch_select_indices(index)
+            self.ids, self.mask = self.ids[index], self.mask[index]
+            self.fed = [self.fed[r] for r in rows]
+
+    def sample(self, sequences: list[list[int]], max_new: int, budgets: list[int],
+               end_ids: set[int]) -> list[tuple[list[int], list[float]]]:
+        """Per sequence, its reply: the new token ids up to its first end-of-turn token (one of
+        ``end_ids``) or its budget (``budgets``, at most ``max_new``), and their log-probs
+        under the sampling temperature (raw logits / T, as TRL scores them)."""
+        import torch
+
+        device = self.model.device
+        cached = self.cache is not None
+        new = [s[self.fed[r]:] if cached else s for r, s in enumerate(sequences)]
+        width = max(map(len, new))
+        ids = torch.tensor([[self.pad_id] * (width - len(s)) + s for s in new], device=device)
+        mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in new], device=device)
+        if cached:
+            ids, mask = torch.cat([self.ids, ids], 1), torch.cat([self.mask, mask], 1)
+        cfg = copy.deepcopy(self.config)
+        cfg.max_new_tokens, cfg.return_dict_in_generate, cfg.output_logits = max_new, True, True
+        if self.reuse:
+            cfg.use_cache = True
+        with torch.no_grad():
+            out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg,
+                                      **({"past_key_values": self.cache} if cached else {}))
+        total = ids.size(1)
+        got = out.sequences[:, total:]
+        logps = torch.stack(out.logits, dim=1).float().div(self.temperature).log_softmax(-1)
+        picked = logps[:, :got.size(1)].gather(-1, got.unsqueeze(-1)).squeeze(-1)
+        replies = []
+        for r, budget in enumerate(budgets):
+            ids = got[r, :budget].tolist()
+            n = next((k + 1 for k, t in enumerate(ids) if t in end_ids), len(ids))
+            replies.append((ids[:n], picked[r, :n].tolist()))
+        if self.reuse and getattr(out, "past_key_values", None) is not None:
+            # the cache holds every token generate fed: all but the last one it sampled
+            fed_new = got.size(1) - 1
+            self.cache = out.past_key_values
+            kept = [min(len(ids), fed_new) for ids, _ in replies]
+            gen_mask = torch.tensor([[1] * k + [0] * (fed_new - k) for k in kept], dtype=mask.dtype, device=device)
+            self.mask = torch.cat([mask, gen_mask], 1)
+            self.ids = out.sequences[:, :total + fed_new].masked_fill(self.mask == 0, self.pad_id)
+            self.fed = [len(s) + k for s, k in zip(sequences, kept)]
+        return replies
 
 
 def play_episodes(model: Any, tokenizer: Any, prompts: list[list[dict[str, Any]]], *, generation_config: Any,
                   max_completion_length: int, max_turn_tokens: int | None = None, max_turns: int | None = None,
-                  temperature: float = 1.0, eos_token_ids: list[int] | None = None) -> dict[str, list]:
+                  temperature: float = 1.0, eos_token_ids: list[int] | None = None,
+                  reuse_cache: bool = True) -> dict[str, list]:
     """Play one episode per prompt (a dataset prompt carrying its env_spec) with ``model`` and
     return what TRL's ``rollout_func`` returns: ``prompt_ids``, ``completion_ids``,
     ``logprobs``, ``env_mask`` (1: sampled by the model, 0: the env's turns), and per episode
@@ -179,7 +236,11 @@ def play_episodes(model: Any, tokenizer: Any, prompts: list[list[dict[str, Any]]
     Each turn samples at most ``max_turn_tokens`` (default: what is left of the budget) and stops
     at an end-of-turn token; ``max_completion_length`` bounds the whole completion (replies plus
     observations). An episode ends when the env terminates or truncates, after ``max_turns``
-    replies, or when the next observation would not fit (then it counts what it earned)."""
+    replies, or when the next observation would not fit (then it counts what it earned).
+
+    ``reuse_cache``: keep the KV cache between turns, so a turn prefills only the last reply's
+    end and the new observation instead of the episode so far (``_Sampler``); False re-feeds
+    every sequence whole each turn."""
     eos_ids = set(eos_token_ids or [tokenizer.eos_token_id])
     n = len(prompts)
     out: dict[str, list] = {"prompt_ids": [None] * n, "completion_ids": [[] for _ in range(n)],
@@ -217,16 +278,16 @@ def play_episodes(model: Any, tokenizer: Any, prompts: list[list[dict[str, Any]]
             out["prompt_ids"][i] = _ids(tokenizer, _messages(prompt, obs), generation_prompt=True)
             active.append(i)
         # 2. turn by turn, the live episodes together: sample, step, append the observation
+        sampler = _Sampler(model, generation_config, tokenizer.pad_token_id, temperature, reuse_cache)
         while active:
             left = {i: max_completion_length - len(out["completion_ids"][i]) for i in active}
             cap = min(max(left.values()), max_turn_tokens or max_completion_length)
-            replies = _sample(model, [out["prompt_ids"][i] + out["completion_ids"][i] for i in active],
-                              generation_config, cap, tokenizer.pad_token_id, temperature)
+
+            replies = sampler.sample([out["prompt_ids"][i] + out["completion_ids"][i] for i in active], cap,
+                                     [min(left[i], cap) for i in active], eos_ids)
             still = []
-            for i, (ids, logps) in zip(active, replies):
-                keep = min(left[i], cap)
-                ended = next((k + 1 for k, t in enumerate(ids[:keep]) if t in eos_ids), None)
-                ids, logps = ids[:ended or keep], logps[:ended or keep]
+            for row, (i, (ids, logps)) in enumerate(zip(active, replies)):
+                ended = ids[-1] in eos_ids  # else it stopped at its budget
                 extend(i, ids, logps, 1)
                 turns[i] += 1
                 try:
@@ -253,8 +314,9 @@ def play_episodes(model: Any, tokenizer: Any, prompts: list[list[dict[str, Any]]
                 if len(out["completion_ids"][i]) + len(env_ids) >= max_completion_length:
                     continue  # no room for the observation and a reply: the budget ends the episode
                 extend(i, env_ids, [0.0] * len(env_ids), 0)
-                still.append(i)
-            active = still
+                still.append(row)
+            sampler.keep(still)
+            active = [active[row] for row in still]
     finally:
         # 3. no env outlives its episode (a sandbox env holds a sandbox)
         for env in envs:
@@ -263,12 +325,13 @@ def play_episodes(model: Any, tokenizer: Any, prompts: list[list[dict[str, Any]]
     return out
 
 
-def multi_turn_rollout(*, max_turn_tokens: int | None = None,
-                       max_turns: int | None = None) -> Callable[[list, Any], dict[str, list]]:
+def multi_turn_rollout(*, max_turn_tokens: int | None = None, max_turns: int | None = None,
+                       reuse_cache: bool = True) -> Callable[[list, Any], dict[str, list]]:
     """A ``rollout_func`` for ``GRPOTrainer``: :func:`play_episodes` with the trainer's model,
     tokenizer, generation config (``GRPOConfig.temperature``, ``top_p``, ``top_k``,
     ``generation_kwargs``), ``max_completion_length`` and end-of-turn ids. ``max_turn_tokens``
-    caps one reply, ``max_turns`` the replies of an episode. Pair it with :func:`env_reward`."""
+    caps one reply, ``max_turns`` the replies of an episode; ``reuse_cache``: keep the KV cache
+    between an episode's turns (see :func:`play_episodes`). Pair it with :func:`env_reward`."""
 
     def rollout(prompts: list, trainer: Any) -> dict[str, list]:
         if trainer.use_vllm:
@@ -283,7 +346,7 @@ def multi_turn_rollout(*, max_turn_tokens: int | None = None,
             return play_episodes(model, trainer.processing_class, prompts, generation_config=trainer.generation_config,
                                  max_completion_length=trainer.max_completion_length, max_turn_tokens=max_turn_tokens,
                                  max_turns=max_turns, temperature=trainer.temperature,
-                                 eos_token_ids=trainer.eos_token_ids)
+                                 eos_token_ids=trainer.eos_token_ids, reuse_cache=reuse_cache)
 
     return rollout
 

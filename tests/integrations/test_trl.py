@@ -171,6 +171,64 @@ def test_rollout_is_token_exact(tok, tmp_path):
     assert EchoEnv.opened == EchoEnv.closed
 
 
+class WordsEnv(GemEnv):
+    """As many turns as its task id names words ("Up-Down-Left": three), one point a right one."""
+
+    def __init__(self):
+        super().__init__(max_turns=8, format_penalty=0.0)
+        self.words = ["Up"]
+
+    def _reset(self, task_id, options):
+        self.words = str(task_id).split("-")
+        return f"Say {self.words[0]}.", {}
+
+    def _step(self, action):
+        turn = self._turn - 1
+        last = turn == len(self.words) - 1
+        return ("Done." if last else f"Now say {self.words[turn + 1]}."), float(action.strip() == self.words[turn]), last, {}
+
+
+def test_kept_kv_cache_gives_the_episodes_a_full_prefill_gives(tok):
+    """Episodes of 1 to 4 turns (and some cut by the budget) leave the batch at different turns;
+    with the KV cache kept between turns, the sampled episodes are the ones re-feeding every
+    sequence whole gives, token for token, and every sampled token's log-prob is the one a
+    single forward over the whole episode gives (a token at a wrong position, or seeing a
+    masked hole, would differ), while the model is fed far fewer tokens."""
+    model = tiny_model(tok, 3)
+    tasks = ["-".join(WORDS[k % 4] for k in range(j, j + n)) for n in (1, 2, 3, 4) for j in range(4)]
+    prompts = list(trl_adapter.episode_dataset(f"{__name__}:WordsEnv", tasks)["prompt"])
+    cfg = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, pad_token_id=tok.pad_token_id,
+                           eos_token_id=tok.eos_token_id)
+    fed = []
+    hook = model.model.register_forward_pre_hook(lambda mod, args, kw: fed.append(kw["input_ids"].numel()),
+                                                 with_kwargs=True)
+    try:
+        outs = {}
+        for reuse in (True, False):  # the same draws: the same batches sample the same number of times
+            fed.clear()
+            torch.manual_seed(0)
+            outs[reuse] = trl_adapter.play_episodes(model, tok, prompts, generation_config=cfg, max_completion_length=40,
+                                                    max_turn_tokens=3, reuse_cache=reuse)
+            outs[reuse]["fed"] = sum(fed)
+    finally:
+        hook.remove()
+    kept, whole = outs[True], outs[False]
+    for key in ("prompt_ids", "completion_ids", "env_mask", "episode_reward"):
+        assert kept[key] == whole[key], key
+    replies = [len(runs(mask)) for mask in kept["env_mask"]]
+    assert len(set(replies)) >= 3, replies  # rows left the batch at several turns
+    ends = [ids[b - 1] == tok.eos_token_id for ids, mask in zip(kept["completion_ids"], kept["env_mask"])
+            for _, b in runs(mask)]
+    assert any(ends) and not all(ends)  # replies closed by the model and cut by the budget
+    for prompt, ids, mask, logps in zip(kept["prompt_ids"], kept["completion_ids"], kept["env_mask"], kept["logprobs"]):
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1]
+        want = logits.log_softmax(-1).gather(-1, torch.tensor(ids)[:, None])[:, 0]
+        on = torch.tensor(mask, dtype=torch.bool)
+        assert torch.allclose(torch.tensor(logps)[on], want[on], atol=1e-4)
+    assert kept["fed"] < 0.6 * whole["fed"], (kept["fed"], whole["fed"])
+
+
 def test_infra_failure_is_a_dropped_sample_not_a_zero(tok, tmp_path):
     """Episodes whose env failed (at a reply "Left", or at reset) reach TRL with reward None:
     its GRPO baseline is the mean of the other samples of the group, their advantage 0 and
