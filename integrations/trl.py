@@ -28,7 +28,8 @@ The pieces:
   sample a reply with the trainer's model (``GRPOConfig``'s temperature, top-p/k, and
   ``generation_kwargs``: a ``suppress_tokens`` list constrains replies), step the env with its
   text, append the observation rendered by the tokenizer's chat template as a user turn, until
-  the episode ends or ``max_completion_length`` tokens are spent. The envs are closed after.
+  the episode ends or ``max_completion_length`` tokens are spent, keeping the KV cache between
+  turns (a turn prefills only what is new: :class:`_Sampler`). The envs are closed after.
 - :func:`env_reward`: the reward function that returns the episode's reward from the rollout.
 - :func:`step_reward`: single-turn training without a ``rollout_func``: steps a fresh episode
   once with the completion and returns its reward.
