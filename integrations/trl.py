@@ -39,8 +39,11 @@ An infrastructure failure (``info["infra_error"]``, :class:`InfraFailure`, the e
 leaves it out of its group's mean and std (``nanmean``/``nanstd``) and zeroes its advantage;
 the rollout also sets its whole ``env_mask`` to 0, so not even the KL term trains on it.
 
-Not done yet: generation through vLLM (``use_vllm``: it raises), multimodal prompts,
-``environment_factory`` tool envs, and resuming a mid-episode snapshot from a row.
+For models that call tools, :mod:`rockroll.integrations.trl_tools` is the ``environment_factory``
+way in.
+
+Not done yet: generation through vLLM (``use_vllm``: it raises), multimodal prompts, and
+resuming a mid-episode snapshot from a row.
 """
 
 from __future__ import annotations
